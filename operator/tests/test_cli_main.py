@@ -1,0 +1,34 @@
+"""The CLI's contract for bad input: one line on stderr, exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera.cli.main import main
+
+TESSERA = Path(sys.executable).parent / "tessera"
+
+
+def test_unknown_command_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "frobnicate" in err and "Traceback" not in err
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "required" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not TESSERA.exists(), reason="entry point not installed in this interpreter")
+def test_installed_entry_point_exits_2_on_bad_input() -> None:
+    proc = subprocess.run([str(TESSERA), "no-such-command"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1
