@@ -257,8 +257,9 @@ def plan(
     kept = tuple(sorted(Placement(current[i].profile, current[i].start, cur[i].memory_slices)
                         for i in subset))
     created = sorted(
-        Placement(p.name, s, p.memory_slices)
-        for p, s in zip(missing_profiles, starts, strict=True)
+        (Placement(p.name, s, p.memory_slices)
+         for p, s in zip(missing_profiles, starts, strict=True)),
+        key=lambda p: p.start,
     )
     gone = [i for i in range(len(current)) if i not in subset]
     steps = tuple(

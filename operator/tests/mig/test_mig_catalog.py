@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from mig_oracle import NAMES, geometry
-
 from tessera.mig.catalog import (
     UnknownProfileError,
     all_profile_names,
@@ -80,7 +81,7 @@ def test_instance_resources_grow_with_slices_and_stay_within_the_gpu(model_id: s
         # the name's GB figure is the memory rounded up to the model's GB per slice
         assert int(p.name.split(".")[1].split("gb")[0]) * 1024 >= p.memory_mib * 0.95
     ordered = sorted(profiles(model_id), key=lambda p: (p.memory_slices, p.compute_slices))
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         if b.memory_slices > a.memory_slices:
             assert b.memory_mib > a.memory_mib
         if b.compute_slices > a.compute_slices:
