@@ -1,0 +1,155 @@
+"""The node inventory contract: how a node daemon publishes its GPUs on its Node object.
+
+Selection uses labels (cheap, server-side ``labelSelector``); the per-GPU detail the
+operator needs to check layouts and claims lives in one annotation, because labels cannot
+hold structured values.  The node daemon writes both; the operator only reads them.
+
+Labels::
+
+    tessera.dev/gpu.product = H100-80GB   # model ID from tessera.models (mixed: first GPU's)
+    tessera.dev/gpu.count   = 8
+    tessera.dev/mig.capable = "true" | "false"
+
+Annotation ``tessera.dev/gpus`` -- a JSON list, one object per GPU::
+
+    [{"index": 0, "uuid": "GPU-…", "model": "H100-80GB", "memoryMiB": 81559,
+      "migMode": "enabled" | "disabled" | "unsupported",
+      "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-…"}]}]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tessera.models import get_model
+
+LABEL_PRODUCT = "tessera.dev/gpu.product"
+LABEL_COUNT = "tessera.dev/gpu.count"
+LABEL_MIG_CAPABLE = "tessera.dev/mig.capable"
+ANNOTATION_GPUS = "tessera.dev/gpus"
+
+MigMode = Literal["enabled", "disabled", "unsupported"]
+
+
+class InventoryError(ValueError):
+    """A Node's inventory annotation or labels cannot be read (message says why)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+
+class MigInstance(_Model):
+    """One MIG GPU instance as NVML reports it."""
+
+    profile: str
+    start: int = Field(ge=0)
+    uuid: str = ""
+
+
+class GPUInventory(_Model):
+    """One physical GPU of a node."""
+
+    index: int = Field(ge=0)
+    uuid: str
+    model: str
+    memory_mib: int = Field(alias="memoryMiB", ge=0)
+    mig_mode: MigMode = Field(alias="migMode", default="disabled")
+    instances: tuple[MigInstance, ...] = ()
+
+
+class NodeInventory(_Model):
+    """Everything the operator knows about one node's GPUs."""
+
+    name: str
+    product: str | None = None
+    count: int = 0
+    mig_capable: bool = False
+    gpus: tuple[GPUInventory, ...] = ()
+    error: str | None = None
+    """Why the annotation could not be read; the node then offers no GPUs."""
+
+    def gpu(self, index: int) -> GPUInventory | None:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+
+def parse_gpus(raw: str) -> tuple[GPUInventory, ...]:
+    """Parse the ``tessera.dev/gpus`` annotation value; raise InventoryError on bad input."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InventoryError(f"{ANNOTATION_GPUS} is not JSON: {exc.msg}") from exc
+    if not isinstance(data, list):
+        raise InventoryError(f"{ANNOTATION_GPUS} must be a JSON list of GPUs")
+    try:
+        gpus = tuple(GPUInventory.model_validate(item) for item in data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InventoryError(f"{ANNOTATION_GPUS}: {where}: {first['msg']}") from exc
+    seen: set[int] = set()
+    for g in gpus:
+        if g.index in seen:
+            raise InventoryError(f"{ANNOTATION_GPUS}: GPU index {g.index} listed twice")
+        seen.add(g.index)
+        try:
+            get_model(g.model)
+        except (KeyError, ValueError) as exc:
+            raise InventoryError(f"{ANNOTATION_GPUS}: GPU {g.index}: unknown model {g.model!r}"
+                                 ) from exc
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def from_node(node: Mapping[str, Any]) -> NodeInventory:
+    """Read a Node object (a dict as the API returns it) into its inventory.
+
+    Never raises: a node with an unreadable annotation gets ``error`` set and no GPUs, so
+    one bad node degrades the partitions selecting it instead of stopping reconciliation.
+    """
+    meta = node.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    name = str(meta.get("name", ""))
+    try:
+        count = int(labels.get(LABEL_COUNT, "0"))
+    except ValueError:
+        count = 0
+    error: str | None = None
+    gpus: tuple[GPUInventory, ...] = ()
+    raw = annotations.get(ANNOTATION_GPUS)
+    if raw is None:
+        error = f"node has no {ANNOTATION_GPUS} annotation"
+    else:
+        try:
+            gpus = parse_gpus(raw)
+        except InventoryError as exc:
+            error = str(exc)
+    return NodeInventory(
+        name=name,
+        product=labels.get(LABEL_PRODUCT),
+        count=count,
+        mig_capable=labels.get(LABEL_MIG_CAPABLE, "false").lower() == "true",
+        gpus=gpus,
+        error=error,
+    )
+
+
+def to_annotation(gpus: tuple[GPUInventory, ...] | list[GPUInventory]) -> str:
+    """Serialise GPUs as the annotation value (what a node daemon writes)."""
+    return json.dumps([g.model_dump(by_alias=True, mode="json") for g in gpus],
+                      separators=(",", ":"))
+
+
+def node_labels(gpus: tuple[GPUInventory, ...] | list[GPUInventory]) -> dict[str, str]:
+    """The selection labels that go with an inventory (what a node daemon writes)."""
+    capable = bool(gpus) and all(get_model(g.model).mig_capable for g in gpus)
+    labels = {LABEL_COUNT: str(len(gpus)), LABEL_MIG_CAPABLE: "true" if capable else "false"}
+    if gpus:
+        labels[LABEL_PRODUCT] = gpus[0].model
+    return labels

@@ -1,0 +1,384 @@
+"""Budgets, fit, reservation deltas and recount -- the rules, without any I/O.
+
+Units: GPU memory in whole MiB, cores in percent of one GPU's SMs (150 = one and a half
+GPUs), pods and MIG instances as counts.  Every value a pod asks for is a *total* for its
+container (DESIGN.md "What a pod asks for"), so the scheduler, ResourceQuota and GPUQuota
+all count the same number.
+
+Where a container asks for several GPUs, the memory/cores are split evenly over them; a
+core total above 100 % per share is refused because one share cannot exceed its GPU.
+
+Init containers run before the app containers, so a pod's usage is, per resource, the
+larger of the app containers' sum and the largest init container (Kubernetes' own rule for
+effective requests).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tessera.quota.units import count, mib_quantity
+
+PREFIX = "tessera.dev/"
+RES_VGPU = "tessera.dev/vgpu"
+RES_MEMORY = "tessera.dev/vgpu-memory"
+RES_CORES = "tessera.dev/vgpu-cores"
+RES_MIG_PREFIX = "tessera.dev/mig-"
+RES_PODS = "pods"
+ANNOTATION_BUDGET = "tessera.dev/budget"
+LABEL_BUDGETED = "tessera.dev/budgeted"
+"""Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
+ANNOTATION_RELEASED = "tessera.dev/released"
+"""Set by the operator on a finished pod once its usage was released (never twice)."""
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class BudgetError(ValueError):
+    """A pod's request is wrong on its own or against the per-pod max (message says why)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a pod uses, or what a quota has in use / allows."""
+
+    memory_mib: int = 0
+    cores: int = 0
+    pods: int = 0
+    mig: Mapping[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: Usage) -> Usage:
+        mig = dict(self.mig)
+        for k, v in other.mig.items():
+            mig[k] = mig.get(k, 0) + v
+        return Usage(self.memory_mib + other.memory_mib, self.cores + other.cores,
+                     self.pods + other.pods, {k: v for k, v in mig.items() if v})
+
+    def __sub__(self, other: Usage) -> Usage:
+        """Release: never below zero (a drifted count is healed by recount, not by debt)."""
+        mig = dict(self.mig)
+        for k, v in other.mig.items():
+            mig[k] = max(0, mig.get(k, 0) - v)
+        return Usage(max(0, self.memory_mib - other.memory_mib), max(0, self.cores - other.cores),
+                     max(0, self.pods - other.pods), {k: v for k, v in mig.items() if v})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return (self.memory_mib, self.cores, self.pods) == (
+            other.memory_mib, other.cores, other.pods) and _nz(self.mig) == _nz(other.mig)
+
+    def __hash__(self) -> int:
+        return hash((self.memory_mib, self.cores, self.pods, tuple(sorted(_nz(self.mig).items()))))
+
+    @staticmethod
+    def combine_init(app: Usage, init: Iterable[Usage]) -> Usage:
+        """Per resource: max(sum of app containers, largest init container)."""
+        out = app
+        for i in init:
+            mig = dict(out.mig)
+            for k, v in i.mig.items():
+                mig[k] = max(mig.get(k, 0), v)
+            out = Usage(max(out.memory_mib, i.memory_mib), max(out.cores, i.cores),
+                        max(out.pods, i.pods), mig)
+        return out
+
+
+def _nz(m: Mapping[str, int]) -> dict[str, int]:
+    return {k: v for k, v in m.items() if v}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A GPUQuota's ``hard``: None (or an absent MIG profile) means not limited."""
+
+    memory_mib: int | None = None
+    cores: int | None = None
+    pods: int | None = None
+    mig: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QuotaPolicy:
+    """The per-pod ``default`` and ``max`` of the one GPUQuota in a namespace carrying them."""
+
+    quota: str | None = None
+    default_memory_mib: int | None = None
+    default_cores: int | None = None
+    max_memory_mib: int | None = None
+    max_cores: int | None = None
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    """One GPUQuota as admission sees it: read at ``resource_version``."""
+
+    name: str
+    hard: Limits
+    used: Usage
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerBudget:
+    """The budget of one container, as recorded in ``tessera.dev/budget``."""
+
+    name: str
+    gpus: int = 0
+    memory_mib: int | None = None
+    cores: int | None = None
+    mig: Mapping[str, int] = field(default_factory=dict)
+    init: bool = False
+    filled: Mapping[str, int] = field(default_factory=dict)
+    """Resources the webhook adds to this container's limits (name -> value)."""
+
+    def usage(self) -> Usage:
+        return Usage(self.memory_mib or 0, self.cores or 0, 0, _nz(self.mig))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"gpus": self.gpus, "memoryMiB": self.memory_mib,
+                               "cores": self.cores}
+        if self.mig:
+            out["mig"] = dict(sorted(self.mig.items()))
+        if self.init:
+            out["init"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A pod's admitted budget: per container, and its total usage for quotas."""
+
+    containers: tuple[ContainerBudget, ...]
+
+    @property
+    def requests_anything(self) -> bool:
+        return any(c.gpus or c.mig for c in self.containers)
+
+    @property
+    def unbounded(self) -> frozenset[str]:
+        """Resources some GPU container leaves open (no value, no default)."""
+        out: set[str] = set()
+        for c in self.containers:
+            if c.gpus and c.memory_mib is None:
+                out.add(RES_MEMORY)
+            if c.gpus and c.cores is None:
+                out.add(RES_CORES)
+        return frozenset(out)
+
+    def usage(self) -> Usage:
+        if not self.requests_anything:
+            return Usage()
+        app = Usage()
+        for c in self.containers:
+            if not c.init:
+                app = app + c.usage()
+        total = Usage.combine_init(app, [c.usage() for c in self.containers if c.init])
+        return replace(total, pods=1)
+
+    def annotation(self) -> str:
+        return json.dumps({c.name: c.to_json() for c in self.containers if c.gpus or c.mig},
+                          sort_keys=True, separators=(",", ":"))
+
+
+def parse_budget_annotation(raw: str) -> Budget:
+    """Read ``tessera.dev/budget`` back (recount, release); ValueError when unreadable."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"{ANNOTATION_BUDGET} must be a JSON object")
+    out = []
+    for name, c in sorted(data.items()):
+        if not isinstance(c, dict):
+            raise ValueError(f"{ANNOTATION_BUDGET}: container {name!r} is not an object")
+        mig = c.get("mig") or {}
+        out.append(ContainerBudget(
+            name=name, gpus=int(c.get("gpus") or 0),
+            memory_mib=None if c.get("memoryMiB") is None else int(c["memoryMiB"]),
+            cores=None if c.get("cores") is None else int(c["cores"]),
+            mig={str(k): int(v) for k, v in mig.items()}, init=bool(c.get("init", False))))
+    return Budget(tuple(out))
+
+
+def _int_resource(container: str, res: str, value: Any) -> int:
+    try:
+        n = count(value)
+    except (ValueError, TypeError):
+        raise BudgetError(f"container {container!r}: {res} must be a whole number, "
+                          f"got {value!r}") from None
+    if n < 0:
+        raise BudgetError(f"container {container!r}: {res} must not be negative")
+    return n
+
+
+def _container_budget(c: Mapping[str, Any], init: bool, policy: QuotaPolicy) -> ContainerBudget:
+    name = str(c.get("name", ""))
+    res = c.get("resources") or {}
+    asked: dict[str, Any] = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+    tess = {k: v for k, v in asked.items() if k.startswith(PREFIX)}
+    values = {k: _int_resource(name, k, v) for k, v in tess.items()}
+    known = {RES_VGPU, RES_MEMORY, RES_CORES}
+    for k in values:
+        if k not in known and not k.startswith(RES_MIG_PREFIX):
+            raise BudgetError(f"container {name!r}: unknown resource {k} (tessera offers "
+                              f"{RES_VGPU}, {RES_MEMORY}, {RES_CORES}, {RES_MIG_PREFIX}<profile>)")
+    mig = {k[len(RES_MIG_PREFIX):].replace("+", "."): v for k, v in values.items()
+           if k.startswith(RES_MIG_PREFIX) and v}
+    filled: dict[str, int] = {}
+    gpus = values.get(RES_VGPU)
+    memory = values.get(RES_MEMORY)
+    cores = values.get(RES_CORES)
+    if gpus is None and (memory or cores):
+        gpus = filled[RES_VGPU] = 1
+    gpus = gpus or 0
+    if gpus == 0 and (memory or cores):
+        raise BudgetError(f"container {name!r}: {RES_VGPU} is 0 but it asks for GPU "
+                          f"memory or cores")
+    if gpus:
+        if memory is None and policy.default_memory_mib is not None:
+            memory = filled[RES_MEMORY] = policy.default_memory_mib * gpus
+        if cores is None and policy.default_cores is not None:
+            cores = filled[RES_CORES] = min(policy.default_cores, 100) * gpus
+        if cores is not None and cores > 100 * gpus:
+            raise BudgetError(f"container {name!r}: {RES_CORES} {cores} over {gpus} GPU "
+                              f"share(s) is more than 100 per share")
+        if memory == 0:
+            raise BudgetError(f"container {name!r}: {RES_MEMORY} must be at least 1 (MiB)")
+    return ContainerBudget(name=name, gpus=gpus, memory_mib=memory if gpus else None,
+                           cores=cores if gpus else None, mig=mig, init=init, filled=filled)
+
+
+def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()) -> Budget:
+    """Each container's budget, filling missing memory/cores from the quota defaults.
+
+    Raises BudgetError for requests that are wrong on their own or exceed the per-pod max.
+    """
+    containers = [
+        _container_budget(c, True, policy) for c in spec.get("initContainers") or []
+    ] + [_container_budget(c, False, policy) for c in spec.get("containers") or []]
+    budget = Budget(tuple(containers))
+    total = budget.usage()
+    where = f'GPUQuota "{policy.quota}" max' if policy.quota else "max"
+    if policy.max_memory_mib is not None and total.memory_mib > policy.max_memory_mib:
+        raise BudgetError(f"pod asks for {RES_MEMORY} {mib_quantity(total.memory_mib)} in "
+                          f"total, over the per-pod {where} {mib_quantity(policy.max_memory_mib)}")
+    if policy.max_cores is not None and total.cores > policy.max_cores:
+        raise BudgetError(f"pod asks for {RES_CORES} {total.cores} in total, over the per-pod "
+                          f"{where} {policy.max_cores}")
+    return budget
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One resource of one quota that a request does not fit."""
+
+    quota: str
+    resource: str
+    requested: str
+    used: str
+    hard: str
+    reason: str = "exceeded"
+
+    def __str__(self) -> str:
+        if self.reason != "exceeded":
+            return f'GPUQuota "{self.quota}": {self.reason}'
+        return (f'exceeded GPUQuota "{self.quota}": {self.resource} requested {self.requested}, '
+                f"used {self.used}, hard {self.hard}")
+
+
+def check_fit(request: Usage, quotas: Iterable[QuotaView],
+              unbounded: frozenset[str] = frozenset()) -> list[Violation]:
+    """Every way ``request`` does not fit the quotas' hard limits (empty list = fits)."""
+    out: list[Violation] = []
+    for q in sorted(quotas, key=lambda q: q.name):
+        h, u = q.hard, q.used
+        for res, limit in ((RES_MEMORY, h.memory_mib), (RES_CORES, h.cores)):
+            if limit is not None and res in unbounded:
+                out.append(Violation(q.name, res, "", "", "", reason=(
+                    f"it limits {res} and sets no default, so every GPU container must "
+                    f"ask for {res}")))
+        checks: list[tuple[str, int | None, int, int, bool]] = [
+            (RES_MEMORY, h.memory_mib, request.memory_mib, u.memory_mib, True),
+            (RES_CORES, h.cores, request.cores, u.cores, False),
+            (RES_PODS, h.pods, request.pods, u.pods, False),
+        ]
+        for profile, limit in sorted(h.mig.items()):
+            checks.append((RES_MIG_PREFIX + profile, limit, request.mig.get(profile, 0),
+                           u.mig.get(profile, 0), False))
+        for res, limit, req, used, is_mem in checks:
+            if limit is None or req == 0 or used + req <= limit:
+                continue
+            fmt = mib_quantity if is_mem else str
+            out.append(Violation(q.name, res, fmt(req), fmt(used), fmt(limit)))
+    return out
+
+
+def deny_message(violations: Iterable[Violation]) -> str:
+    return "; ".join(str(v) for v in violations)
+
+
+def pod_counts(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod still holds its budget: admitted with one and not finished."""
+    meta = pod.get("metadata") or {}
+    if ANNOTATION_BUDGET not in (meta.get("annotations") or {}):
+        return False
+    return (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
+
+
+def pod_usage(pod: Mapping[str, Any]) -> Usage:
+    """The usage recorded on an admitted pod (zero when the annotation is unreadable)."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_BUDGET)
+    if raw is None:
+        return Usage()
+    try:
+        return parse_budget_annotation(raw).usage()
+    except (ValueError, TypeError, KeyError):
+        return Usage()
+
+
+def recount(pods: Iterable[Mapping[str, Any]]) -> Usage:
+    """What a namespace's pods hold: the truth ``status.used`` is healed towards."""
+    total = Usage()
+    for p in pods:
+        if pod_counts(p):
+            total = total + pod_usage(p)
+    return total
+
+
+@dataclass
+class DriftTracker:
+    """Decides when a recount may overwrite ``status.used`` without racing a reservation.
+
+    A reservation is written before its pod exists, so a pod list can miss a pod that was
+    just admitted.  A difference is only healed when it was seen twice, ``grace_s`` apart,
+    with the quota unchanged in between (same resourceVersion) and the same recount: then
+    no reservation happened meanwhile, and the write carries that resourceVersion as a
+    precondition so one that lands right now makes the write fail instead of being lost.
+    """
+
+    grace_s: float = 10.0
+    _seen: dict[str, tuple[str, Usage, float]] = field(default_factory=dict)
+
+    def decide(self, key: str, resource_version: str, used: Usage | None, counted: Usage,
+               now: float | None = None) -> bool:
+        """True when ``counted`` should be written now (with ``resource_version``)."""
+        now = time.monotonic() if now is None else now
+        if used is None:  # never reserved against: nothing to race
+            self._seen.pop(key, None)
+            return True
+        if used == counted:
+            self._seen.pop(key, None)
+            return False
+        prev = self._seen.get(key)
+        if prev is not None and prev[0] == resource_version and prev[1] == counted:
+            if now - prev[2] >= self.grace_s:
+                del self._seen[key]
+                return True
+            return False
+        self._seen[key] = (resource_version, counted, now)
+        return False
+
+    def forget(self, key: str) -> None:
+        self._seen.pop(key, None)

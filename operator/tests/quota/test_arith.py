@@ -1,0 +1,193 @@
+"""Quota arithmetic: budgets, fit, reservation deltas, recount and the drift rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tessera.quota import (
+    DriftTracker,
+    Limits,
+    QuotaPolicy,
+    QuotaView,
+    Usage,
+    budget_from_pod,
+    check_fit,
+    deny_message,
+    recount,
+)
+from tessera.quota.arith import (
+    ANNOTATION_BUDGET,
+    RES_CORES,
+    RES_MEMORY,
+    RES_VGPU,
+    BudgetError,
+    parse_budget_annotation,
+)
+from tessera.quota.units import memory_mib, mib_quantity
+
+
+def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    return {"containers": [{"name": f"c{i}", "resources": {"limits": c}}
+                           for i, c in enumerate(containers)],
+            "initContainers": [{"name": f"i{i}", "resources": {"limits": c}}
+                               for i, c in enumerate(init)]}
+
+
+POLICY = QuotaPolicy(quota="team", default_memory_mib=1024, default_cores=25,
+                     max_memory_mib=8192, max_cores=200)
+
+
+def test_defaults_fill_missing_memory_and_cores_per_share() -> None:
+    b = budget_from_pod(pod({RES_VGPU: "2"}), POLICY)
+    c = b.containers[0]
+    assert (c.gpus, c.memory_mib, c.cores) == (2, 2048, 50)
+    assert c.filled == {RES_MEMORY: 2048, RES_CORES: 50}
+    assert b.usage() == Usage(2048, 50, 1)
+
+
+def test_memory_without_vgpu_implies_one_share() -> None:
+    c = budget_from_pod(pod({RES_MEMORY: "3000"}), POLICY).containers[0]
+    assert (c.gpus, c.memory_mib, c.cores) == (1, 3000, 25)
+    assert c.filled == {RES_VGPU: 1, RES_CORES: 25}
+
+
+def test_no_tessera_resources_is_no_budget() -> None:
+    b = budget_from_pod(pod({"cpu": "1"}), POLICY)
+    assert not b.requests_anything and b.usage() == Usage()
+
+
+@pytest.mark.parametrize(("limits", "needle"), [
+    ({RES_VGPU: "1", RES_CORES: "150"}, "more than 100 per share"),
+    ({RES_VGPU: "0", RES_MEMORY: "10"}, "vgpu is 0"),
+    ({RES_VGPU: "1.5"}, "whole number"),
+    ({"tessera.dev/vgpu-mem": "1"}, "unknown resource"),
+    ({RES_VGPU: "1", RES_MEMORY: "9000"}, 'over the per-pod GPUQuota "team" max 9000'),
+])
+def test_bad_requests_are_refused_with_reason(limits: dict[str, str], needle: str) -> None:
+    with pytest.raises(BudgetError) as exc:
+        budget_from_pod(pod(limits), POLICY)
+    assert needle.split(" 9000")[0] in str(exc.value)
+
+
+def test_max_is_per_pod_total_over_containers() -> None:
+    with pytest.raises(BudgetError, match="vgpu-cores 300 in total"):
+        budget_from_pod(pod({RES_CORES: "100"}, {RES_CORES: "100"}, {RES_CORES: "100"}), POLICY)
+
+
+def test_init_containers_count_as_max_not_sum() -> None:
+    b = budget_from_pod(pod({RES_MEMORY: "1000", RES_CORES: "10"},
+                            init=({RES_MEMORY: "4000", RES_CORES: "5"},)), POLICY)
+    assert b.usage() == Usage(4000, 10, 1)
+
+
+def test_mig_profiles_counted_and_plus_becomes_dot() -> None:
+    b = budget_from_pod(pod({"tessera.dev/mig-1g.10gb+me": "2"}), POLICY)
+    assert b.usage() == Usage(0, 0, 1, {"1g.10gb.me": 2})
+
+
+def test_annotation_round_trip() -> None:
+    b = budget_from_pod(pod({RES_VGPU: "2", "tessera.dev/mig-3g.40gb": "1"}, {"cpu": "1"},
+                            init=({RES_MEMORY: "10"},)), POLICY)
+    assert parse_budget_annotation(b.annotation()).usage() == b.usage()
+
+
+def test_deny_message_names_quota_resource_requested_used_hard() -> None:
+    q = QuotaView("team-a", Limits(memory_mib=10240), Usage(8192, 0, 4))
+    v = check_fit(Usage(4096, 10, 1), [q])
+    assert deny_message(v) == ('exceeded GPUQuota "team-a": tessera.dev/vgpu-memory requested '
+                               "4Gi, used 8Gi, hard 10Gi")
+
+
+def test_every_quota_must_fit_and_unbounded_memory_is_refused() -> None:
+    a = QuotaView("a", Limits(pods=5), Usage(pods=5))
+    b = QuotaView("b", Limits(cores=100), Usage())
+    v = check_fit(Usage(0, 50, 1), [b, a])
+    assert [(x.quota, x.resource) for x in v] == [("a", "pods")]
+    v = check_fit(Usage(0, 50, 1), [b], unbounded=frozenset({RES_CORES}))
+    assert "sets no default" in deny_message(v)
+
+
+def test_units() -> None:
+    assert memory_mib("40Gi") == 40960
+    assert memory_mib("1G") == 954  # rounds up
+    assert memory_mib(4096 * 2**20) == 4096
+    assert mib_quantity(40960) == "40Gi" and mib_quantity(1000) == "1000Mi"
+    with pytest.raises(ValueError, match="not a quantity"):
+        memory_mib("lots")
+
+
+usages = st.builds(Usage, st.integers(0, 10**6), st.integers(0, 10**4), st.integers(0, 100),
+                   st.dictionaries(st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]),
+                                   st.integers(0, 8), max_size=3))
+limits = st.builds(Limits, st.none() | st.integers(0, 10**6), st.none() | st.integers(0, 10**4),
+                   st.none() | st.integers(0, 100),
+                   st.dictionaries(st.sampled_from(["1g.10gb", "3g.40gb"]), st.integers(0, 8)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(usages, usages)
+def test_reserve_then_release_is_identity(used: Usage, req: Usage) -> None:
+    assert (used + req) - req == used
+    assert used - used == Usage()
+
+
+@settings(max_examples=300, deadline=None)
+@given(limits, usages, st.lists(usages, max_size=30))
+def test_admitting_only_what_fits_never_overshoots(hard: Limits, req0: Usage,
+                                                    reqs: list[Usage]) -> None:
+    """Sequential admission (what CAS serialises to) never exceeds any hard limit it grew."""
+    used = Usage()
+    for req in [req0, *reqs]:
+        q = QuotaView("q", hard, used)
+        if not check_fit(req, [q]):
+            used = used + req
+    for got, lim in ((used.memory_mib, hard.memory_mib), (used.cores, hard.cores),
+                     (used.pods, hard.pods)):
+        assert lim is None or got <= lim or got == 0
+    for profile, lim in hard.mig.items():
+        assert used.mig.get(profile, 0) <= lim
+
+
+@settings(max_examples=200, deadline=None)
+@given(limits, usages, usages)
+def test_fit_is_exact_at_the_boundary(hard: Limits, used: Usage, req: Usage) -> None:
+    """check_fit refuses exactly when some limited resource would go over."""
+    over = any(lim is not None and r > 0 and u + r > lim for lim, u, r in (
+        (hard.memory_mib, used.memory_mib, req.memory_mib), (hard.cores, used.cores, req.cores),
+        (hard.pods, used.pods, req.pods))) or any(
+        req.mig.get(p, 0) > 0 and used.mig.get(p, 0) + req.mig.get(p, 0) > lim
+        for p, lim in hard.mig.items())
+    assert bool(check_fit(req, [QuotaView("q", hard, used)])) == over
+
+
+def _admitted(name: str, limits: dict[str, str], phase: str = "Running") -> dict[str, Any]:
+    b = budget_from_pod(pod(limits), POLICY)
+    return {"metadata": {"name": name, "annotations": {ANNOTATION_BUDGET: b.annotation()}},
+            "status": {"phase": phase}}
+
+
+def test_recount_skips_finished_and_unbudgeted_pods() -> None:
+    pods = [_admitted("a", {RES_MEMORY: "100", RES_CORES: "10"}),
+            _admitted("b", {RES_MEMORY: "200", RES_CORES: "20"}, phase="Succeeded"),
+            _admitted("c", {RES_MEMORY: "300", RES_CORES: "30"}, phase="Pending"),
+            {"metadata": {"name": "d"}, "status": {"phase": "Running"}},
+            {"metadata": {"name": "e", "annotations": {ANNOTATION_BUDGET: "{bad"}}}]
+    assert recount(pods) == Usage(400, 40, 2)
+
+
+def test_drift_heals_only_when_stable_for_grace_at_same_resource_version() -> None:
+    t = DriftTracker(grace_s=10)
+    used, counted = Usage(500, 0, 5), Usage(400, 0, 4)
+    assert t.decide("ns/q", "1", None, counted, now=0)  # no used yet: write at once
+    assert not t.decide("ns/q", "1", used, counted, now=0)  # first sighting
+    assert not t.decide("ns/q", "1", used, counted, now=5)  # too soon
+    assert not t.decide("ns/q", "2", used, counted, now=11)  # a reservation happened: restart
+    assert not t.decide("ns/q", "2", used, counted, now=20)
+    assert t.decide("ns/q", "2", used, counted, now=21)
+    # the pod of an in-flight reservation appears: the difference vanishes, nothing written
+    assert not t.decide("ns/q", "3", used, Usage(400, 0, 4), now=30)
+    assert not t.decide("ns/q", "3", used, used, now=45)
+    assert not t.decide("ns/q", "3", used, Usage(400, 0, 4), now=46)
