@@ -225,7 +225,10 @@ def plan(
     busy instance is never destroyed: with ``wait`` the plan holds no steps and names the busy
     instances it waits for; with ``refuse`` it raises :class:`DisruptionError`.
     """
-    validate(model_id, current)
+    try:
+        validate(model_id, current)
+    except LayoutError as exc:
+        raise LayoutError(f"current instances are invalid: {exc}") from None
     fit(model_id, desired)  # a desired layout that cannot exist at all: say why
     cur = _resolve(model_id, (i.profile for i in current))
     want = _resolve(model_id, desired)
