@@ -8,28 +8,34 @@ all count the same number.
 Where a container asks for several GPUs, the memory/cores are split evenly over them; a
 core total above 100 % per share is refused because one share cannot exceed its GPU.
 
-Init containers run before the app containers, so a pod's usage is, per resource, the
-larger of the app containers' sum and the largest init container (Kubernetes' own rule for
-effective requests).
+A pod's usage is the sum over all its budgeted containers, init containers included: the
+budget annotation (the only record admission leaves) does not say which containers run
+one after another, and admission and recount must count the same way.  This overcounts
+pods whose init containers ask for GPUs, never undercounts.
+
+A container that asks for shares must end up with a memory total (its own or the quota's
+default): a budget without a memory limit would be no budget.  Missing cores without a
+default mean 100 per share (the whole share, still shared fairly under contention).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.api import budget as api_budget
+from tessera.api.resources import BUDGET_ANNOTATION as ANNOTATION_BUDGET
+from tessera.api.resources import MIG_PREFIX as RES_MIG_PREFIX
+from tessera.api.resources import VGPU as RES_VGPU
+from tessera.api.resources import VGPU_CORES as RES_CORES
+from tessera.api.resources import VGPU_MEMORY as RES_MEMORY
+from tessera.api.resources import mig_resource_name, profile_from_resource
 from tessera.quota.units import count, mib_quantity
 
 PREFIX = "tessera.dev/"
-RES_VGPU = "tessera.dev/vgpu"
-RES_MEMORY = "tessera.dev/vgpu-memory"
-RES_CORES = "tessera.dev/vgpu-cores"
-RES_MIG_PREFIX = "tessera.dev/mig-"
 RES_PODS = "pods"
-ANNOTATION_BUDGET = "tessera.dev/budget"
 LABEL_BUDGETED = "tessera.dev/budgeted"
 """Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
 ANNOTATION_RELEASED = "tessera.dev/released"
@@ -74,18 +80,6 @@ class Usage:
     def __hash__(self) -> int:
         return hash((self.memory_mib, self.cores, self.pods, tuple(sorted(_nz(self.mig).items()))))
 
-    @staticmethod
-    def combine_init(app: Usage, init: Iterable[Usage]) -> Usage:
-        """Per resource: max(sum of app containers, largest init container)."""
-        out = app
-        for i in init:
-            mig = dict(out.mig)
-            for k, v in i.mig.items():
-                mig[k] = max(mig.get(k, 0), v)
-            out = Usage(max(out.memory_mib, i.memory_mib), max(out.cores, i.cores),
-                        max(out.pods, i.pods), mig)
-        return out
-
 
 def _nz(m: Mapping[str, int]) -> dict[str, int]:
     return {k: v for k, v in m.items() if v}
@@ -110,6 +104,7 @@ class QuotaPolicy:
     default_cores: int | None = None
     max_memory_mib: int | None = None
     max_cores: int | None = None
+    weight: int = 1
 
 
 @dataclass(frozen=True)
@@ -124,28 +119,22 @@ class QuotaView:
 
 @dataclass(frozen=True)
 class ContainerBudget:
-    """The budget of one container, as recorded in ``tessera.dev/budget``."""
+    """One container's totals as admitted (the annotation stores them per share)."""
 
     name: str
     gpus: int = 0
-    memory_mib: int | None = None
-    cores: int | None = None
+    memory_mib: int = 0
+    cores: int = 0
     mig: Mapping[str, int] = field(default_factory=dict)
-    init: bool = False
     filled: Mapping[str, int] = field(default_factory=dict)
     """Resources the webhook adds to this container's limits (name -> value)."""
 
     def usage(self) -> Usage:
-        return Usage(self.memory_mib or 0, self.cores or 0, 0, _nz(self.mig))
+        return Usage(self.memory_mib, self.cores, 0, _nz(self.mig))
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"gpus": self.gpus, "memoryMiB": self.memory_mib,
-                               "cores": self.cores}
-        if self.mig:
-            out["mig"] = dict(sorted(self.mig.items()))
-        if self.init:
-            out["init"] = True
-        return out
+    def to_api(self) -> api_budget.ContainerBudget:
+        return api_budget.ContainerBudget.from_totals(self.gpus, self.memory_mib, self.cores,
+                                                      dict(_nz(self.mig)))
 
 
 @dataclass(frozen=True)
@@ -153,53 +142,42 @@ class Budget:
     """A pod's admitted budget: per container, and its total usage for quotas."""
 
     containers: tuple[ContainerBudget, ...]
+    quota: str | None = None
+    weight: int = 1
 
     @property
     def requests_anything(self) -> bool:
         return any(c.gpus or c.mig for c in self.containers)
 
-    @property
-    def unbounded(self) -> frozenset[str]:
-        """Resources some GPU container leaves open (no value, no default)."""
-        out: set[str] = set()
-        for c in self.containers:
-            if c.gpus and c.memory_mib is None:
-                out.add(RES_MEMORY)
-            if c.gpus and c.cores is None:
-                out.add(RES_CORES)
-        return frozenset(out)
-
     def usage(self) -> Usage:
         if not self.requests_anything:
             return Usage()
-        app = Usage()
+        total = Usage(pods=1)
         for c in self.containers:
-            if not c.init:
-                app = app + c.usage()
-        total = Usage.combine_init(app, [c.usage() for c in self.containers if c.init])
-        return replace(total, pods=1)
+            total = total + c.usage()
+        return total
+
+    def to_api(self) -> api_budget.PodBudget:
+        return api_budget.PodBudget(
+            quota=self.quota, weight=self.weight,
+            containers={c.name: c.to_api() for c in self.containers if c.gpus or c.mig})
 
     def annotation(self) -> str:
-        return json.dumps({c.name: c.to_json() for c in self.containers if c.gpus or c.mig},
-                          sort_keys=True, separators=(",", ":"))
+        return self.to_api().to_annotation()
 
 
-def parse_budget_annotation(raw: str) -> Budget:
-    """Read ``tessera.dev/budget`` back (recount, release); ValueError when unreadable."""
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise ValueError(f"{ANNOTATION_BUDGET} must be a JSON object")
-    out = []
-    for name, c in sorted(data.items()):
-        if not isinstance(c, dict):
-            raise ValueError(f"{ANNOTATION_BUDGET}: container {name!r} is not an object")
-        mig = c.get("mig") or {}
-        out.append(ContainerBudget(
-            name=name, gpus=int(c.get("gpus") or 0),
-            memory_mib=None if c.get("memoryMiB") is None else int(c["memoryMiB"]),
-            cores=None if c.get("cores") is None else int(c["cores"]),
-            mig={str(k): int(v) for k, v in mig.items()}, init=bool(c.get("init", False))))
-    return Budget(tuple(out))
+def usage_of(budget: api_budget.PodBudget) -> Usage:
+    """Totals back from the per-share annotation (exact: MiB are rounded back up)."""
+    total = Usage(pods=1) if budget.containers else Usage()
+    for c in budget.containers.values():
+        total = total + Usage(-(-c.memory_bytes * c.shares // api_budget.MIB),
+                              round(c.cores * c.shares), 0, dict(c.mig))
+    return total
+
+
+def parse_budget_annotation(raw: str) -> Usage:
+    """Usage recorded in ``tessera.dev/budget``; ValueError when unreadable."""
+    return usage_of(api_budget.parse_budget(raw))
 
 
 def _int_resource(container: str, res: str, value: Any) -> int:
@@ -213,19 +191,21 @@ def _int_resource(container: str, res: str, value: Any) -> int:
     return n
 
 
-def _container_budget(c: Mapping[str, Any], init: bool, policy: QuotaPolicy) -> ContainerBudget:
+def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy) -> ContainerBudget:
     name = str(c.get("name", ""))
     res = c.get("resources") or {}
     asked: dict[str, Any] = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-    tess = {k: v for k, v in asked.items() if k.startswith(PREFIX)}
-    values = {k: _int_resource(name, k, v) for k, v in tess.items()}
-    known = {RES_VGPU, RES_MEMORY, RES_CORES}
-    for k in values:
-        if k not in known and not k.startswith(RES_MIG_PREFIX):
+    values = {k: _int_resource(name, k, v) for k, v in asked.items() if k.startswith(PREFIX)}
+    mig: dict[str, int] = {}
+    for k, v in values.items():
+        if k in (RES_VGPU, RES_MEMORY, RES_CORES):
+            continue
+        profile = profile_from_resource(k)
+        if profile is None:
             raise BudgetError(f"container {name!r}: unknown resource {k} (tessera offers "
                               f"{RES_VGPU}, {RES_MEMORY}, {RES_CORES}, {RES_MIG_PREFIX}<profile>)")
-    mig = {k[len(RES_MIG_PREFIX):].replace("+", "."): v for k, v in values.items()
-           if k.startswith(RES_MIG_PREFIX) and v}
+        if v:
+            mig[profile] = v
     filled: dict[str, int] = {}
     gpus = values.get(RES_VGPU)
     memory = values.get(RES_MEMORY)
@@ -233,21 +213,28 @@ def _container_budget(c: Mapping[str, Any], init: bool, policy: QuotaPolicy) -> 
     if gpus is None and (memory or cores):
         gpus = filled[RES_VGPU] = 1
     gpus = gpus or 0
-    if gpus == 0 and (memory or cores):
-        raise BudgetError(f"container {name!r}: {RES_VGPU} is 0 but it asks for GPU "
-                          f"memory or cores")
-    if gpus:
-        if memory is None and policy.default_memory_mib is not None:
-            memory = filled[RES_MEMORY] = policy.default_memory_mib * gpus
-        if cores is None and policy.default_cores is not None:
-            cores = filled[RES_CORES] = min(policy.default_cores, 100) * gpus
-        if cores is not None and cores > 100 * gpus:
-            raise BudgetError(f"container {name!r}: {RES_CORES} {cores} over {gpus} GPU "
-                              f"share(s) is more than 100 per share")
-        if memory == 0:
-            raise BudgetError(f"container {name!r}: {RES_MEMORY} must be at least 1 (MiB)")
-    return ContainerBudget(name=name, gpus=gpus, memory_mib=memory if gpus else None,
-                           cores=cores if gpus else None, mig=mig, init=init, filled=filled)
+    if gpus == 0:
+        if memory or cores:
+            raise BudgetError(f"container {name!r}: {RES_VGPU} is 0 but it asks for GPU "
+                              f"memory or cores")
+        return ContainerBudget(name=name, mig=mig)
+    if memory is None:
+        if policy.default_memory_mib is None:
+            where = f'GPUQuota "{policy.quota}"' if policy.quota else "no GPUQuota"
+            raise BudgetError(f"container {name!r} asks for {RES_VGPU} without {RES_MEMORY} "
+                              f"and {where} sets no default memory: add {RES_MEMORY} (MiB, "
+                              f"total) to its limits")
+        memory = filled[RES_MEMORY] = policy.default_memory_mib * gpus
+    if cores is None:
+        per_share = 100 if policy.default_cores is None else min(policy.default_cores, 100)
+        cores = filled[RES_CORES] = per_share * gpus
+    if cores > 100 * gpus:
+        raise BudgetError(f"container {name!r}: {RES_CORES} {cores} over {gpus} GPU "
+                          f"share(s) is more than 100 per share")
+    if memory == 0:
+        raise BudgetError(f"container {name!r}: {RES_MEMORY} must be at least 1 (MiB)")
+    return ContainerBudget(name=name, gpus=gpus, memory_mib=memory, cores=cores, mig=mig,
+                           filled=filled)
 
 
 def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()) -> Budget:
@@ -255,10 +242,9 @@ def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()
 
     Raises BudgetError for requests that are wrong on their own or exceed the per-pod max.
     """
-    containers = [
-        _container_budget(c, True, policy) for c in spec.get("initContainers") or []
-    ] + [_container_budget(c, False, policy) for c in spec.get("containers") or []]
-    budget = Budget(tuple(containers))
+    containers = [_container_budget(c, policy) for c in
+                  [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]]
+    budget = Budget(tuple(containers), policy.quota, policy.weight)
     total = budget.usage()
     where = f'GPUQuota "{policy.quota}" max' if policy.quota else "max"
     if policy.max_memory_mib is not None and total.memory_mib > policy.max_memory_mib:
@@ -288,24 +274,18 @@ class Violation:
                 f"used {self.used}, hard {self.hard}")
 
 
-def check_fit(request: Usage, quotas: Iterable[QuotaView],
-              unbounded: frozenset[str] = frozenset()) -> list[Violation]:
+def check_fit(request: Usage, quotas: Iterable[QuotaView]) -> list[Violation]:
     """Every way ``request`` does not fit the quotas' hard limits (empty list = fits)."""
     out: list[Violation] = []
     for q in sorted(quotas, key=lambda q: q.name):
         h, u = q.hard, q.used
-        for res, limit in ((RES_MEMORY, h.memory_mib), (RES_CORES, h.cores)):
-            if limit is not None and res in unbounded:
-                out.append(Violation(q.name, res, "", "", "", reason=(
-                    f"it limits {res} and sets no default, so every GPU container must "
-                    f"ask for {res}")))
         checks: list[tuple[str, int | None, int, int, bool]] = [
             (RES_MEMORY, h.memory_mib, request.memory_mib, u.memory_mib, True),
             (RES_CORES, h.cores, request.cores, u.cores, False),
             (RES_PODS, h.pods, request.pods, u.pods, False),
         ]
-        for profile, limit in sorted(h.mig.items()):
-            checks.append((RES_MIG_PREFIX + profile, limit, request.mig.get(profile, 0),
+        for profile, mig_limit in sorted(h.mig.items()):
+            checks.append((mig_resource_name(profile), mig_limit, request.mig.get(profile, 0),
                            u.mig.get(profile, 0), False))
         for res, limit, req, used, is_mem in checks:
             if limit is None or req == 0 or used + req <= limit:
@@ -333,7 +313,7 @@ def pod_usage(pod: Mapping[str, Any]) -> Usage:
     if raw is None:
         return Usage()
     try:
-        return parse_budget_annotation(raw).usage()
+        return parse_budget_annotation(raw)
     except (ValueError, TypeError, KeyError):
         return Usage()
 

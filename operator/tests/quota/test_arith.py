@@ -77,21 +77,32 @@ def test_max_is_per_pod_total_over_containers() -> None:
         budget_from_pod(pod({RES_CORES: "100"}, {RES_CORES: "100"}, {RES_CORES: "100"}), POLICY)
 
 
-def test_init_containers_count_as_max_not_sum() -> None:
+def test_init_containers_are_summed_like_admission_records_them() -> None:
     b = budget_from_pod(pod({RES_MEMORY: "1000", RES_CORES: "10"},
                             init=({RES_MEMORY: "4000", RES_CORES: "5"},)), POLICY)
-    assert b.usage() == Usage(4000, 10, 1)
+    assert b.usage() == Usage(5000, 15, 1)
 
 
-def test_mig_profiles_counted_and_plus_becomes_dot() -> None:
-    b = budget_from_pod(pod({"tessera.dev/mig-1g.10gb+me": "2"}), POLICY)
-    assert b.usage() == Usage(0, 0, 1, {"1g.10gb.me": 2})
+def test_memory_is_mandatory_without_default_and_cores_default_to_whole_share() -> None:
+    with pytest.raises(BudgetError, match="sets no default memory"):
+        budget_from_pod(pod({RES_VGPU: "1"}), QuotaPolicy())
+    c = budget_from_pod(pod({RES_VGPU: "2", RES_MEMORY: "10"}), QuotaPolicy()).containers[0]
+    assert c.cores == 200
 
 
-def test_annotation_round_trip() -> None:
-    b = budget_from_pod(pod({RES_VGPU: "2", "tessera.dev/mig-3g.40gb": "1"}, {"cpu": "1"},
-                            init=({RES_MEMORY: "10"},)), POLICY)
-    assert parse_budget_annotation(b.annotation()).usage() == b.usage()
+def test_mig_profiles_counted_with_their_profile_name() -> None:
+    b = budget_from_pod(pod({"tessera.dev/mig-1g.10gb.me": "2"}), POLICY)
+    assert b.usage() == Usage(0, 0, 1, {"1g.10gb+me": 2})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 200_000), st.integers(0, 100)),
+                min_size=1, max_size=4))
+def test_annotation_round_trip_is_exact(containers: list[tuple[int, int, int]]) -> None:
+    """Per-share values in the annotation always give back the admitted totals."""
+    b = budget_from_pod(pod(*({RES_VGPU: str(n), RES_MEMORY: str(m), RES_CORES: str(c * n)}
+                              for n, m, c in containers)), QuotaPolicy())
+    assert parse_budget_annotation(b.annotation()) == b.usage()
 
 
 def test_deny_message_names_quota_resource_requested_used_hard() -> None:
@@ -101,13 +112,11 @@ def test_deny_message_names_quota_resource_requested_used_hard() -> None:
                                "4Gi, used 8Gi, hard 10Gi")
 
 
-def test_every_quota_must_fit_and_unbounded_memory_is_refused() -> None:
+def test_every_quota_must_fit() -> None:
     a = QuotaView("a", Limits(pods=5), Usage(pods=5))
-    b = QuotaView("b", Limits(cores=100), Usage())
+    b = QuotaView("b", Limits(cores=100), Usage(cores=60))
     v = check_fit(Usage(0, 50, 1), [b, a])
-    assert [(x.quota, x.resource) for x in v] == [("a", "pods")]
-    v = check_fit(Usage(0, 50, 1), [b], unbounded=frozenset({RES_CORES}))
-    assert "sets no default" in deny_message(v)
+    assert [(x.quota, x.resource) for x in v] == [("a", "pods"), ("b", RES_CORES)]
 
 
 def test_units() -> None:
