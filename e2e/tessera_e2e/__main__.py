@@ -1,0 +1,68 @@
+"""`python -m tessera_e2e build | cluster | demo` (the Makefile's controlplane, cluster, demo)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from tessera_e2e.build import ensure_built
+from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.demo import main_demo
+from tessera_e2e.errors import ControlPlaneError
+
+
+def _wait_for_interrupt() -> None:
+    """Block until Ctrl-C or SIGTERM; both arrive as KeyboardInterrupt."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    threading.Event().wait()
+
+
+def _cluster(args: argparse.Namespace) -> None:
+    with LocalCluster(ensure_built()) as cluster:
+        print(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
+        print("Use it from another shell:")
+        print(f"  export KUBECONFIG={cluster.kubeconfig}")
+        print(f"  alias kubectl={cluster.kubectl_path}")
+        print("Stop it with Ctrl-C here (everything it started is removed).", flush=True)
+        _wait_for_interrupt()
+
+
+def _demo(args: argparse.Namespace) -> None:
+    with LocalCluster(ensure_built()) as cluster:
+        main_demo(cluster, exit_after=args.exit, wait=_wait_for_interrupt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera_e2e", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="build the control plane binaries into the cache")
+    build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
+    demo = commands.add_parser("demo", help="cluster + CRDs + examples, until Ctrl-C")
+    demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            ensure_built(force=args.force)
+        elif args.command == "cluster":
+            _cluster(args)
+        else:
+            _demo(args)
+    except ControlPlaneError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

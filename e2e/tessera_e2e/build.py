@@ -1,0 +1,293 @@
+"""Build the pinned control plane binaries from the Go module proxy, once, into the cache.
+
+k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces staging modules), so
+e2e/controlplane/ is a wrapper module that restates the replaces; one `go build` compiles all
+five commands so shared packages compile once. A stamp next to the binaries records what was
+built; a matching stamp means nothing to do. A cold build takes tens of minutes on 2 cores, so
+every stage reports what it is doing and how long it has been going.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera_e2e.cache import BINARIES, Layout, default_layout
+from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.pins import ETCD_MODULE, MODULE_DIR, Pins, load_pins
+
+MIN_GO = (1, 24)
+HEARTBEAT_S = 30.0
+
+# Package path -> installed binary name. `go build -o DIR/` names a module-root command after
+# its last path element, so etcd's `go.etcd.io/etcd/server/v3` would land as `server`.
+PACKAGES: dict[str, str] = {
+    ETCD_MODULE: "etcd",
+    "k8s.io/kubernetes/cmd/kube-apiserver": "kube-apiserver",
+    "k8s.io/kubernetes/cmd/kube-controller-manager": "kube-controller-manager",
+    "k8s.io/kubernetes/cmd/kube-scheduler": "kube-scheduler",
+    "k8s.io/kubernetes/cmd/kubectl": "kubectl",
+}
+GO_OUTPUT_NAME = {ETCD_MODULE: "server"}
+
+_NETWORK_ERRORS = re.compile(
+    r"dial tcp|no such host|connection refused|i/o timeout|TLS handshake timeout|"
+    r"network is unreachable|proxyconnect|410 Gone|502 Bad Gateway|503 Service Unavailable"
+)
+
+Reporter = Callable[[str], None]
+
+
+def stderr_reporter(line: str) -> None:
+    print(f"[controlplane] {line}", file=sys.stderr, flush=True)
+
+
+def version_ldflags(pins: Pins) -> str:
+    """-X flags so binaries report their real version (else `v0.0.0-master+$Format:%H$`)."""
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={pins.kubernetes}",
+            f"-X {package}.gitMajor=1",
+            f"-X {package}.gitMinor={pins.kubernetes_minor}",
+            f"-X {package}.gitTreeState=clean",
+        ]
+    return " ".join(flags)
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """Everything that decides the binaries' content; the stamp stores it."""
+
+    pins: Pins
+    go_sum_sha256: str
+    ldflags: str
+
+    def as_json(self) -> dict[str, str]:
+        return {
+            "kubernetes": self.pins.kubernetes,
+            "etcd": self.pins.etcd,
+            "go_sum_sha256": self.go_sum_sha256,
+            "ldflags": self.ldflags,
+        }
+
+
+def build_inputs(module_dir: Path = MODULE_DIR) -> BuildInputs:
+    pins = load_pins(module_dir)
+    go_sum = hashlib.sha256((module_dir / "go.sum").read_bytes()).hexdigest()
+    return BuildInputs(pins=pins, go_sum_sha256=go_sum, ldflags=version_ldflags(pins))
+
+
+def is_up_to_date(layout: Layout, inputs: BuildInputs) -> bool:
+    """True when the stamp matches the inputs and every binary is there and executable."""
+    try:
+        stamp = json.loads(layout.stamp(inputs.pins).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(stamp, dict) or stamp.get("inputs") != inputs.as_json():
+        return False
+    return all(
+        os.access(layout.binary(inputs.pins, name), os.X_OK) for name in BINARIES
+    )
+
+
+def parse_go_version(output: str) -> tuple[int, int] | None:
+    """`go version go1.26.8 linux/amd64` -> (1, 26)."""
+    match = re.search(r"\bgo(\d+)\.(\d+)", output)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def find_go(env: Mapping[str, str]) -> str:
+    """The go command to use: $TESSERA_GO, else `go` on PATH, else /usr/local/go/bin/go."""
+    candidates = [env.get("TESSERA_GO", "")]
+    candidates.append(shutil.which("go", path=env.get("PATH", os.defpath)) or "")
+    candidates.append("/usr/local/go/bin/go")
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ControlPlaneError(
+        "no Go toolchain found (need Go >= 1.24 to build kube-apiserver and etcd): install it "
+        "from https://go.dev/dl/ and put `go` on PATH, or set TESSERA_GO=/path/to/go"
+    )
+
+
+def check_go_version(go: str, env: Mapping[str, str]) -> str:
+    result = subprocess.run(
+        [go, "version"], env=dict(env), capture_output=True, text=True, check=False
+    )
+    version = parse_go_version(result.stdout)
+    if result.returncode != 0 or version is None:
+        raise ControlPlaneError(f"`{go} version` failed: {result.stderr.strip() or result.stdout}")
+    if version < MIN_GO:
+        raise ControlPlaneError(
+            f"{go} is Go {version[0]}.{version[1]}, too old for Kubernetes (need Go >= 1.24): "
+            "install a newer Go from https://go.dev/dl/ or set TESSERA_GO"
+        )
+    return result.stdout.strip()
+
+
+def go_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """Static binaries (as upstream ships them), the local toolchain, go.mod never rewritten."""
+    env = dict(base)
+    env.update(
+        CGO_ENABLED="0",
+        GOTOOLCHAIN="local",
+        GOFLAGS="-mod=readonly -buildvcs=false",
+    )
+    return env
+
+
+def _format_elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _run_stage(
+    name: str,
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    report: Reporter,
+    progress_noun: str,
+) -> float:
+    """Run one go command, log its output, report a heartbeat; returns seconds taken."""
+    started = time.monotonic()
+    report(f"{name}: started ({' '.join(argv[1:3])} ...)")
+    counted = 0
+    with log_path.open("a") as log:
+        log.write(f"\n$ {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )
+        done = threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(HEARTBEAT_S):
+                report(
+                    f"{name}: {counted} {progress_noun} so far, "
+                    f"{_format_elapsed(time.monotonic() - started)} elapsed"
+                )
+
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            log.write(line)
+            counted += 1
+            tail = [*tail[-19:], line.rstrip()]
+        returncode = proc.wait()
+        done.set()
+        beat.join()
+    elapsed = time.monotonic() - started
+    if returncode != 0:
+        text = "\n".join(tail)
+        if _NETWORK_ERRORS.search(text):
+            proxy = env.get("GOPROXY", "https://proxy.golang.org,direct")
+            raise ControlPlaneError(
+                f"{name} failed: cannot reach the Go module proxy (GOPROXY={proxy}); check the "
+                f"network or GOPROXY and run `make controlplane` again; log: {log_path}"
+            )
+        last = next((line for line in reversed(tail) if line.strip()), "no output")
+        raise ControlPlaneError(f"{name} failed (exit {returncode}): {last}; log: {log_path}")
+    report(f"{name}: done in {_format_elapsed(elapsed)}")
+    return elapsed
+
+
+def _verify_versions(bin_dir: Path, pins: Pins) -> None:
+    """The built binaries must report the pinned versions (ldflags took effect)."""
+    checks = {
+        "kube-apiserver": ["--version"],
+        "kubectl": ["version", "--client"],
+        "etcd": ["--version"],
+    }
+    for name, args in checks.items():
+        out = subprocess.run(
+            [str(bin_dir / name), *args], capture_output=True, text=True, check=False
+        ).stdout
+        want = pins.etcd.lstrip("v") if name == "etcd" else pins.kubernetes
+        if want not in out:
+            raise ControlPlaneError(
+                f"built {name} reports {out.strip()!r}, expected version {want}: "
+                "check the -X ldflags in tessera_e2e/build.py"
+            )
+
+
+def ensure_built(
+    layout: Layout | None = None,
+    *,
+    module_dir: Path = MODULE_DIR,
+    env: Mapping[str, str] | None = None,
+    report: Reporter = stderr_reporter,
+    force: bool = False,
+) -> Path:
+    """Build the binaries unless the stamp says they are current; returns the bin directory."""
+    layout = layout or default_layout()
+    inputs = build_inputs(module_dir)
+    bin_dir = layout.bin_dir(inputs.pins)
+    if not force and is_up_to_date(layout, inputs):
+        report(f"up to date: Kubernetes {inputs.pins.kubernetes}, etcd {inputs.pins.etcd} "
+               f"in {bin_dir}")
+        return bin_dir
+    base_env = go_environment(env if env is not None else os.environ)
+    go = find_go(base_env)
+    go_version = check_go_version(go, base_env)
+    build_root = bin_dir.parent
+    build_root.mkdir(parents=True, exist_ok=True)
+    log_path = build_root / "build.log"
+    log_path.write_text(f"{go_version}\n")
+    staging = build_root / "bin.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    report(
+        f"building Kubernetes {inputs.pins.kubernetes} + etcd {inputs.pins.etcd} with "
+        f"{go_version.split()[2]} into {bin_dir} (cold: ~30-40 min on 2 cores; log: {log_path})"
+    )
+    times: dict[str, float] = {}
+    times["download modules"] = _run_stage(
+        "stage 1/3 download modules", [go, "mod", "download", "-x"],
+        cwd=module_dir, env=base_env, log_path=log_path, report=report,
+        progress_noun="log lines",
+    )
+    times["compile and link"] = _run_stage(
+        "stage 2/3 compile and link", [
+            go, "build", "-v", "-trimpath", "-ldflags", inputs.ldflags,
+            "-o", f"{staging}/", *PACKAGES,
+        ],
+        cwd=module_dir, env=base_env, log_path=log_path, report=report,
+        progress_noun="packages compiled",
+    )
+    started = time.monotonic()
+    for package, name in PACKAGES.items():
+        built = staging / GO_OUTPUT_NAME.get(package, name)
+        if built != staging / name:
+            built.rename(staging / name)
+    _verify_versions(staging, inputs.pins)
+    shutil.rmtree(bin_dir, ignore_errors=True)
+    staging.rename(bin_dir)
+    sizes = {name: (bin_dir / name).stat().st_size for name in BINARIES}
+    times["verify and install"] = time.monotonic() - started
+    layout.stamp(inputs.pins).write_text(json.dumps({
+        "inputs": inputs.as_json(),
+        "go": go_version,
+        "stage_seconds": {k: round(v, 1) for k, v in times.items()},
+        "sizes_bytes": sizes,
+    }, indent=2) + "\n")
+    report(f"stage 3/3 verify and install: done in {_format_elapsed(times['verify and install'])}")
+    report("sizes: " + ", ".join(f"{n} {s / 2**20:.0f} MiB" for n, s in sizes.items()))
+    report(f"built in {_format_elapsed(sum(times.values()))}: {bin_dir}")
+    return bin_dir

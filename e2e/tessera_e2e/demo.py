@@ -1,0 +1,86 @@
+"""Demo v1: a local cluster with tessera's CRDs and the example resources applied.
+
+Later issues add the operator and simulated GPU nodes; until then it shows exactly this.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.errors import ControlPlaneError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+Printer = Callable[[str], None]
+
+
+def _stdout(line: str) -> None:
+    print(line, flush=True)
+
+
+def example_files(repo: Path = REPO_ROOT) -> list[Path]:
+    """examples/*.yaml, not examples/bad/ (those must be rejected)."""
+    return sorted((repo / "examples").glob("*.yaml"))
+
+
+def crd_files(repo: Path = REPO_ROOT) -> list[Path]:
+    return sorted((repo / "crds").glob("*.yaml"))
+
+
+def _checked(cluster: LocalCluster, *args: str) -> str:
+    result = cluster.kubectl(*args)
+    if result.returncode != 0:
+        raise ControlPlaneError(
+            f"`kubectl {' '.join(args)}` failed: {result.stderr.strip() or result.stdout.strip()}"
+        )
+    return result.stdout
+
+
+def install_crds(cluster: LocalCluster, repo: Path = REPO_ROOT) -> list[Path]:
+    """Apply crds/*.yaml and wait until every CRD is Established."""
+    files = crd_files(repo)
+    if not files:
+        raise ControlPlaneError(f"no CRDs in {repo / 'crds'}: run `make crds` to generate them")
+    for path in files:
+        _checked(cluster, "apply", "-f", str(path))
+    _checked(cluster, "wait", "--for=condition=Established", "--timeout=30s",
+             "customresourcedefinitions", "--all")
+    return files
+
+
+def apply_examples(cluster: LocalCluster, repo: Path = REPO_ROOT) -> list[Path]:
+    files = example_files(repo)
+    for path in files:
+        _checked(cluster, "apply", "-f", str(path))
+    return files
+
+
+def run_demo(cluster: LocalCluster, say: Printer = _stdout, repo: Path = REPO_ROOT) -> None:
+    """Install CRDs and examples into a started cluster and show them."""
+    say(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
+    crds = install_crds(cluster, repo)
+    say(f"Installed {len(crds)} CRD file(s) from crds/: all Established")
+    examples = apply_examples(cluster, repo)
+    say(f"Applied {len(examples)} example(s): {', '.join(p.name for p in examples)}")
+    say("")
+    say("$ kubectl get tessera -A")
+    say(_checked(cluster, "get", "tessera", "-A").rstrip())
+    say("")
+    say("No operator or GPU nodes run yet, so status columns stay empty.")
+    say("Use this cluster from another shell:")
+    say(f"  export KUBECONFIG={cluster.kubeconfig}")
+    say(f"  alias kubectl={cluster.kubectl_path}   # built kubectl, matches the server version")
+    say("  kubectl get gpupartitions,gpuquotas -A")
+
+
+def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], None]) -> None:
+    run_demo(cluster)
+    if exit_after:
+        _stdout("Stopping the cluster now (--exit).")
+        return
+    _stdout("Stop it with Ctrl-C here (everything it started is removed).")
+    sys.stdout.flush()
+    wait()

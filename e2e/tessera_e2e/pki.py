@@ -1,0 +1,138 @@
+"""Throw-away certificates for one local cluster, made with `cryptography`.
+
+One CA signs the API server's serving certificate and the cluster-admin client certificate
+(group system:masters); a separate RSA key signs service account tokens. EC P-256 keys keep
+generation in the milliseconds, so every start gets fresh ones.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=2)
+SERVING_DNS_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+ADMIN_USER = "tessera-admin"
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the PEM files written for a cluster."""
+
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    admin_cert: Path
+    admin_key: Path
+    service_account_key: Path
+    service_account_pub: Path
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+             ) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+    )
+
+
+def _leaf(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    san: x509.SubjectAlternativeName | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        _builder(subject, ca_name, key.public_key())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if san is not None:
+        builder = builder.add_extension(san, critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
+
+
+def write_pki(directory: Path) -> Pki:
+    """Create a CA, serving, admin and service-account material under `directory` (0700)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("tessera-local-ca")
+    ca_cert = (
+        _builder(ca_name, ca_name, ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName(name) for name in SERVING_DNS_NAMES]
+        + [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+           x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]
+    )
+    serving_cert, serving_key = _leaf(
+        ca_key, ca_name, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, san
+    )
+    admin_cert, admin_key = _leaf(
+        ca_key, ca_name, _name(ADMIN_USER, "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH
+    )
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    pki = Pki(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "apiserver.crt",
+        serving_key=directory / "apiserver.key",
+        admin_cert=directory / "admin.crt",
+        admin_key=directory / "admin.key",
+        service_account_key=directory / "sa.key",
+        service_account_pub=directory / "sa.pub",
+    )
+    pem = serialization.Encoding.PEM
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(pem))
+    pki.serving_cert.write_bytes(serving_cert.public_bytes(pem))
+    pki.serving_key.write_bytes(_key_pem(serving_key))
+    pki.admin_cert.write_bytes(admin_cert.public_bytes(pem))
+    pki.admin_key.write_bytes(_key_pem(admin_key))
+    pki.service_account_key.write_bytes(_key_pem(sa_key))
+    pki.service_account_pub.write_bytes(
+        sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    for path in directory.iterdir():
+        if path.suffix == ".key":
+            path.chmod(0o600)
+    return pki

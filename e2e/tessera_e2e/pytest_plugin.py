@@ -1,0 +1,63 @@
+"""pytest fixtures for tests against the real local control plane.
+
+- `cluster` (session): one LocalCluster for the whole run; `cluster.kubectl(*args)` returns a
+  CompletedProcess, `cluster.kubeconfig` and `cluster.server` say where it is.
+- `namespace` (per test): a fresh namespace, deleted afterwards.
+
+The binaries must be built first (`make controlplane`): a missing build fails the tests with
+that instruction rather than silently skipping them. Component logs are kept when any test
+failed, and their path is printed in the summary.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tessera_e2e.build import build_inputs
+from tessera_e2e.cache import default_layout
+from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.errors import ControlPlaneError
+
+_kept_logs: list[str] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Anything using the cluster is an integration test (`-m "not integration"` skips it)."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    layout = default_layout()
+    bin_dir = layout.bin_dir(build_inputs().pins)
+    local = LocalCluster(bin_dir, layout, report=lambda line: print(f"[cluster] {line}"))
+    try:
+        local.start()
+    except ControlPlaneError as error:
+        pytest.fail(f"local control plane: {error}", pytrace=False)
+    yield local
+    kept = local.stop(keep_logs=request.session.testsfailed > 0)
+    if kept is not None:
+        _kept_logs.append(str(kept))
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{slug}-{uuid.uuid4().hex[:6]}"
+    created = cluster.kubectl("create", "namespace", name)
+    if created.returncode != 0:
+        pytest.fail(f"cannot create namespace {name}: {created.stderr.strip()}", pytrace=False)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for path in _kept_logs:
+        terminalreporter.write_line(f"control plane component logs kept in {path}")

@@ -1,0 +1,126 @@
+"""The build's decisions: pinned versions, stamps, and its one-line failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from tessera_e2e.build import (
+    build_inputs,
+    ensure_built,
+    find_go,
+    is_up_to_date,
+    parse_go_version,
+    version_ldflags,
+)
+from tessera_e2e.cache import BINARIES, Layout
+from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.pins import MODULE_DIR, load_pins, parse_pins
+
+GO_MOD = """module x
+go 1.24.0
+require (
+\tgo.etcd.io/etcd/server/v3 v3.6.4
+\tk8s.io/kubernetes v1.34.4
+)
+replace (
+\tk8s.io/api => k8s.io/api v0.34.4
+\tk8s.io/kubectl => k8s.io/kubectl {kubectl}
+)
+"""
+
+
+def test_pins_come_from_the_wrapper_go_mod() -> None:
+    pins = load_pins()
+    assert pins.kubernetes.startswith("v1.34.")
+    assert pins.etcd.startswith("v3.6.")
+    assert pins.kubernetes_minor == "34"
+
+
+def test_a_staging_replace_at_another_version_is_refused() -> None:
+    assert parse_pins(GO_MOD.format(kubectl="v0.34.4")).kubernetes == "v1.34.4"
+    with pytest.raises(ValueError, match=r"k8s.io/kubectl with v0.34.3.*needs v0.34.4"):
+        parse_pins(GO_MOD.format(kubectl="v0.34.3"))
+
+
+def test_ldflags_set_the_real_version_for_server_and_client() -> None:
+    flags = version_ldflags(load_pins())
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        assert f"-X {package}.gitVersion=v1.34." in flags
+        assert f"-X {package}.gitMinor=34" in flags
+
+
+def test_parse_go_version() -> None:
+    assert parse_go_version("go version go1.26.8 linux/amd64") == (1, 26)
+    assert parse_go_version("garbage") is None
+
+
+def _fake_build(layout: Layout) -> None:
+    inputs = build_inputs()
+    bin_dir = layout.bin_dir(inputs.pins)
+    bin_dir.mkdir(parents=True)
+    for name in BINARIES:
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    layout.stamp(inputs.pins).write_text(json.dumps({"inputs": inputs.as_json()}))
+
+
+def test_stamp_decides_whether_to_rebuild(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    inputs = build_inputs()
+    assert not is_up_to_date(layout, inputs)
+    _fake_build(layout)
+    assert is_up_to_date(layout, inputs)
+    changed = type(inputs)(inputs.pins, "0" * 64, inputs.ldflags)  # go.sum changed
+    assert not is_up_to_date(layout, changed)
+    (layout.bin_dir(inputs.pins) / "etcd").unlink()
+    assert not is_up_to_date(layout, inputs)
+
+
+def test_an_up_to_date_build_runs_no_go(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    _fake_build(layout)
+    lines: list[str] = []
+    env = {"PATH": str(tmp_path / "nowhere")}  # no go at all: must not be needed
+    assert ensure_built(layout, env=env, report=lines.append) == layout.bin_dir(
+        build_inputs().pins
+    )
+    assert lines and lines[0].startswith("up to date")
+
+
+def test_no_go_toolchain_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(ControlPlaneError, match=r"no Go toolchain found .* TESSERA_GO"):
+        find_go({"PATH": str(tmp_path)})
+
+
+def test_unreachable_module_proxy_is_one_clear_line(tmp_path: Path) -> None:
+    try:
+        go = find_go(os.environ)
+    except ControlPlaneError:
+        pytest.skip("needs a Go toolchain")
+    env = dict(os.environ)
+    env.update(
+        TESSERA_GO=go,
+        GOPROXY="http://127.0.0.1:9",  # nothing listens on the discard port
+        GOMODCACHE=str(tmp_path / "modcache"),  # empty: every module must be fetched
+        GOSUMDB="off",
+    )
+    with pytest.raises(ControlPlaneError) as caught:
+        ensure_built(Layout(tmp_path / "cache"), env=env, force=True, report=lambda _: None)
+    message = str(caught.value)
+    assert "cannot reach the Go module proxy (GOPROXY=http://127.0.0.1:9)" in message
+    assert "build.log" in message and "\n" not in message
+    # the module cache is read-only by design; make it removable for tmp_path cleanup
+    for root, dirs, _ in os.walk(tmp_path / "modcache"):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+    shutil.rmtree(tmp_path / "modcache", ignore_errors=True)
+
+
+def test_wrapper_go_sum_is_committed_next_to_go_mod() -> None:
+    assert (MODULE_DIR / "go.sum").stat().st_size > 0
