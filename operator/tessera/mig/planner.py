@@ -15,7 +15,6 @@ maximal on 8-slice GPUs; 9 and 4 on the A30) are without them.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -131,16 +130,21 @@ def _check_totals(model_id: str, wanted: Sequence[Profile], what: str) -> None:
         )
 
 
+def _search_order(wanted: Sequence[Profile]) -> list[int]:
+    """Most constrained first (largest, fewest slots); equal profiles next to each other."""
+    return sorted(
+        range(len(wanted)),
+        key=lambda i: (-wanted[i].memory_slices, len(wanted[i].starts), wanted[i].name),
+    )
+
+
 def _place(wanted: Sequence[Profile], occupied: int) -> list[int] | None:
     """Start slots for ``wanted`` (same order) around the ``occupied`` slice mask, or None.
 
     Depth-first over the most constrained profiles first (largest, fewest slots), with equal
     profiles taking increasing starts so that symmetric arrangements are tried once.
     """
-    order = sorted(
-        range(len(wanted)),
-        key=lambda i: (-wanted[i].memory_slices, len(wanted[i].starts), wanted[i].name),
-    )
+    order = _search_order(wanted)
     starts: list[int] = [0] * len(wanted)
 
     def search(k: int, mask: int, min_start: int) -> bool:
@@ -211,6 +215,48 @@ def validate(model_id: str, placements: Sequence[Placement | Instance]) -> None:
             owner[placed.start + slot] = f"{p.name}@{placed.start}"
 
 
+def _best_final(wanted: Sequence[Profile], current: Sequence[Instance]) -> list[int]:
+    """Starts for ``wanted`` that keep the most busy, then the most current instances in place.
+
+    Branch and bound over the placements of the desired layout (most constrained profiles
+    first, equal profiles at increasing starts): a branch stops once even matching every
+    remaining current instance could not beat the best found so far.
+    """
+    order = _search_order(wanted)
+    here = {(i.profile, i.start): i.busy for i in current}
+    total = (sum(i.busy for i in current), len(current))
+    starts = [0] * len(wanted)
+    best: list[int] | None = None
+    best_score = (-1, -1)
+
+    def search(k: int, mask: int, min_start: int, busy: int, kept: int) -> bool:
+        nonlocal best, best_score
+        if k == len(order):
+            if (busy, kept) > best_score:
+                best, best_score = list(starts), (busy, kept)
+            return best_score == total  # nothing can do better: stop
+        left = len(order) - k
+        if (min(total[0], busy + left), min(total[1], kept + left)) <= best_score:
+            return False
+        p = wanted[order[k]]
+        following_same = k + 1 < len(order) and wanted[order[k + 1]].name == p.name
+        for start in p.starts:
+            m = p.mask(start)
+            if start < min_start or mask & m:
+                continue
+            starts[order[k]] = start
+            match = here.get((p.name, start))
+            if search(k + 1, mask | m, start + 1 if following_same else 0,
+                      busy + (match is True), kept + (match is not None)):
+                return True
+        return False
+
+    search(0, 0, 0, 0, 0)
+    if best is None:  # unreachable: callers check that the layout fits
+        raise AssertionError("desired layout fits but no placement found")
+    return best
+
+
 def plan(
     model_id: str,
     current: Sequence[Instance],
@@ -230,47 +276,22 @@ def plan(
     except LayoutError as exc:
         raise LayoutError(f"current instances are invalid: {exc}") from None
     fit(model_id, desired)  # a desired layout that cannot exist at all: say why
-    cur = _resolve(model_id, (i.profile for i in current))
-    want = _resolve(model_id, desired)
-    need = Counter(p.name for p in want)
-
-    subsets = sorted(
-        (
-            subset
-            for size in range(len(current) + 1)
-            for subset in itertools.combinations(range(len(current)), size)
-        ),
-        key=lambda s: (-sum(current[i].busy for i in s), -len(s), s),
-    )
-    for subset in subsets:
-        kept_counts = Counter(current[i].profile for i in subset)
-        if any(n > need[name] for name, n in kept_counts.items()):
-            continue
-        occupied = 0
-        for i in subset:
-            occupied |= cur[i].mask(current[i].start)
-        missing = list((Counter(p.name for p in want) - kept_counts).elements())
-        missing_profiles = _resolve(model_id, sorted(missing))
-        starts = _place(missing_profiles, occupied)
-        if starts is not None:
-            break
-    else:  # unreachable: the empty subset succeeds because the desired layout fits
-        raise AssertionError("desired layout fits but no plan found")
-
-    kept = tuple(sorted(Placement(current[i].profile, current[i].start, cur[i].memory_slices)
-                        for i in subset))
-    created = sorted(
-        (Placement(p.name, s, p.memory_slices)
-         for p, s in zip(missing_profiles, starts, strict=True)),
+    final_starts = _best_final(_resolve(model_id, desired), current)
+    by_key = {(i.profile, i.start): n for n, i in enumerate(current)}
+    final = tuple(sorted(
+        (Placement(p.name, start, p.memory_slices)
+         for p, start in zip(_resolve(model_id, desired), final_starts, strict=True)),
         key=lambda p: p.start,
-    )
+    ))
+    subset = {by_key[(p.profile, p.start)] for p in final if (p.profile, p.start) in by_key}
+    kept = tuple(p for p in final if (p.profile, p.start) in by_key)
+    created = [p for p in final if (p.profile, p.start) not in by_key]
     gone = [i for i in range(len(current)) if i not in subset]
     steps = tuple(
         [Step("destroy", current[i].profile, current[i].start)
          for i in sorted(gone, key=lambda i: current[i].start)]
         + [Step("create", p.profile, p.start) for p in created]
     )
-    final = tuple(sorted(kept + tuple(created), key=lambda p: p.start))
     blocking = tuple(current[i] for i in gone if current[i].busy)
     if not blocking:
         return Plan(steps=steps, kept=kept, final=final)
