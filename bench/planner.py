@@ -38,8 +38,9 @@ def main() -> int:
     print(f"{'model':<11} {'layouts':>7} {'enumerate ms':>12} {'plans':>6} {'median ms':>9} "
           f"{'worst ms':>8}")
     for model in MODELS:
-        enumerate_ms = timed(lambda m=model.id: maximal_layouts(m))
-        layouts = maximal_layouts(model.id)
+        started = time.perf_counter()
+        layouts = maximal_layouts(model.id)  # first call: computed, then cached
+        enumerate_ms = (time.perf_counter() - started) * 1000.0
         per_model: list[float] = []
         for target in layouts:
             t = timed(lambda m=model.id, d=target: plan(m, [], list(d)))

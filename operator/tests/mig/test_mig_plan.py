@@ -80,6 +80,9 @@ def test_plan_is_minimal_valid_at_every_step_and_spares_busy_instances(
     # destroys come first, so the GPU never holds more than the current or the final layout
     actions = [s.action for s in result.steps]
     assert actions == sorted(actions, key=lambda a: a != "destroy")
+    # planning again from where the plan leaves the GPU changes nothing
+    again = plan(model_id, [Instance(n, s) for n, s in sorted(final)], desired[::-1])
+    assert again.steps == ()
 
 
 def test_nothing_to_do_when_the_gpu_already_has_the_layout() -> None:
