@@ -65,6 +65,8 @@ class NodeInventory(_Model):
     """Everything the operator knows about one node's GPUs."""
 
     name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    """All the node's labels (partition node selectors match any of them)."""
     product: str | None = None
     count: int = 0
     mig_capable: bool = False
@@ -132,6 +134,7 @@ def from_node(node: Mapping[str, Any]) -> NodeInventory:
             error = str(exc)
     return NodeInventory(
         name=name,
+        labels=dict(labels),
         product=labels.get(LABEL_PRODUCT),
         count=count,
         mig_capable=labels.get(LABEL_MIG_CAPABLE, "false").lower() == "true",

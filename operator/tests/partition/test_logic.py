@@ -1,0 +1,144 @@
+"""GPUPartition resolution: selection, claims, layout checks, conditions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tessera.api.conditions import get_condition
+from tessera.api.inventory import GPUInventory, from_node, node_labels, to_annotation
+from tessera.api.partition import GPUPartitionSpec, NodePartitionStatus
+from tessera.partition import PartitionView, aggregate, resolve, spec_errors, transitions
+
+
+def node(name: str, model: str = "H100-80GB", n: int = 2, **labels: str) -> Any:
+    gpus = [GPUInventory(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=81559)
+            for i in range(n)]
+    return from_node({"metadata": {"name": name, "labels": {**node_labels(gpus), **labels},
+                                   "annotations": {"tessera.dev/gpus": to_annotation(gpus)}}})
+
+
+def spec(profiles: dict[str, int] | None = None, selector: dict[str, Any] | None = None,
+         **gpus: Any) -> GPUPartitionSpec:
+    layout: dict[str, Any] = ({"migMode": "Disabled"} if profiles is None else
+                              {"profiles": [{"name": k, "count": v} for k, v in profiles.items()]})
+    raw: dict[str, Any] = {"nodeSelector": selector or {}, "layout": layout}
+    if gpus:
+        raw["gpus"] = gpus
+    return GPUPartitionSpec.model_validate(raw)
+
+
+def pv(name: str, s: GPUPartitionSpec, created: str = "2026-01-01T00:00:00Z", gen: int = 1,
+       nodes: dict[str, NodePartitionStatus] | None = None) -> PartitionView:
+    return PartitionView(name, s, gen, created, nodes or {})
+
+
+def test_selection_follows_labels_and_gpu_filter() -> None:
+    nodes = [node("a", pool="x"), node("b", pool="y"), node("c", model="A100-40GB", pool="x")]
+    r = resolve([pv("p", spec({"3g.40gb": 2}, {"matchLabels": {"pool": "x"}},
+                              models=["H100-80GB"]))], nodes)["p"]
+    assert r.selected == ["a"]
+    assert [(c.node, c.index) for c in r.claims] == [("a", 0), ("a", 1)]
+    r = resolve([pv("p", spec(None, indices=[1]))], nodes)["p"]
+    assert r.selected == ["a", "b", "c"] and {c.index for c in r.claims} == {1}
+
+
+def test_later_partition_loses_contested_gpu_whatever_the_input_order() -> None:
+    nodes = [node("a")]
+    old = pv("zzz", spec({"7g.80gb": 1}), created="2026-01-01T00:00:00Z")
+    new = pv("aaa", spec(None, indices=[0]), created="2026-01-02T00:00:00Z")
+    for order in ([old, new], [new, old]):
+        r = resolve(order, nodes)
+        assert len(r["zzz"].claims) == 2
+        assert r["aaa"].claims == []
+        assert r["aaa"].problems[0].reason == "GPUClaimed"
+        assert "gpupartition/zzz" in r["aaa"].problems[0].message
+
+
+def test_layout_checked_per_gpu_model() -> None:
+    nodes = [node("h", model="H100-80GB"), node("a", model="A30-24GB")]
+    r = resolve([pv("p", spec({"3g.40gb": 2}))], nodes)["p"]
+    assert {c.node for c in r.claims} == {"h"}
+    assert {(pr.node, pr.reason) for pr in r.problems} == {("a", "LayoutDoesNotFit")}
+
+
+def test_unreadable_inventory_is_a_problem_not_a_crash() -> None:
+    bad = from_node({"metadata": {"name": "x", "labels": {},
+                                  "annotations": {"tessera.dev/gpus": "[{"}}})
+    r = resolve([pv("p", spec(None))], [bad])["p"]
+    assert r.selected == ["x"] and r.problems[0].reason == "InventoryUnreadable"
+
+
+def entry(phase: str, gen: int = 1, msg: str | None = None) -> NodePartitionStatus:
+    return NodePartitionStatus(phase=phase, observed_generation=gen, message=msg)  # type: ignore[arg-type]
+
+
+def conds(p: PartitionView, nodes: list[Any]) -> dict[str, tuple[str, str, str]]:
+    st, _ = aggregate(p, resolve([p], nodes)[p.name], None)
+    return {c.type: (c.status, c.reason, c.message) for c in st.conditions}
+
+
+def test_ready_only_when_every_node_applied_the_current_generation() -> None:
+    nodes = [node("a"), node("b")]
+    s = spec({"1g.10gb": 7})
+    c = conds(pv("p", s, gen=2, nodes={"a": entry("Ready", 2)}), nodes)
+    assert c["Ready"][:2] == ("False", "Applying")
+    assert c["Progressing"][0] == "True" and "b (no report)" in c["Progressing"][2]
+    c = conds(pv("p", s, gen=2, nodes={"a": entry("Ready", 2), "b": entry("Ready", 1)}), nodes)
+    assert "b (generation 1, want 2)" in c["Progressing"][2]
+    c = conds(pv("p", s, gen=2, nodes={"a": entry("Ready", 2), "b": entry("Ready", 2)}), nodes)
+    assert c["Ready"][:2] == ("True", "Applied") and c["Progressing"][0] == "False"
+    assert c["Degraded"][0] == "False"
+
+
+def test_failed_node_degrades_naming_node_and_reason() -> None:
+    nodes = [node("a"), node("b")]
+    c = conds(pv("p", spec(None), nodes={"a": entry("Ready"),
+                                         "b": entry("Failed", msg="GPU 1 busy")}), nodes)
+    assert c["Degraded"] == ("True", "NodeFailed", "b: GPU 1 busy")
+    assert c["Ready"][:2] == ("False", "Degraded")
+
+
+def test_no_nodes_selected_and_deselected_entries_removed() -> None:
+    p = pv("p", spec(None, {"matchLabels": {"pool": "none"}}), nodes={"a": entry("Ready")})
+    st, stale = aggregate(p, resolve([p], [node("a")])["p"], None)
+    assert stale == ["a"] and st.nodes == {}
+    assert st.selected_node_count == 0
+    assert next(c for c in st.conditions if c.type == "Ready").reason == "NoNodesSelected"
+
+
+def test_conditions_are_stable_when_nothing_changes() -> None:
+    """Re-aggregating an unchanged partition gives the same status: no write, no churn."""
+    nodes = [node("a")]
+    p = pv("p", spec(None), nodes={"a": entry("Applying")})
+    st1, _ = aggregate(p, resolve([p], nodes)["p"], None)
+    st2, _ = aggregate(p, resolve([p], nodes)["p"], st1)
+    assert st1 == st2
+    assert transitions(st1.conditions, st2.conditions) == []
+    p2 = pv("p", spec(None), nodes={"a": entry("Ready")})
+    st3, _ = aggregate(p2, resolve([p2], nodes)["p"], st2)
+    changed = {c.type for c in transitions(st2.conditions, st3.conditions)}
+    assert changed == {"Ready", "Progressing"}
+    ready = get_condition(st3.conditions, "Ready")
+    assert ready is not None and ready.status == "True"
+
+
+def test_many_nodes_are_summarised_in_messages() -> None:
+    nodes = [node(f"n{i:02d}") for i in range(20)]
+    c = conds(pv("p", spec(None)), nodes)
+    assert c["Progressing"][2].endswith("and 12 more")
+
+
+@pytest.mark.parametrize(("s", "bad"), [
+    (spec({"7g.80gb": 2}), True),
+    (spec({"3g.40gb": 2}, models=["A30-24GB"]), True),
+    (spec({"3g.40gb": 2}), False),
+    (spec(None), False),
+    (spec({"1g.6gb": 4}, {"matchLabels": {"tessera.dev/gpu.product": "A30-24GB"}}), False),
+])
+def test_spec_errors_only_for_layouts_no_candidate_model_holds(s: GPUPartitionSpec,
+                                                               bad: bool) -> None:
+    errs = spec_errors(s)
+    assert bool(errs) == bad
+    if errs:
+        assert errs[0][0] == "spec.layout" and "fits no GPU model" in errs[0][1]
