@@ -1,0 +1,223 @@
+"""GPUPartition (cluster-scoped): which nodes and GPUs get which MIG layout.
+
+Status ownership is split so writers never conflict: the operator owns ``selectedNodes``,
+the counts, ``layout`` and ``conditions``; each node daemon merge-patches only
+``status.nodes.<its node name>``.  ``nodes`` is a map, not a list, precisely so that such a
+merge patch touches one key and needs no read-modify-write.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from tessera.api.conditions import Condition, Timestamp
+from tessera.api.crdtools import LIST_SET, cel, list_map
+from tessera.api.meta import ApiModel, FieldPathError, ObjectMeta
+from tessera.api.profile import ProfileName
+from tessera.api.selector import LabelSelector
+
+KIND = "GPUPartition"
+PLURAL = "gpupartitions"
+
+ModelID = Literal[
+    "A100-40GB", "A100-80GB", "A30-24GB", "H100-80GB", "H100-94GB", "H100-96GB",
+    "H200-141GB", "B200-180GB",
+]
+"""Known GPU model IDs; a test keeps this equal to :func:`tessera.models.model_ids`."""
+
+MigMode = Literal["Enabled", "Disabled"]
+DisruptionPolicy = Literal["WaitForIdle", "Refuse"]
+DeletionPolicy = Literal["Retain", "Reset"]
+NodePhase = Literal["Pending", "Applying", "WaitingForIdle", "Ready", "Failed"]
+
+MAX_GPU_INDEX = 63
+GPUIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+
+
+class GPUFilter(ApiModel):
+    """Narrows the selected nodes' GPUs; a GPU must pass every list that is set."""
+
+    models: list[ModelID] | None = Field(
+        default=None, min_length=1, max_length=8, json_schema_extra=LIST_SET
+    )
+    """Only GPUs of these models (tessera model IDs, e.g. H100-80GB)."""
+    indices: list[GPUIndex] | None = Field(
+        default=None, min_length=1, max_length=64, json_schema_extra=LIST_SET
+    )
+    """Only GPUs at these NVML indices on each node."""
+
+    @model_validator(mode="after")
+    def _bounded_indices(self) -> Self:
+        if self.indices is not None and len(set(self.indices)) != len(self.indices):
+            raise FieldPathError("indices", "must not repeat an index")
+        if self.models is not None and len(set(self.models)) != len(self.models):
+            raise FieldPathError("models", "must not repeat a model")
+        return self
+
+
+class ProfileCount(ApiModel):
+    """``count`` instances of one MIG profile on every selected GPU."""
+
+    name: ProfileName
+    """MIG profile name as NVIDIA spells it for the GPU model, e.g. 3g.40gb or 1g.10gb+me."""
+    count: int = Field(ge=1, le=7)
+    """Instances of this profile per GPU."""
+
+
+_PROFILES_WHEN_DISABLED = cel(
+    "!has(self.migMode) || self.migMode != 'Disabled' || !has(self.profiles)"
+    " || size(self.profiles) == 0",
+    "profiles must be empty when migMode is Disabled",
+    ".profiles",
+)
+_PROFILES_WHEN_ENABLED = cel(
+    "(has(self.migMode) && self.migMode == 'Disabled') || (has(self.profiles)"
+    " && size(self.profiles) > 0)",
+    "profiles must list at least one MIG profile when migMode is Enabled",
+    ".profiles",
+)
+
+
+class Layout(ApiModel):
+    """What every selected GPU should look like: MIG instances, or MIG disabled."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_PROFILES_WHEN_DISABLED, _PROFILES_WHEN_ENABLED]
+        }
+    )
+
+    mig_mode: MigMode = "Enabled"
+    """Enabled: partition each GPU into profiles; Disabled: whole GPUs, shared by budgets."""
+    profiles: list[ProfileCount] | None = Field(
+        default=None, max_length=16, json_schema_extra=list_map("name")
+    )
+    """Profiles and counts per GPU; the set must fit the GPU (checked at admission)."""
+
+    @model_validator(mode="after")
+    def _profiles_match_mode(self) -> Self:
+        if self.mig_mode == "Disabled" and self.profiles:
+            raise FieldPathError("profiles", _PROFILES_WHEN_DISABLED["message"])
+        if self.mig_mode == "Enabled" and not self.profiles:
+            raise FieldPathError("profiles", _PROFILES_WHEN_ENABLED["message"])
+        names = [p.name for p in self.profiles or []]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise FieldPathError(f"profiles[{i}].name", f"profile {name} is listed twice")
+        return self
+
+    def profile_names(self) -> list[str]:
+        """The layout as a multiset of profile names, e.g. for the planner."""
+        return [p.name for p in self.profiles or [] for _ in range(p.count)]
+
+
+def _slices(name: str) -> int:
+    match = re.search(r"(\d+)g\.", name)
+    return int(match.group(1)) if match else 0
+
+
+def layout_summary(layout: Layout) -> str:
+    """Printer-column text: ``1x3g.40gb+4x1g.10gb`` (largest first), or ``MIG disabled``."""
+    if layout.mig_mode == "Disabled":
+        return "MIG disabled"
+    ordered = sorted(layout.profiles or [], key=lambda p: (-_slices(p.name), p.name))
+    return "+".join(f"{p.count}x{p.name}" for p in ordered)
+
+
+class GPUPartitionSpec(ApiModel):
+    """Desired MIG layout for the GPUs of the nodes the selector picks."""
+
+    node_selector: LabelSelector
+    """Nodes this partition applies to; {} selects every node."""
+    gpus: GPUFilter | None = None
+    """Optional filter on the selected nodes' GPUs; all GPUs when absent."""
+    layout: Layout
+    """The layout every selected GPU gets."""
+    disruption_policy: DisruptionPolicy = "WaitForIdle"
+    """A GPU that must change but runs work: WaitForIdle defers the change until it is idle;
+    Refuse leaves it alone and reports the node as Failed."""
+    deletion_policy: DeletionPolicy = "Retain"
+    """On deletion: Retain leaves the GPUs as they are; Reset destroys the MIG instances and
+    disables MIG once the GPUs are idle (disruptionPolicy applies), returning whole GPUs."""
+
+
+class MigInstanceStatus(ApiModel):
+    """One GPU instance (and its compute instance) as the node daemon found it."""
+
+    profile: ProfileName
+    """Profile name as this GPU's model spells it."""
+    start: int = Field(ge=0, le=7)
+    """Placement start slot."""
+    size: int | None = Field(default=None, ge=1, le=8)
+    """Placement size in slots."""
+    gi_id: int | None = Field(default=None, ge=0)
+    """GPU instance ID."""
+    ci_id: int | None = Field(default=None, ge=0)
+    """Compute instance ID."""
+    uuid: str | None = None
+    """MIG device UUID (MIG-...)."""
+    busy: bool = False
+    """Whether processes were running on it."""
+
+
+class GPUStatus(ApiModel):
+    """One physical GPU of the node."""
+
+    index: int = Field(ge=0)
+    """NVML index."""
+    uuid: str | None = None
+    """GPU UUID (GPU-...)."""
+    model: str | None = None
+    """tessera model ID, if the model is known."""
+    mig_enabled: bool = False
+    """Current MIG mode."""
+    instances: list[MigInstanceStatus] = Field(default_factory=list)
+    """MIG instances present now."""
+
+
+class NodePartitionStatus(ApiModel):
+    """What one node daemon reports for this partition; only that daemon writes it."""
+
+    phase: NodePhase = "Pending"
+    """Pending, Applying, WaitingForIdle, Ready or Failed."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The partition generation this report is about."""
+    message: str | None = None
+    """Why the node is not Ready, in plain words."""
+    last_update_time: Timestamp | None = None
+    """When the daemon last wrote this entry."""
+    gpus: list[GPUStatus] = Field(default_factory=list)
+    """The node's GPUs that this partition covers."""
+
+
+class GPUPartitionStatus(ApiModel):
+    """Observed state: the operator writes the top-level fields, each node daemon its nodes key."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """metadata.generation the operator last reconciled."""
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
+    """Ready, Progressing, Degraded."""
+    selected_nodes: list[str] = Field(default_factory=list)
+    """Names of the nodes the selector picks now (operator)."""
+    selected_node_count: int = Field(default=0, ge=0)
+    """Number of selected nodes (printer column)."""
+    ready_node_count: int = Field(default=0, ge=0)
+    """Selected nodes whose entry is Ready at the current generation (printer column)."""
+    layout: str | None = None
+    """Layout summary such as 1x3g.40gb+4x1g.10gb (printer column)."""
+    nodes: dict[str, NodePartitionStatus] = Field(default_factory=dict)
+    """Per-node reports keyed by node name (each node daemon writes its own key)."""
+
+
+class GPUPartition(ApiModel):
+    """A MIG layout for a set of nodes' GPUs."""
+
+    api_version: Literal["tessera.dev/v1alpha1"] = "tessera.dev/v1alpha1"
+    kind: Literal["GPUPartition"] = "GPUPartition"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GPUPartitionSpec
+    status: GPUPartitionStatus | None = None
+
