@@ -34,7 +34,7 @@ _NANO = Decimal("1e-9")
 # Quantity pattern without the minus sign and with integer exponents only, so that every
 # string the API server stores also parses here (and in CEL's ``quantity()``).
 QUANTITY_PATTERN = (
-    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]{1,18}))?$"
 )
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 QUANTITY_MAX_LENGTH = 64
@@ -158,6 +158,8 @@ def quantity_value(text: str | int) -> Decimal:
 def to_bytes(text: str | int) -> int:
     """The quantity as a whole number, rounded up (``Quantity.Value()``); for byte counts."""
     value = quantity_value(text)
+    if value != 0 and value.adjusted() > 19:
+        raise QuantityError(f"quantity {text!r} does not fit in 64 bits")
     integral = int(value.to_integral_value(rounding=decimal.ROUND_CEILING))
     if not -(2**63) <= integral <= _INT64_MAX:
         raise QuantityError(f"quantity {text!r} does not fit in 64 bits")
