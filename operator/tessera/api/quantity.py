@@ -151,6 +151,8 @@ def quantity_value(text: str | int) -> Decimal:
     if isinstance(text, bool):
         raise QuantityError("a quantity is a string or an integer, not a boolean")
     if isinstance(text, int):
+        if not -(2**63) <= text <= _INT64_MAX:
+            raise QuantityError(f"integer quantity {text} does not fit in 64 bits")
         return Decimal(text)
     return parse_quantity(text)[0]
 

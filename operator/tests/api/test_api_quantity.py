@@ -162,3 +162,5 @@ def test_quantity_type_compares_by_value_keeps_spelling() -> None:
         with pytest.raises(QuantityError):
             Quantity(bad)
     assert Quantity(0).value == Decimal(0)
+    with pytest.raises(QuantityError):
+        Quantity(2**63)  # the API server's JSON integers are int64
