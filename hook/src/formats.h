@@ -1,0 +1,108 @@
+/* On-disk formats shared by libtessera (C) and the node daemon (Python,
+ * tessera_node/budget/formats.py).  Little-endian, fixed-size records.  See hook/README.md.
+ *
+ * Budget file: written only by the daemon, in place (never truncated or replaced), mounted
+ * read-only at TB_BUDGET_PATH.  A seqlock generation counter makes a torn read detectable:
+ * the writer makes it odd, writes, then makes it even again.
+ *
+ * Ledger: created by the first process of the container at TB_LEDGER_PATH (a writable
+ * per-container directory), shared by all the container's processes through mmap.
+ */
+#ifndef TESSERA_FORMATS_H
+#define TESSERA_FORMATS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define TB_BUDGET_PATH "/run/tessera/budget"
+#define TB_LEDGER_PATH "/run/tessera/ledger"
+
+#define TB_MAX_DEV 16
+
+/* ---- budget file, version 1 ---- */
+#define TB_MAGIC 0x47444254u /* bytes "TBDG" */
+#define TB_VERSION 1u
+#define TB_FILE_SIZE 4096u
+
+#define TB_DEV_MEM_LIMIT 0x1u  /* mem_limit applies (otherwise: no memory limit) */
+#define TB_DEV_CORE_LIMIT 0x2u /* rate/burst apply (otherwise: launches are not throttled) */
+#define TB_DEV_UUID 0x4u       /* match the device by uuid, not by index */
+
+struct tb_file_header {   /* 64 bytes */
+    uint32_t magic;       /*  0 TB_MAGIC */
+    uint32_t version;     /*  4 TB_VERSION */
+    uint64_t generation;  /*  8 seqlock: odd while being written, +2 per update */
+    uint32_t header_size; /* 16 sizeof(struct tb_file_header) */
+    uint32_t entry_size;  /* 20 sizeof(struct tb_file_dev) */
+    uint32_t ndev;        /* 24 entries that follow the header, <= TB_MAX_DEV */
+    uint32_t flags;       /* 28 reserved, 0 */
+    uint8_t reserved[32]; /* 32 */
+};
+
+struct tb_file_dev {      /* 64 bytes */
+    uint8_t uuid[16];     /*  0 CUDA/NVML UUID bytes of the GPU or MIG instance */
+    uint32_t index;       /* 16 CUDA ordinal inside the container (when !TB_DEV_UUID) */
+    uint32_t flags;       /* 20 TB_DEV_* */
+    uint64_t mem_limit;   /* 24 bytes */
+    uint32_t core_target; /* 32 core budget in hundredths of a percent (informational) */
+    uint32_t reserved0;   /* 36 */
+    uint64_t rate_milli;  /* 40 launch tokens per second x 1000, set by the controller */
+    uint64_t burst_milli; /* 48 bucket depth in tokens x 1000 */
+    uint64_t reserved1;   /* 56 */
+};
+
+_Static_assert(sizeof(struct tb_file_header) == 64, "budget header layout");
+_Static_assert(sizeof(struct tb_file_dev) == 64, "budget entry layout");
+
+/* ---- ledger, version 1 ---- */
+#define TL_MAGIC 0x474c5354u /* bytes "TSLG" */
+#define TL_VERSION 1u
+#define TL_NSLOTS 1024u
+#define TL_HEADER_SIZE 4096u
+#define TL_LOCK_BASE (1ll << 40) /* OFD lock byte of slot i: TL_LOCK_BASE + i */
+
+struct tl_dev {             /* 64 bytes, per budget entry */
+    uint64_t used;          /*  0 bytes held by all processes (== sum of slot bytes) */
+    uint64_t tat_ns;        /*  8 token bucket (GCRA): theoretical arrival time, CLOCK_MONOTONIC */
+    uint64_t tokens_milli;  /* 16 tokens taken from the bucket, x1000 (monotonic) */
+    uint64_t launches;      /* 24 kernels launched (monotonic) */
+    uint64_t wait_ns;       /* 32 total time launches waited for tokens */
+    uint64_t waits;         /* 40 number of waits */
+    uint64_t oom;           /* 48 allocations refused for budget */
+    uint64_t reserved;      /* 56 */
+};
+
+struct tl_header {
+    uint32_t magic;        /*   0 TL_MAGIC, written last by the creator */
+    uint32_t version;      /*   4 */
+    uint32_t nslots;       /*   8 */
+    uint32_t ndev;         /*  12 TB_MAX_DEV */
+    uint32_t header_size;  /*  16 TL_HEADER_SIZE */
+    uint32_t slot_size;    /*  20 sizeof(struct tl_slot) */
+    uint32_t hwm;          /*  24 slots [0, hwm) have been used */
+    uint32_t reserved0;    /*  28 */
+    uint64_t reserved1[4]; /*  32 */
+    union {                /*  64 robust, process-shared; guards used[] and slot bytes */
+        pthread_mutex_t lock;
+        uint8_t lock_pad[64];
+    };
+    struct tl_dev dev[TB_MAX_DEV]; /* 128 */
+};
+
+struct tl_slot {                 /* 256 bytes */
+    int32_t pid;                 /*   0 owner (pid in the container), 0: free */
+    uint32_t reserved0;          /*   4 */
+    uint64_t joined_ns;          /*   8 CLOCK_REALTIME ns when joined */
+    uint64_t bytes[TB_MAX_DEV];  /*  16 device bytes this process holds */
+    uint64_t launches;           /* 144 */
+    uint64_t wait_ns;            /* 152 */
+    uint64_t reserved1[12];      /* 160 */
+};
+
+_Static_assert(sizeof(struct tl_header) <= TL_HEADER_SIZE, "ledger header fits");
+_Static_assert(__builtin_offsetof(struct tl_header, dev) == 128, "ledger header layout");
+_Static_assert(sizeof(struct tl_slot) == 256, "ledger slot layout");
+
+#define TL_FILE_SIZE (TL_HEADER_SIZE + TL_NSLOTS * 256u)
+
+#endif

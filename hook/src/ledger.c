@@ -1,0 +1,284 @@
+/* Ledger: one file per container, mapped by every process of the container.
+ *
+ * Device bytes: used[dev] == sum of slot bytes[dev], both changed together under a robust
+ * process-shared mutex that is never held across a driver call.  A holder killed inside the
+ * critical section is detected by the next locker (EOWNERDEAD), which recomputes used[]
+ * from the slots: nothing can stay locked and no byte can be lost.
+ * Slots: slot i is owned by whoever holds the OFD write lock on byte TL_LOCK_BASE + i of
+ * the file; the kernel drops it when the owner dies, so a dead process is recognised
+ * without /proc and its bytes are reclaimed by whoever next takes that lock.
+ */
+#define _GNU_SOURCE
+#include "ledger.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int tl_validate(const void *map, size_t len, const char **why)
+{
+    const struct tl_header *h = map;
+    if (!map || len < TL_FILE_SIZE) {
+        *why = "ledger too short";
+        return -1;
+    }
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != TL_MAGIC) {
+        *why = "ledger has a bad magic";
+        return -1;
+    }
+    if (h->version != TL_VERSION || h->nslots != TL_NSLOTS || h->ndev != TB_MAX_DEV ||
+        h->header_size != TL_HEADER_SIZE || h->slot_size != sizeof(struct tl_slot)) {
+        *why = "ledger has an unsupported layout";
+        return -1;
+    }
+    return 0;
+}
+
+static int lock_slot(int fd, int i, short type)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = TL_LOCK_BASE + i;
+    fl.l_len = 1;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+static void recount(struct tl_header *h, struct tl_slot *slots)
+{
+    for (int d = 0; d < TB_MAX_DEV; d++) {
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < TL_NSLOTS; i++)
+            sum += slots[i].bytes[d];
+        __atomic_store_n(&h->dev[d].used, sum, __ATOMIC_RELAXED);
+    }
+}
+
+static int mlock_(struct tl *l)
+{
+    int r = pthread_mutex_lock(&l->h->lock);
+    if (r == EOWNERDEAD) {
+        recount(l->h, l->slots);
+        pthread_mutex_consistent(&l->h->lock);
+        return 0;
+    }
+    return r == 0 ? 0 : -1;
+}
+
+static void munlock_(struct tl *l)
+{
+    pthread_mutex_unlock(&l->h->lock);
+}
+
+static int init_locked(struct tl_header *h)
+{
+    pthread_mutexattr_t a;
+    memset((void *)h, 0, TL_HEADER_SIZE);
+    if (pthread_mutexattr_init(&a) || pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) ||
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) || pthread_mutex_init(&h->lock, &a))
+        return -1;
+    pthread_mutexattr_destroy(&a);
+    h->version = TL_VERSION;
+    h->nslots = TL_NSLOTS;
+    h->ndev = TB_MAX_DEV;
+    h->header_size = TL_HEADER_SIZE;
+    h->slot_size = sizeof(struct tl_slot);
+    __atomic_store_n(&h->magic, TL_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int tl_open(struct tl *l, const char *path, const char **why)
+{
+    memset(l, 0, sizeof *l);
+    l->fd = -1;
+    l->slot = -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+    if (fd < 0) {
+        *why = "cannot open the ledger";
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        *why = "ledger is not a regular file";
+        return -1;
+    }
+    int locked = 0;
+    if ((size_t)st.st_size < TL_FILE_SIZE) {
+        if (flock(fd, LOCK_EX)) {
+            close(fd);
+            *why = "cannot lock the ledger";
+            return -1;
+        }
+        locked = 1;
+        if (fstat(fd, &st) || ((size_t)st.st_size < TL_FILE_SIZE && ftruncate(fd, TL_FILE_SIZE))) {
+            flock(fd, LOCK_UN);
+            close(fd);
+            *why = "cannot size the ledger";
+            return -1;
+        }
+    }
+    void *m = mmap(NULL, TL_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        if (locked)
+            flock(fd, LOCK_UN);
+        close(fd);
+        *why = "cannot map the ledger";
+        return -1;
+    }
+    struct tl_header *h = m;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != TL_MAGIC) {
+        if (!locked && flock(fd, LOCK_EX) == 0)
+            locked = 1;
+        if (locked && __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == 0) {
+            /* a fresh file: all zero */
+            int zero = 1;
+            for (size_t i = 0; i < TL_HEADER_SIZE && zero; i++)
+                zero = ((unsigned char *)m)[i] == 0 || i >= 64;
+            if (zero && init_locked(h)) {
+                flock(fd, LOCK_UN);
+                munmap(m, TL_FILE_SIZE);
+                close(fd);
+                *why = "cannot initialise the ledger";
+                return -1;
+            }
+        }
+    }
+    if (locked)
+        flock(fd, LOCK_UN);
+    if (tl_validate(m, TL_FILE_SIZE, why)) {
+        munmap(m, TL_FILE_SIZE);
+        close(fd);
+        return -1;
+    }
+    l->fd = fd;
+    l->h = h;
+    l->slots = (struct tl_slot *)((char *)m + TL_HEADER_SIZE);
+    return 0;
+}
+
+/* Give a slot whose owner is gone (we hold its OFD lock) back: its bytes leave used[]. */
+static int reclaim(struct tl *l, struct tl_slot *s)
+{
+    int any = 0;
+    for (int d = 0; d < TB_MAX_DEV; d++)
+        any |= s->bytes[d] != 0;
+    if (any) {
+        if (mlock_(l))
+            return -1;
+        for (int d = 0; d < TB_MAX_DEV; d++) {
+            uint64_t b = s->bytes[d], u = l->h->dev[d].used;
+            __atomic_store_n(&l->h->dev[d].used, u >= b ? u - b : 0, __ATOMIC_RELAXED);
+            s->bytes[d] = 0;
+        }
+        munlock_(l);
+    }
+    s->launches = 0;
+    s->wait_ns = 0;
+    __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int tl_join(struct tl *l, const char **why)
+{
+    if (l->self)
+        return 0;
+    pid_t pid = getpid();
+    uint32_t start = (uint32_t)pid % TL_NSLOTS;
+    for (uint32_t k = 0; k < TL_NSLOTS; k++) {
+        int i = (int)((start + k) % TL_NSLOTS);
+        if (lock_slot(l->fd, i, F_WRLCK))
+            continue;
+        struct tl_slot *s = &l->slots[i];
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0 && reclaim(l, s)) {
+            lock_slot(l->fd, i, F_UNLCK);
+            *why = "ledger lock unusable";
+            return -1;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
+        uint32_t hwm = __atomic_load_n(&l->h->hwm, __ATOMIC_RELAXED);
+        while (hwm < (uint32_t)i + 1 &&
+               !__atomic_compare_exchange_n(&l->h->hwm, &hwm, (uint32_t)i + 1, 1,
+                                            __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+            ;
+        l->slot = i;
+        l->self = s;
+        return 0;
+    }
+    *why = "ledger full";
+    return -1;
+}
+
+void tl_forget(struct tl *l)
+{
+    if (l->h)
+        munmap(l->h, TL_FILE_SIZE);
+    if (l->fd >= 0)
+        close(l->fd);
+    memset(l, 0, sizeof *l);
+    l->fd = -1;
+    l->slot = -1;
+}
+
+int tl_reserve(struct tl *l, int dev, uint64_t bytes, uint64_t limit)
+{
+    if (!l->self || dev < 0 || dev >= TB_MAX_DEV)
+        return -1;
+    if (mlock_(l))
+        return -1;
+    struct tl_dev *d = &l->h->dev[dev];
+    uint64_t u = d->used;
+    if (bytes > limit || u > limit - bytes) {
+        munlock_(l);
+        __atomic_fetch_add(&d->oom, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    __atomic_store_n(&d->used, u + bytes, __ATOMIC_RELAXED);
+    l->self->bytes[dev] += bytes;
+    munlock_(l);
+    return 0;
+}
+
+void tl_release(struct tl *l, int dev, uint64_t bytes)
+{
+    if (!l->self || dev < 0 || dev >= TB_MAX_DEV || mlock_(l))
+        return;
+    struct tl_dev *d = &l->h->dev[dev];
+    uint64_t mine = l->self->bytes[dev];
+    if (bytes > mine)
+        bytes = mine;
+    l->self->bytes[dev] = mine - bytes;
+    uint64_t u = d->used;
+    __atomic_store_n(&d->used, u >= bytes ? u - bytes : 0, __ATOMIC_RELAXED);
+    munlock_(l);
+}
+
+int tl_reap(struct tl *l)
+{
+    int n = 0;
+    uint32_t hwm = __atomic_load_n(&l->h->hwm, __ATOMIC_ACQUIRE);
+    if (hwm > TL_NSLOTS)
+        hwm = TL_NSLOTS;
+    for (uint32_t i = 0; i < hwm; i++) {
+        if ((int)i == l->slot)
+            continue;
+        struct tl_slot *s = &l->slots[i];
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == 0)
+            continue;
+        if (lock_slot(l->fd, (int)i, F_WRLCK))
+            continue; /* owner alive */
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0 && reclaim(l, s) == 0)
+            n++;
+        lock_slot(l->fd, (int)i, F_UNLCK);
+    }
+    return n;
+}

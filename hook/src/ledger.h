@@ -1,0 +1,36 @@
+/* The container ledger: shared device-byte accounting and token buckets (formats.h). */
+#ifndef TESSERA_LEDGER_H
+#define TESSERA_LEDGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "formats.h"
+
+struct tl {
+    int fd;                 /* our own open file description: holds our slot's OFD lock */
+    struct tl_header *h;
+    struct tl_slot *slots;
+    struct tl_slot *self;   /* NULL until joined */
+    int slot;
+};
+
+/* Validate a mapped ledger header (pure; fuzzed).  0 ok, -1 with *why. */
+int tl_validate(const void *map, size_t len, const char **why);
+
+/* Open (creating and initialising when needed) and map the ledger.  0, or -1 with *why. */
+int tl_open(struct tl *l, const char *path, const char **why);
+/* Claim a slot: O(1) expected (probe from pid % nslots; a dead owner's slot is reclaimed). */
+int tl_join(struct tl *l, const char **why);
+/* Forget the mapping and descriptor without touching shared state (fork child). */
+void tl_forget(struct tl *l);
+
+/* Reserve bytes on budget entry dev against limit: the check and the reservation are one
+ * step under the ledger lock.  0 reserved, 1 over budget, -1 ledger unusable. */
+int tl_reserve(struct tl *l, int dev, uint64_t bytes, uint64_t limit);
+void tl_release(struct tl *l, int dev, uint64_t bytes);
+/* Reclaim the slots of dead processes.  Returns how many. */
+int tl_reap(struct tl *l);
+
+#endif
