@@ -31,7 +31,8 @@ def main(argv: list[str]) -> int:
         print(f"=== {script.stem}", flush=True)
         started = time.monotonic()
         rc = subprocess.call([sys.executable, str(script)], cwd=HERE.parent)
-        print(f"=== {script.stem}: exit {rc} after {time.monotonic() - started:.1f} s\n", flush=True)
+        elapsed = time.monotonic() - started
+        print(f"=== {script.stem}: exit {rc} after {elapsed:.1f} s\n", flush=True)
         if rc != 0:
             failed.append(script.stem)
     if failed:

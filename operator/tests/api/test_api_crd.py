@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tessera.api import crd
 from tessera.cli.main import main
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tessera.api import GPUPartition, GPUQuota, ManifestError, load_manifest
 from tessera.api.partition import ModelID, layout_summary
 from tessera.models import model_ids

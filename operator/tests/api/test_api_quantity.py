@@ -10,6 +10,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tessera.api.quantity import (
     QUANTITY_PATTERN,
     Quantity,

@@ -7,6 +7,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tessera.api import (
     BUDGET_ANNOTATION,
     VGPU,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tessera.api import LabelSelector
 
 SEL = LabelSelector.model_validate({

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 from mig_oracle import NAMES, geometry
+
 from tessera.mig.catalog import (
     UnknownProfileError,
     all_profile_names,

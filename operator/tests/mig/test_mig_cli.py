@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from mig_oracle import is_valid_state, maximal
+
 from tessera.cli.main import main
 
 TESSERA = Path(sys.executable).parent / "tessera"

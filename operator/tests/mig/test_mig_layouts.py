@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mig_oracle import NAMES, feasible, is_valid_state, maximal
+
 from tessera.mig.planner import LayoutError, feasible_layouts, fit, maximal_layouts, validate
 from tessera.mig.planner import Placement as P
 from tessera.models import MODELS

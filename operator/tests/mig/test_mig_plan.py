@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mig_oracle import all_states, feasible, is_valid_state, min_destroys
+
 from tessera.mig.planner import (
     DisruptionError,
     DisruptionPolicy,
