@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api import budget as api_budget
-from tessera.api.resources import BUDGET_ANNOTATION as ANNOTATION_BUDGET
-from tessera.api.resources import MIG_PREFIX as RES_MIG_PREFIX
-from tessera.api.resources import VGPU as RES_VGPU
-from tessera.api.resources import VGPU_CORES as RES_CORES
-from tessera.api.resources import VGPU_MEMORY as RES_MEMORY
+from tessera.api import resources
 from tessera.api.resources import mig_resource_name, profile_from_resource
 from tessera.quota.units import count, mib_quantity
 
+ANNOTATION_BUDGET = resources.BUDGET_ANNOTATION
+RES_VGPU = resources.VGPU
+RES_MEMORY = resources.VGPU_MEMORY
+RES_CORES = resources.VGPU_CORES
+RES_MIG_PREFIX = resources.MIG_PREFIX
 PREFIX = "tessera.dev/"
 RES_PODS = "pods"
 LABEL_BUDGETED = "tessera.dev/budgeted"

@@ -1,0 +1,57 @@
+"""``tessera operator run``: the operator process (also the container entry point)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+from urllib.parse import urlparse
+
+from tessera.cli.errors import CLIError
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tessera.controller.app import Options, run, setup_logging
+
+    if args.webhook_url is not None:
+        u = urlparse(args.webhook_url)
+        if u.scheme != "https" or not u.hostname:
+            raise CLIError(f"--webhook-url must be https://HOST[:PORT], got {args.webhook_url!r}")
+    if args.lease_duration <= 2 * args.lease_renew:
+        raise CLIError("--lease-duration must be more than twice --lease-renew")
+    opts = Options(
+        kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
+        webhook_port=args.webhook_port, webhook_url=args.webhook_url,
+        service_name=args.service_name, health_host=args.health_host,
+        health_port=args.health_port, lease_duration_s=args.lease_duration,
+        lease_renew_s=args.lease_renew, recount_interval_s=args.recount_interval,
+        drift_grace_s=args.drift_grace)
+    if args.identity:
+        opts.identity = args.identity
+    setup_logging()
+    asyncio.run(run(opts))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("operator", help="run the tessera operator")
+    sub = p.add_subparsers(dest="operator_command", metavar="COMMAND")
+    sub.required = True
+    r = sub.add_parser("run", help="serve webhooks; reconcile while holding the leader Lease")
+    r.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
+    r.add_argument("--namespace", default="tessera-system",
+                   help="namespace of the Lease and the certificate Secret")
+    r.add_argument("--identity", help="leader-election identity (default host-pid)")
+    r.add_argument("--webhook-host", default="0.0.0.0")
+    r.add_argument("--webhook-port", type=int, default=9443)
+    r.add_argument("--webhook-url", help="https base URL the API server calls (local "
+                   "clusters); default: Service client config")
+    r.add_argument("--service-name", default="tessera-webhook")
+    r.add_argument("--health-host", default="0.0.0.0")
+    r.add_argument("--health-port", type=int, default=8080, help="/healthz and /metrics")
+    r.add_argument("--lease-duration", type=int, default=15, help="seconds")
+    r.add_argument("--lease-renew", type=float, default=5.0, help="seconds")
+    r.add_argument("--recount-interval", type=float, default=30.0, help="seconds")
+    r.add_argument("--drift-grace", type=float, default=10.0,
+                   help="seconds a usage difference must persist before recount heals it")
+    r.set_defaults(handler=_run)

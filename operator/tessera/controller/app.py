@@ -1,0 +1,182 @@
+"""The operator process: webhooks on every replica, reconciliation on the Lease holder.
+
+Every replica serves the admission webhooks (from the certificate shared in a Secret), so
+admission keeps working through a failover.  Only the replica holding the Lease writes the
+webhook configurations, runs kopf's watches of the tessera resources, the server-side
+filtered Node and Pod watches, the status loops and the recount.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from tessera.controller.kube import Credentials, Kube, load_credentials
+from tessera.controller.leader import LeaderElector
+from tessera.controller.reconcile import GROUP, VERSION, Controller, json_log_record
+from tessera.webhooks import server
+from tessera.webhooks.admission import Admission
+from tessera.webhooks.certs import ensure_secret
+from tessera.webhooks.config import ClientConfig, apply_configurations
+
+log = logging.getLogger("tessera.operator")
+
+
+@dataclass
+class Options:
+    kubeconfig: str | None = None
+    namespace: str = "tessera-system"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = 9443
+    webhook_url: str | None = None
+    """URL client config (local cluster): the API server calls this base URL."""
+    service_name: str = "tessera-webhook"
+    cert_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    secret_name: str = "tessera-webhook-tls"
+    health_host: str = "0.0.0.0"
+    health_port: int = 8080
+    lease_name: str = "tessera-operator"
+    lease_duration_s: int = 15
+    lease_renew_s: float = 5.0
+    recount_interval_s: float = 30.0
+    drift_grace_s: float = 10.0
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json_log_record(record)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
+    """Thin kopf handlers: raw events into the controller; kopf stores nothing on objects.
+
+    Only ``on.event`` handlers are registered, so kopf writes no diff-base or progress
+    annotations and adds no finalizers: GitOps sees no churn from kopf's bookkeeping.
+    """
+    reg = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=reg)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        settings.peering.standalone = True
+        settings.persistence.finalizer = "tessera.dev/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="tessera.dev", v1=False)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="tessera.dev", key="last-handled", v1=False)
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+
+    @kopf.on.login(registry=reg)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=creds.server, ca_path=creds.ca_path,
+                                   token=creds.token, certificate_path=creds.cert_path,
+                                   private_key_path=creds.key_path, scheme="Bearer"
+                                   if creds.token else None)
+
+    @kopf.on.event(GROUP, VERSION, "gpupartitions", registry=reg)
+    async def partition_event(type: str | None, body: Any, **_: Any) -> None:
+        ctl.on_partition(type, _plain(body))
+
+    @kopf.on.event(GROUP, VERSION, "gpuquotas", registry=reg)
+    async def quota_event(type: str | None, body: Any, **_: Any) -> None:
+        await ctl.on_quota(type, _plain(body))
+
+    return reg
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    import copy
+    return copy.deepcopy(dict(body))
+
+
+async def run(opts: Options) -> None:
+    creds = load_credentials(opts.kubeconfig)
+    kube = Kube(creds)
+    cert = await ensure_secret(kube, opts.namespace, opts.secret_name, [
+        *opts.cert_hosts, opts.service_name, f"{opts.service_name}.{opts.namespace}.svc",
+        f"{opts.service_name}.{opts.namespace}.svc.cluster.local"])
+    certdir = Path(tempfile.mkdtemp(prefix="tessera-webhook-"))
+    _, crt, key = cert.write(certdir)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(crt, key)
+    adm = Admission(kube)
+    ctl = Controller(kube, adm, opts.recount_interval_s, opts.drift_grace_s)
+    cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
+          ClientConfig(cert.ca_pem, service_name=opts.service_name,
+                       service_namespace=opts.namespace))
+    elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
+                            opts.lease_duration_s, opts.lease_renew_s)
+    runners = [
+        await server.start(server.webhook_app(adm), opts.webhook_host, opts.webhook_port, tls),
+        await server.start(server.health_app(lambda: True), opts.health_host, opts.health_port),
+    ]
+    log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
+                               "identity": opts.identity})
+
+    async def keep_configurations() -> None:
+        while True:
+            await apply_configurations(kube, cc)
+            await asyncio.sleep(60)
+
+    async def lead() -> None:
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(kopf.operator(registry=kopf_registry(ctl, creds),
+                                              clusterwide=True, standalone=True,
+                                              stop_flag=stop), name="kopf"),
+            asyncio.create_task(keep_configurations(), name="webhook-config"),
+            asyncio.create_task(ctl.watch_nodes(), name="nodes"),
+            asyncio.create_task(ctl.watch_pods(), name="pods"),
+            asyncio.create_task(ctl.partition_loop(), name="partitions"),
+            asyncio.create_task(ctl.recount_loop(), name="recount"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+        finally:
+            stop.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            ctl.partitions.clear()
+            ctl.quotas.clear()
+
+    loop = asyncio.get_running_loop()
+    main = asyncio.create_task(elector.run(lead))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, main.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+    finally:
+        await elector.release()
+        for r in runners:
+            await r.cleanup()
+        await kube.close()
+        log.info("stopped", extra={"identity": opts.identity})

@@ -1,0 +1,364 @@
+"""The leader's control loops: GPUPartition status, GPUQuota status, releases, recount.
+
+Level-triggered: every event marks work dirty and the loops recompute the whole answer from
+the caches with the pure modules (:mod:`tessera.partition`, :mod:`tessera.quota`), then write
+only what differs.  So a settled cluster sees no writes at all, and a missed event is healed
+by the next one or by the periodic pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from tessera.api.conditions import DEGRADED, READY, Condition, set_condition
+from tessera.api.inventory import LABEL_PRODUCT, NodeInventory, from_node
+from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
+from tessera.controller import metrics
+from tessera.controller.kube import ApiError, Kube, Obj, path
+from tessera.partition import PartitionView, aggregate, resolve, transitions
+from tessera.quota.arith import (
+    ANNOTATION_RELEASED,
+    LABEL_BUDGETED,
+    TERMINAL_PHASES,
+    DriftTracker,
+    pod_usage,
+    recount,
+)
+from tessera.quota.objects import limits_of, summary, used_of, used_patch
+from tessera.quota.units import mib_quantity
+from tessera.webhooks.admission import Admission
+
+log = logging.getLogger("tessera.controller")
+
+GROUP, VERSION = "tessera.dev", "v1alpha1"
+OPERATOR_KEYS = ("observedGeneration", "conditions", "selectedNodes", "selectedNodeCount",
+                 "readyNodeCount", "layout")
+
+
+def _conditions(raw: Any) -> list[Condition]:
+    out = []
+    for c in raw or []:
+        try:
+            out.append(Condition.model_validate(c))
+        except ValidationError:
+            continue
+    return out
+
+
+def _dump_conditions(conds: list[Condition]) -> list[dict[str, Any]]:
+    return [c.to_dict() for c in conds]
+
+
+@dataclass
+class Controller:
+    kube: Kube
+    admission: Admission
+    recount_interval_s: float = 30.0
+    drift_grace_s: float = 10.0
+    component: str = "tessera-operator"
+    nodes: dict[str, NodeInventory] = field(default_factory=dict)
+    partitions: dict[str, Obj] = field(default_factory=dict)
+    quotas: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    _dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    _drift: DriftTracker = field(default_factory=DriftTracker)
+
+    def __post_init__(self) -> None:
+        self._drift = DriftTracker(self.drift_grace_s)
+
+    # -- events from kopf and the watches -------------------------------------------------
+
+    def on_partition(self, typ: str | None, body: Mapping[str, Any]) -> None:
+        name = str(body["metadata"]["name"])
+        if typ == "DELETED":
+            self.partitions.pop(name, None)
+        else:
+            self.partitions[name] = dict(body)
+        metrics.WATCHED.labels("gpupartition").set(len(self.partitions))
+        self._dirty.set()
+
+    def on_node(self, typ: str, node: Obj) -> None:
+        name = str(node["metadata"]["name"])
+        if typ == "DELETED":
+            if self.nodes.pop(name, None) is not None:
+                self._dirty.set()
+            return
+        inv = from_node(node)
+        if self.nodes.get(name) != inv:
+            self.nodes[name] = inv
+            self._dirty.set()
+        metrics.WATCHED.labels("node").set(len(self.nodes))
+
+    def on_node_sync(self, items: list[Obj]) -> None:
+        self.nodes = {str(n["metadata"]["name"]): from_node(n) for n in items}
+        metrics.WATCHED.labels("node").set(len(self.nodes))
+        self._dirty.set()
+
+    async def on_quota(self, typ: str | None, body: Mapping[str, Any]) -> None:
+        meta = body["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        if typ == "DELETED":
+            self.quotas.pop(key, None)
+            self._drift.forget("/".join(key))
+            return
+        self.quotas[key] = dict(body)
+        metrics.WATCHED.labels("gpuquota").set(len(self.quotas))
+        await self.reconcile_quota(dict(body))
+
+    async def on_pod(self, typ: str, pod: Obj) -> None:
+        """Give a pod's budget back once: when it finishes, or when it is deleted unfinished."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        if ANNOTATION_RELEASED in annotations:
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if typ == "DELETED":
+            if phase in TERMINAL_PHASES:
+                # finished and deleted before we marked it: a mark is impossible now, and
+                # recount (which skips finished pods) heals whatever this leaves
+                pass
+            await self._release(pod)
+            return
+        if phase not in TERMINAL_PHASES:
+            return
+        # Mark first, then release: a crash in between loses a release (recount heals an
+        # overcount) but can never release twice.
+        url = path("", "v1", "pods", str(meta["namespace"]), str(meta["name"]))
+        try:
+            await self.kube.merge_patch(url, {"metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "annotations": {ANNOTATION_RELEASED: "true"}}})
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return  # gone or changed: the next event decides
+            raise
+        await self._release(pod)
+
+    async def _release(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        ns = str(meta["namespace"])
+        usage = pod_usage(pod)
+        if usage.pods == 0:
+            return
+        for qns, name in list(self.quotas):
+            if qns == ns:
+                await self.admission.release(ns, name, usage)
+        metrics.RELEASES.inc()
+        log.info("budget released", extra={"namespace": ns, "pod": meta.get("name")})
+
+    # -- GPUQuota ---------------------------------------------------------------------------
+
+    async def reconcile_quota(self, q: Obj) -> None:
+        meta, status = q["metadata"], q.get("status") or {}
+        gen = int(meta.get("generation") or 1)
+        limits = limits_of(q.get("spec") or {})
+        used = used_of(status)
+        old = _conditions(status.get("conditions"))
+        conds = list(old)
+        if used is None:
+            conds = set_condition(conds, READY, "False", "Counting",
+                                  "usage not counted yet", gen)
+        else:
+            conds = set_condition(conds, READY, "True", "Counted",
+                                  "usage is counted and enforced at admission", gen)
+        over = []
+        if used is not None:
+            for res, lim, u, fmt in (("memory", limits.memory_mib, used.memory_mib, mib_quantity),
+                                     ("cores", limits.cores, used.cores, str),
+                                     ("pods", limits.pods, used.pods, str)):
+                if lim is not None and u > lim:
+                    over.append(f"{res} used {fmt(u)} > hard {fmt(lim)}")
+            for prof, lim in sorted(limits.mig.items()):
+                if used.mig.get(prof, 0) > lim:
+                    over.append(f"mig {prof} used {used.mig[prof]} > hard {lim}")
+        if over:
+            conds = set_condition(conds, DEGRADED, "True", "OverHard",
+                                  "; ".join(over) + ": existing pods keep running, new GPU "
+                                  "pods are refused until usage drops", gen)
+        else:
+            conds = set_condition(conds, DEGRADED, "False", "WithinHard", "", gen)
+        new: dict[str, Any] = {"observedGeneration": gen, "conditions": _dump_conditions(conds)}
+        if used is not None:
+            new["summary"] = summary(limits, used)
+        current = {k: status.get(k) for k in new}
+        current["conditions"] = _dump_conditions(old)
+        if current == new:
+            return
+        url = path(GROUP, VERSION, "gpuquotas", meta["namespace"], meta["name"])
+        try:
+            await self.kube.merge_patch(url + "/status", {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": new})
+            metrics.STATUS_WRITES.labels("gpuquota", "conditions").inc()
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+            return  # a newer version is on its way as an event
+        await self._events(q, "GPUQuota", old, conds)
+
+    async def recount_once(self) -> None:
+        """Heal ``status.used`` towards the pods' budgets, never racing a reservation."""
+        for ns, name in list(self.quotas):
+            url = path(GROUP, VERSION, "gpuquotas", ns, name)
+            try:
+                q = await self.kube.get(url)
+                pods = (await self.kube.list(path("", "v1", "pods", ns),
+                                             f"{LABEL_BUDGETED}=true")).get("items") or []
+            except ApiError as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            counted = recount(pods)
+            rv = str(q["metadata"].get("resourceVersion"))
+            used = used_of(q.get("status"))
+            if not self._drift.decide(f"{ns}/{name}", rv, used, counted):
+                continue
+            try:
+                await self.kube.merge_patch(url + "/status", used_patch(q, counted))
+                metrics.RECOUNT_HEALS.inc()
+                metrics.STATUS_WRITES.labels("gpuquota", "recount").inc()
+                log.info("recount healed usage", extra={
+                    "namespace": ns, "quota": name, "was": str(used), "now": str(counted)})
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+
+    async def recount_loop(self) -> None:
+        while True:
+            try:
+                await self.recount_once()
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("recount failed", extra={"error": str(exc)})
+            await asyncio.sleep(self.recount_interval_s)
+
+    # -- GPUPartition -----------------------------------------------------------------------
+
+    def _views(self) -> tuple[list[PartitionView], dict[str, GPUPartitionStatus]]:
+        views, olds = [], {}
+        for name, body in sorted(self.partitions.items()):
+            meta, status = body["metadata"], body.get("status") or {}
+            try:
+                spec = GPUPartitionSpec.model_validate(body.get("spec") or {})
+            except ValidationError as exc:
+                log.warning("invalid GPUPartition spec", extra={"partition": name,
+                                                               "error": str(exc)})
+                continue
+            entries: dict[str, NodePartitionStatus] = {}
+            for node, raw in (status.get("nodes") or {}).items():
+                try:
+                    entries[node] = NodePartitionStatus.model_validate(raw)
+                except ValidationError:
+                    entries[node] = NodePartitionStatus(phase="Pending",
+                                                        message="unreadable node entry")
+            views.append(PartitionView(name, spec, int(meta.get("generation") or 1),
+                                       str(meta.get("creationTimestamp") or ""), entries))
+            olds[name] = GPUPartitionStatus(conditions=_conditions(status.get("conditions")))
+        return views, olds
+
+    async def reconcile_partitions(self) -> None:
+        views, olds = self._views()
+        resolutions = resolve(views, self.nodes.values())
+        for v in views:
+            body = self.partitions.get(v.name)
+            if body is None:
+                continue
+            new, stale = aggregate(v, resolutions[v.name], olds[v.name])
+            wire = new.to_dict()
+            want = {k: wire.get(k) for k in OPERATOR_KEYS}
+            have = {k: (body.get("status") or {}).get(k) for k in OPERATOR_KEYS}
+            have["conditions"] = _dump_conditions(olds[v.name].conditions)
+            if want == have and not stale:
+                continue
+            patch: dict[str, Any] = {"status": {**want, "nodes": {n: None for n in stale}}}
+            if not stale:
+                del patch["status"]["nodes"]
+            try:
+                await self.kube.merge_patch(
+                    path(GROUP, VERSION, "gpupartitions", name=v.name) + "/status", patch)
+                metrics.STATUS_WRITES.labels("gpupartition", "reconcile").inc()
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            await self._events(body, "GPUPartition", olds[v.name].conditions, new.conditions)
+
+    async def partition_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            await asyncio.sleep(0.05)  # coalesce bursts (50 daemons answering at once)
+            self._dirty.clear()
+            try:
+                await self.reconcile_partitions()
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("partition reconcile failed", extra={"error": str(exc)})
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+
+    # -- watches (server-side filtered) -----------------------------------------------------
+
+    async def watch_nodes(self) -> None:
+        async for typ, obj in self.kube.watch(path("", "v1", "nodes"), LABEL_PRODUCT):
+            if typ == "SYNC":
+                self.on_node_sync(obj.get("items") or [])
+            else:
+                self.on_node(typ, obj)
+
+    async def watch_pods(self) -> None:
+        async for typ, obj in self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true"):
+            try:
+                if typ == "SYNC":
+                    for pod in obj.get("items") or []:
+                        await self.on_pod("ADDED", pod)
+                else:
+                    await self.on_pod(typ, obj)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("pod release failed", extra={"error": str(exc)})
+
+    # -- Events -----------------------------------------------------------------------------
+
+    async def _events(self, obj: Mapping[str, Any], kind: str, old: list[Condition],
+                      new: list[Condition]) -> None:
+        meta = obj["metadata"]
+        ns = meta.get("namespace") or "default"
+        for c in transitions(old, new):
+            if c.type == "Progressing" and c.status == "False" and not old:
+                continue
+            warning = (c.type == DEGRADED and c.status == "True") or (
+                c.type == READY and c.status == "False" and c.reason not in (
+                    "Applying", "Counting"))
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            body = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind,
+                                   "name": meta["name"], "namespace": meta.get("namespace"),
+                                   "uid": meta.get("uid"),
+                                   "resourceVersion": meta.get("resourceVersion")},
+                "reason": c.reason, "message": f"{c.type}={c.status}: {c.message}"[:1000],
+                "type": "Warning" if warning else "Normal",
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                "source": {"component": self.component},
+                "reportingComponent": self.component, "reportingInstance": self.component,
+            }
+            try:
+                await self.kube.create(path("", "v1", "events", ns), body)
+            except (ApiError, OSError) as exc:
+                log.warning("event not posted", extra={"error": str(exc)})
+
+
+def json_log_record(record: logging.LogRecord) -> str:
+    """One JSON object per line: time, level, logger, message and any ``extra`` fields."""
+    skip = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+    out: dict[str, Any] = {"ts": round(time.time(), 3), "level": record.levelname,
+                           "logger": record.name, "msg": record.getMessage()}
+    out.update({k: v for k, v in vars(record).items() if k not in skip})
+    if record.exc_info:
+        out["exc"] = logging.Formatter().formatException(record.exc_info)
+    return json.dumps(out, default=str)

@@ -1,0 +1,1 @@
+"""Admission webhooks served by every operator replica: pods (budget + quota), CR checks."""

@@ -1,0 +1,295 @@
+"""What the webhooks decide: budgets + quota reservation for pods, checks for the CRs.
+
+Reservation follows Kubernetes' ResourceQuota admission: read the quota, check the request
+against ``hard``, write the new ``used`` with the read ``resourceVersion`` as precondition,
+and on a conflict (another replica or request won) read again and re-check.  So concurrent
+creates through any number of replicas can never push ``used`` past ``hard``.  A pod must
+fit every GPUQuota of its namespace; if a later quota refuses, the earlier reservations are
+given back.  A server-side dry run checks everything and reserves nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from tessera.api.inventory import LABEL_PRODUCT, from_node
+from tessera.api.partition import GPUPartitionSpec
+from tessera.api.quota import GPUQuotaSpec
+from tessera.controller import metrics
+from tessera.controller.kube import ApiError, Kube, Obj, path
+from tessera.partition import PartitionView, resolve, spec_errors
+from tessera.quota.arith import (
+    ANNOTATION_BUDGET,
+    LABEL_BUDGETED,
+    BudgetError,
+    Usage,
+    Violation,
+    budget_from_pod,
+    check_fit,
+    deny_message,
+)
+from tessera.quota.objects import (
+    carries_policy,
+    limits_of,
+    policy_of,
+    used_of,
+    used_patch,
+    view_of,
+)
+from tessera.quota.units import mib_quantity
+
+log = logging.getLogger("tessera.admission")
+
+MAX_ATTEMPTS = 50
+"""Conflict retries per quota; each loser re-reads, so this bounds contention, not work."""
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def allow(uid: str, patch: list[dict[str, Any]] | None = None,
+          warnings: list[str] | None = None) -> Obj:
+    out: Obj = {"uid": uid, "allowed": True}
+    if patch:
+        import base64
+        import json
+        out["patchType"] = "JSONPatch"
+        out["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if warnings:
+        out["warnings"] = warnings
+    return out
+
+
+def deny(uid: str, message: str, code: int = 403) -> Obj:
+    reason = {403: "Forbidden", 422: "Invalid"}.get(code, "BadRequest")
+    return {"uid": uid, "allowed": False,
+            "status": {"code": code, "reason": reason, "message": message}}
+
+
+def pod_patch(pod: Mapping[str, Any], annotation: str | None) -> list[dict[str, Any]]:
+    """Budget annotation + selection label (or removal of forged ones when ``None``)."""
+    meta = pod.get("metadata") or {}
+    ops: list[dict[str, Any]] = []
+    for field, key, value in (("annotations", ANNOTATION_BUDGET, annotation),
+                              ("labels", LABEL_BUDGETED, None if annotation is None else "true")):
+        present = meta.get(field) or {}
+        if value is None:
+            if key in present:
+                ops.append({"op": "remove", "path": f"/metadata/{field}/{_esc(key)}"})
+        elif field not in meta or meta[field] is None:
+            ops.append({"op": "add", "path": f"/metadata/{field}", "value": {key: value}})
+        else:
+            ops.append({"op": "add", "path": f"/metadata/{field}/{_esc(key)}", "value": value})
+    return ops
+
+
+def fill_patch(spec: Mapping[str, Any], filled: Mapping[str, Mapping[str, int]]
+               ) -> list[dict[str, Any]]:
+    """Add the filled-in resources to the containers' limits (and requests, if they list
+    tessera resources: an extended resource's request must equal its limit)."""
+    ops: list[dict[str, Any]] = []
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            add = filled.get(str(c.get("name")))
+            if not add:
+                continue
+            values = {k: str(v) for k, v in add.items()}
+            base = f"/spec/{kind}/{i}/resources"
+            res = c.get("resources")
+            if not res:
+                ops.append({"op": "add", "path": base, "value": {"limits": values}})
+                continue
+            for section in ("limits", "requests"):
+                have = res.get(section)
+                if section == "requests" and not any(
+                        k.startswith("tessera.dev/") for k in (have or {})):
+                    continue
+                if not have:
+                    ops.append({"op": "add", "path": f"{base}/{section}", "value": values})
+                else:
+                    ops.extend({"op": "add", "path": f"{base}/{section}/{_esc(k)}", "value": v}
+                               for k, v in values.items())
+    return ops
+
+
+@dataclass
+class Admission:
+    kube: Kube
+
+    # -- pods ---------------------------------------------------------------------------
+
+    async def review_pod(self, req: Mapping[str, Any]) -> Obj:
+        uid = str(req.get("uid", ""))
+        pod = req.get("object") or {}
+        ns = str(req.get("namespace") or (pod.get("metadata") or {}).get("namespace", ""))
+        dry = bool(req.get("dryRun"))
+        started = time.perf_counter()
+        result = "error"
+        try:
+            resp = await self._pod(uid, ns, pod, dry)
+            result = "allowed" if resp["allowed"] else "denied"
+            return resp
+        finally:
+            metrics.ADMISSION_SECONDS.labels("pods", result).observe(
+                time.perf_counter() - started)
+
+    async def _pod(self, uid: str, ns: str, pod: Mapping[str, Any], dry: bool) -> Obj:
+        quotas = (await self.kube.list(path("tessera.dev", "v1alpha1", "gpuquotas", ns))
+                  ).get("items") or []
+        try:
+            budget = budget_from_pod(pod.get("spec") or {}, policy_of(quotas))
+        except BudgetError as exc:
+            return deny(uid, str(exc))
+        if not budget.requests_anything:
+            return allow(uid, pod_patch(pod, None))
+        usage = budget.usage()
+        violations = check_fit(usage, [view_of(q) for q in quotas])
+        if violations:
+            return deny(uid, deny_message(violations))
+        if not dry:
+            refused = await self.reserve(ns, quotas, usage)
+            if refused:
+                return deny(uid, deny_message(refused))
+        filled = {c.name: c.filled for c in budget.containers if c.filled}
+        ops = fill_patch(pod.get("spec") or {}, filled) + pod_patch(pod, budget.annotation())
+        log.info("pod admitted", extra={"namespace": ns, "dryRun": dry,
+                                        "memoryMiB": usage.memory_mib, "cores": usage.cores})
+        return allow(uid, ops)
+
+    async def reserve(self, ns: str, quotas: list[Obj], usage: Usage) -> list[Violation]:
+        """Add ``usage`` to every quota (CAS); on refusal give back what was taken."""
+        done: list[str] = []
+        for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
+            refused = await self._cas(ns, q, usage, add=True)
+            if refused is None:  # quota vanished meanwhile: nothing to count against
+                continue
+            if refused:
+                for name in done:
+                    await self.release(ns, name, usage)
+                return refused
+            done.append(str(q["metadata"]["name"]))
+        return []
+
+    async def release(self, ns: str, name: str, usage: Usage) -> None:
+        try:
+            q = await self.kube.get(path("tessera.dev", "v1alpha1", "gpuquotas", ns, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            raise
+        await self._cas(ns, q, usage, add=False)
+
+    async def _cas(self, ns: str, q: Obj, usage: Usage, add: bool) -> list[Violation] | None:
+        name = str(q["metadata"]["name"])
+        url = path("tessera.dev", "v1alpha1", "gpuquotas", ns, name)
+        for _ in range(MAX_ATTEMPTS):
+            if add:
+                refused = check_fit(usage, [view_of(q)])
+                if refused:
+                    return refused
+            used = used_of(q.get("status")) or Usage()
+            new = used + usage if add else used - usage
+            try:
+                await self.kube.merge_patch(url + "/status", used_patch(q, new))
+                return []
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None
+                if exc.status != 409:
+                    raise
+                metrics.RESERVATION_CONFLICTS.inc()
+            try:
+                q = await self.kube.get(url)
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+        return [Violation(name, "", "", "", "", reason=(
+            f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))]
+
+    # -- GPUPartition ---------------------------------------------------------------------
+
+    async def review_partition(self, req: Mapping[str, Any]) -> Obj:
+        uid = str(req.get("uid", ""))
+        obj = req.get("object") or {}
+        try:
+            spec = GPUPartitionSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as exc:
+            return deny(uid, _pydantic_message("spec", exc), 422)
+        errors = spec_errors(spec)
+        if errors:
+            return deny(uid, "; ".join(f"{f}: {r}" for f, r in errors), 422)
+        try:
+            warnings = await self._partition_warnings(obj, spec)
+        except (ApiError, OSError) as exc:  # warnings are best effort
+            log.warning("no partition warnings", extra={"error": str(exc)})
+            warnings = []
+        return allow(uid, warnings=warnings)
+
+    async def _partition_warnings(self, obj: Mapping[str, Any],
+                                  spec: GPUPartitionSpec) -> list[str]:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name"))
+        nodes = (await self.kube.list(path("", "v1", "nodes"), LABEL_PRODUCT)).get("items") or []
+        parts = (await self.kube.list(path("tessera.dev", "v1alpha1", "gpupartitions"))
+                 ).get("items") or []
+        views = [PartitionView(name, spec, 1, str(meta.get("creationTimestamp") or "~"))]
+        for p in parts:
+            pname = str(p["metadata"]["name"])
+            if pname == name:
+                continue
+            try:
+                views.append(PartitionView(pname, GPUPartitionSpec.model_validate(p["spec"]), 1,
+                                           str(p["metadata"].get("creationTimestamp", ""))))
+            except (ValidationError, KeyError):
+                continue
+        res = resolve(views, [from_node(n) for n in nodes])[name]
+        out = [f"node {pr.node}: {pr.message}" for pr in res.problems[:5]]
+        if len(res.problems) > 5:
+            out.append(f"… and {len(res.problems) - 5} more problems (see status)")
+        return out
+
+    # -- GPUQuota -------------------------------------------------------------------------
+
+    async def review_quota(self, req: Mapping[str, Any]) -> Obj:
+        uid = str(req.get("uid", ""))
+        obj = req.get("object") or {}
+        ns = str(req.get("namespace") or "")
+        name = str((obj.get("metadata") or {}).get("name"))
+        raw_spec = obj.get("spec") or {}
+        try:
+            GPUQuotaSpec.model_validate(raw_spec)
+        except ValidationError as exc:
+            return deny(uid, _pydantic_message("spec", exc), 422)
+        warnings: list[str] = []
+        others = [q for q in (await self.kube.list(
+            path("tessera.dev", "v1alpha1", "gpuquotas", ns))).get("items") or []
+            if q["metadata"]["name"] != name]
+        if carries_policy(raw_spec):
+            holder = next((q for q in others if carries_policy(q.get("spec") or {})), None)
+            if holder is not None:
+                return deny(uid, f"spec: only one GPUQuota per namespace may set default, max "
+                                 f"or weight, and gpuquota/{holder['metadata']['name']} does",
+                            422)
+        used = used_of(obj.get("status")) or Usage()
+        hard = limits_of(raw_spec)
+        for res, limit, u, fmt in (("memory", hard.memory_mib, used.memory_mib, mib_quantity),
+                                   ("cores", hard.cores, used.cores, str),
+                                   ("pods", hard.pods, used.pods, str)):
+            if limit is not None and u > limit:
+                warnings.append(f"spec.hard.{res} {fmt(limit)} is below what admitted pods use "
+                                f"now ({fmt(u)}): they keep running, new pods are refused")
+        return allow(uid, warnings=warnings)
+
+
+def _pydantic_message(prefix: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    return f"{prefix}.{loc}: {first['msg']}" if loc else f"{prefix}: {first['msg']}"

@@ -1,0 +1,114 @@
+"""The Mutating/ValidatingWebhookConfiguration objects the leader keeps applied.
+
+The pod webhook is scoped twice so that pods asking for no tessera resource never reach it
+(they are still created while the operator is down): ``matchConditions`` (CEL, evaluated by
+the API server) select pods whose containers name a ``tessera.dev/`` resource, or that carry
+the budget annotation/label (so nobody can forge a budget the webhook did not write).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.controller.kube import Kube, path
+from tessera.quota.arith import ANNOTATION_BUDGET, LABEL_BUDGETED
+
+MUTATING_NAME = "tessera-pods"
+VALIDATING_NAME = "tessera-resources"
+POD_PATH = "/mutate/pods"
+PARTITION_PATH = "/validate/gpupartitions"
+QUOTA_PATH = "/validate/gpuquotas"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where the API server reaches the webhooks: a URL (local cluster) or a Service."""
+
+    ca_pem: bytes
+    url: str | None = None
+    service_name: str | None = None
+    service_namespace: str | None = None
+    service_port: int = 443
+
+    def for_path(self, p: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"caBundle": base64.b64encode(self.ca_pem).decode()}
+        if self.url is not None:
+            out["url"] = self.url.rstrip("/") + p
+        else:
+            out["service"] = {"name": self.service_name, "namespace": self.service_namespace,
+                              "path": p, "port": self.service_port}
+        return out
+
+
+def _containers_ask(field: str) -> str:
+    has_res = (f"c.resources.{kind}.exists(k, k.startsWith('tessera.dev/'))"
+               for kind in ("limits", "requests"))
+    guard = " || ".join(f"(has(c.resources.{kind}) && {e})"
+                        for kind, e in zip(("limits", "requests"), has_res, strict=True))
+    return (f"(has(object.spec.{field}) && object.spec.{field}.exists(c, "
+            f"has(c.resources) && ({guard})))")
+
+
+POD_MATCH_EXPRESSION = " || ".join([
+    _containers_ask("containers"),
+    _containers_ask("initContainers"),
+    f"(has(object.metadata.annotations) && '{ANNOTATION_BUDGET}' in object.metadata.annotations)",
+    f"(has(object.metadata.labels) && '{LABEL_BUDGETED}' in object.metadata.labels)",
+])
+
+
+def mutating(cc: ClientConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": MUTATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
+        "webhooks": [{
+            "name": "pods.tessera.dev",
+            "clientConfig": cc.for_path(POD_PATH),
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "matchConditions": [{"name": "asks-for-tessera", "expression": POD_MATCH_EXPRESSION}],
+            "failurePolicy": "Fail",
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": 10,
+            "admissionReviewVersions": ["v1"],
+            "reinvocationPolicy": "Never",
+            "matchPolicy": "Equivalent",
+        }],
+    }
+
+
+def validating(cc: ClientConfig) -> dict[str, Any]:
+    def hook(name: str, plural: str, p: str, scope: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "clientConfig": cc.for_path(p),
+            "rules": [{"apiGroups": ["tessera.dev"], "apiVersions": ["v1alpha1"],
+                       "operations": ["CREATE", "UPDATE"], "resources": [plural],
+                       "scope": scope}],
+            # The CRD schema and its CEL rules still hold while the operator is down, so a
+            # GitOps sync that applies CRs before the operator runs is not blocked.
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"],
+        }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": VALIDATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
+        "webhooks": [hook("gpupartitions.tessera.dev", "gpupartitions", PARTITION_PATH,
+                          "Cluster"),
+                     hook("gpuquotas.tessera.dev", "gpuquotas", QUOTA_PATH, "Namespaced")],
+    }
+
+
+async def apply_configurations(kube: Kube, cc: ClientConfig) -> None:
+    """Server-side apply both configurations (leader only; unchanged = no write)."""
+    group = "admissionregistration.k8s.io"
+    await kube.apply(path(group, "v1", "mutatingwebhookconfigurations", name=MUTATING_NAME),
+                     mutating(cc))
+    await kube.apply(path(group, "v1", "validatingwebhookconfigurations", name=VALIDATING_NAME),
+                     validating(cc))

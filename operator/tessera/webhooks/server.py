@@ -1,0 +1,69 @@
+"""HTTPS server for the admission webhooks and plain HTTP for /healthz and /metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tessera.webhooks.admission import Admission
+from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
+
+log = logging.getLogger("tessera.webhooks")
+
+Review = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def _endpoint(review: Review, what: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            req = body["request"]
+        except (ValueError, KeyError, TypeError):
+            return web.Response(status=400, text="expected an AdmissionReview")
+        try:
+            resp = await review(req)
+        except Exception as exc:  # an answer is better than a timeout: say what broke
+            log.exception("admission failed", extra={"webhook": what})
+            resp = {"uid": req.get("uid"), "allowed": False,
+                    "status": {"code": 500, "message": f"tessera {what} webhook: {exc}"}}
+        out = {"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
+               "kind": "AdmissionReview", "response": resp}
+        return web.Response(text=json.dumps(out), content_type="application/json")
+    return handle
+
+
+def webhook_app(adm: Admission) -> web.Application:
+    app = web.Application()
+    app.router.add_post(POD_PATH, _endpoint(adm.review_pod, "pod"))
+    app.router.add_post(PARTITION_PATH, _endpoint(adm.review_partition, "gpupartition"))
+    app.router.add_post(QUOTA_PATH, _endpoint(adm.review_quota, "gpuquota"))
+    return app
+
+
+def health_app(is_healthy: Callable[[], bool]) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(status=200 if is_healthy() else 503,
+                            text="ok" if is_healthy() else "unhealthy")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start(app: web.Application, host: str, port: int,
+                ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=512).start()
+    return runner
