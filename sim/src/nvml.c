@@ -1,0 +1,2 @@
+/* placeholder until the NVML part lands */
+#include "simstate.h"
