@@ -625,7 +625,7 @@ static __thread int in_hook __attribute__((tls_model("initial-exec")));
 #define REAL_OR_FAIL(name)                              \
     do {                                                \
         if (UNLIKELY(!REAL(name)))                      \
-            return CUDA_ERROR_NOT_INITIALIZED;          \
+            return CUDA_ERROR_NOT_SUPPORTED;            \
     } while (0)
 
 /* Reserve bytes for the device of the current context (ord < 0) or ordinal ord.

@@ -1,0 +1,198 @@
+"""The budget file (version 1), byte for byte as ``hook/src/formats.h`` defines it.
+
+The daemon owns the file and rewrites it *in place* (never truncates or replaces it: the
+container sees it through a read-only bind mount of this very inode). A seqlock generation
+counter at offset 8 is made odd before a write and even again after it, so libtessera never
+uses a torn read.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+MAGIC = 0x47444254  # b"TBDG" little-endian
+VERSION = 1
+MAX_DEV = 16
+BUDGET_FILE_SIZE = 4096
+HEADER = struct.Struct("<IIQIIII32s")  # magic, version, generation, hsize, esize, ndev, flags
+ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst, r1
+GEN_OFFSET = 8
+
+DEV_MEM_LIMIT = 0x1
+DEV_CORE_LIMIT = 0x2
+DEV_UUID = 0x4
+
+assert HEADER.size == 64 and ENTRY.size == 64
+
+
+def uuid_bytes(text: str) -> bytes:
+    """NVML/CUDA UUID text ("GPU-..." or "MIG-...") to its 16 bytes."""
+    for prefix in ("GPU-", "MIG-"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return uuidlib.UUID(text).bytes
+
+
+@dataclass(frozen=True)
+class BudgetEntry:
+    """One visible GPU (or MIG instance) of a container.
+
+    ``memory``: bytes, or None for no memory limit. ``cores``: core budget in percent of the
+    GPU (the controller's target), or None for no core limit. ``rate``/``burst``: launch
+    tokens per second and bucket depth in tokens, set by the controller.
+    """
+
+    index: int = 0
+    uuid: str | None = None
+    memory: int | None = None
+    cores: float | None = None
+    rate: float = 0.0
+    burst: float = 1.0
+
+    def pack(self) -> bytes:
+        flags = 0
+        if self.memory is not None:
+            if self.memory < 0:
+                raise ValueError("memory must be >= 0")
+            flags |= DEV_MEM_LIMIT
+        if self.cores is not None:
+            if not 0 <= self.cores <= 100 * MAX_DEV:
+                raise ValueError("cores out of range")
+            flags |= DEV_CORE_LIMIT
+        raw_uuid = b"\0" * 16
+        if self.uuid:
+            flags |= DEV_UUID
+            raw_uuid = uuid_bytes(self.uuid)
+        if not 0 <= self.index < 64:
+            raise ValueError("index out of range")
+        rate_milli = round(self.rate * 1000)
+        burst_milli = max(1000, round(self.burst * 1000))
+        return ENTRY.pack(
+            raw_uuid,
+            self.index,
+            flags,
+            self.memory or 0,
+            round((self.cores or 0) * 100),
+            0,
+            max(0, rate_milli),
+            burst_milli,
+            0,
+        )
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> BudgetEntry:
+        u, index, flags, mem, target, _r0, rate, burst, _r1 = ENTRY.unpack(raw)
+        return cls(
+            index=index,
+            uuid=("GPU-" + str(uuidlib.UUID(bytes=u))) if flags & DEV_UUID else None,
+            memory=mem if flags & DEV_MEM_LIMIT else None,
+            cores=target / 100 if flags & DEV_CORE_LIMIT else None,
+            rate=rate / 1000,
+            burst=burst / 1000,
+        )
+
+
+@dataclass
+class Budget:
+    generation: int
+    entries: list[BudgetEntry] = field(default_factory=list)
+
+
+def _body(entries: list[BudgetEntry]) -> bytes:
+    if len(entries) > MAX_DEV:
+        raise ValueError(f"at most {MAX_DEV} devices")
+    return b"".join(e.pack() for e in entries)
+
+
+def _header(generation: int, ndev: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, generation, HEADER.size, ENTRY.size, ndev, 0, b"\0" * 32)
+
+
+class BudgetFile:
+    """A budget file kept open and mapped by its writer; ``update`` rewrites it in place."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if os.fstat(fd).st_size < BUDGET_FILE_SIZE:
+                os.ftruncate(fd, BUDGET_FILE_SIZE)
+            self._map = mmap.mmap(fd, BUDGET_FILE_SIZE, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+
+    @property
+    def generation(self) -> int:
+        value: int = struct.unpack_from("<Q", self._map, GEN_OFFSET)[0]
+        return value
+
+    def update(self, entries: list[BudgetEntry]) -> int:
+        """Publish a new budget; returns its (even) generation."""
+        body = _body(entries)
+        gen = self.generation
+        gen = gen + 1 if gen % 2 == 0 else gen + 2  # odd: write in progress
+        struct.pack_into("<Q", self._map, GEN_OFFSET, gen)
+        self._map[HEADER.size : HEADER.size + len(body)] = body
+        self._map[HEADER.size + len(body) : BUDGET_FILE_SIZE] = bytes(
+            BUDGET_FILE_SIZE - HEADER.size - len(body)
+        )
+        header = bytearray(_header(gen + 1, len(entries)))
+        # the header except its generation, then the generation (even: stable)
+        self._map[0:GEN_OFFSET] = header[0:GEN_OFFSET]
+        self._map[GEN_OFFSET + 8 : HEADER.size] = header[GEN_OFFSET + 8 :]
+        struct.pack_into("<Q", self._map, GEN_OFFSET, gen + 1)
+        return gen + 1
+
+    def read(self) -> Budget:
+        return parse_budget(bytes(self._map))
+
+    def close(self) -> None:
+        self._map.close()
+
+    def __enter__(self) -> BudgetFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def write_budget(path: str | os.PathLike[str], entries: list[BudgetEntry]) -> int:
+    """Create or update a budget file in place; returns the new generation."""
+    with BudgetFile(path) as f:
+        return f.update(entries)
+
+
+def parse_budget(raw: bytes) -> Budget:
+    if len(raw) < HEADER.size:
+        raise ValueError("budget file shorter than its header")
+    magic, version, gen, hsize, esize, ndev, _flags, _res = HEADER.unpack_from(raw, 0)
+    if magic != MAGIC:
+        raise ValueError("bad magic")
+    if version != VERSION:
+        raise ValueError(f"unsupported version {version}")
+    if hsize != HEADER.size or esize != ENTRY.size or ndev > MAX_DEV:
+        raise ValueError("bad layout")
+    if gen % 2:
+        raise ValueError("write in progress")
+    if len(raw) < HEADER.size + ndev * ENTRY.size:
+        raise ValueError("budget file shorter than its entries")
+    entries = [
+        BudgetEntry.unpack(raw[HEADER.size + i * ENTRY.size : HEADER.size + (i + 1) * ENTRY.size])
+        for i in range(ndev)
+    ]
+    return Budget(generation=gen, entries=entries)
+
+
+def read_budget(path: str | os.PathLike[str]) -> Budget:
+    return parse_budget(Path(path).read_bytes())

@@ -1,0 +1,102 @@
+"""Read-only view of a container's ledger (``hook/src/formats.h``, version 1), for
+inspection, metrics and the core-share controller.
+
+A slot is live while its owner holds the OFD write lock on byte ``LOCK_BASE + i`` of the
+file; the kernel drops that lock when the process dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = 0x474C5354  # b"TSLG"
+VERSION = 1
+NSLOTS = 1024
+MAX_DEV = 16
+HEADER_SIZE = 4096
+SLOT_SIZE = 256
+FILE_SIZE = HEADER_SIZE + NSLOTS * SLOT_SIZE
+LOCK_BASE = 1 << 40
+DEV_OFFSET = 128
+DEV = struct.Struct("<8Q")  # used, tat_ns, tokens_milli, launches, wait_ns, waits, oom, reserved
+SLOT_HEAD = struct.Struct("<iIQ")
+F_OFD_GETLK = 36
+FLOCK = struct.Struct("hhqqi4x")  # l_type, l_whence, l_start, l_len, l_pid (x86_64)
+
+
+@dataclass(frozen=True)
+class LedgerDevice:
+    used: int
+    tokens: float
+    wait_s: float
+    waits: int
+    oom: int
+
+
+@dataclass(frozen=True)
+class LedgerSlot:
+    index: int
+    pid: int
+    alive: bool
+    bytes: tuple[int, ...]
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    devices: tuple[LedgerDevice, ...]
+    slots: tuple[LedgerSlot, ...]
+
+    def live_pids(self) -> list[int]:
+        return [s.pid for s in self.slots if s.alive]
+
+    def live_bytes(self, dev: int = 0) -> int:
+        """Bytes held by live processes only (what ``used`` becomes once the dead are reaped)."""
+        return sum(s.bytes[dev] for s in self.slots if s.alive)
+
+
+def _slot_locked(fd: int, index: int) -> bool:
+    req = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LOCK_BASE + index, 1, 0)
+    res = fcntl.fcntl(fd, F_OFD_GETLK, req)
+    l_type = FLOCK.unpack(res)[0]
+    return bool(l_type != fcntl.F_UNLCK)
+
+
+def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
+    fd = os.open(Path(path), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        raw = os.pread(fd, FILE_SIZE, 0)
+        if len(raw) < FILE_SIZE:
+            raise ValueError("ledger too short")
+        magic, version, nslots, ndev, hsize, ssize, hwm = struct.unpack_from("<7I", raw, 0)
+        if (magic, version, nslots, ndev, hsize, ssize) != (
+            MAGIC,
+            VERSION,
+            NSLOTS,
+            MAX_DEV,
+            HEADER_SIZE,
+            SLOT_SIZE,
+        ):
+            raise ValueError("not a version-1 ledger")
+        devices = []
+        for d in range(MAX_DEV):
+            used, _tat, tokens, _launches, wait_ns, waits, oom, _r = DEV.unpack_from(
+                raw, DEV_OFFSET + d * DEV.size
+            )
+            devices.append(LedgerDevice(used, tokens / 1000, wait_ns / 1e9, waits, oom))
+        slots = []
+        for i in range(min(hwm, NSLOTS)):
+            off = HEADER_SIZE + i * SLOT_SIZE
+            pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
+            if pid == 0:
+                continue
+            held = struct.unpack_from(f"<{MAX_DEV}Q", raw, off + 16)
+            _launches, wait_ns = struct.unpack_from("<2Q", raw, off + 144)
+            slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9))
+        return LedgerView(tuple(devices), tuple(slots))
+    finally:
+        os.close(fd)
