@@ -363,8 +363,19 @@ int main(int argc, char **argv)
     char **a = argv + i + 1;
     int na = argc - i - 1;
     if (!strcmp(op, "exec")) {
+        /* a scrubbed environment that asks for more: only the simulator's location survives */
         char *env[] = {"LD_PRELOAD=", "TESSERA_MEMORY_LIMIT=1T", "TESSERA_LEDGER=/tmp/tprobe-other",
-                       "LD_LIBRARY_PATH=", NULL};
+                       "LD_LIBRARY_PATH=", NULL, NULL, NULL};
+        char nodev[4096], statev[4096];
+        int ne = 4;
+        if (getenv("TESSERA_SIM_NODE")) {
+            snprintf(nodev, sizeof nodev, "TESSERA_SIM_NODE=%s", getenv("TESSERA_SIM_NODE"));
+            env[ne++] = nodev;
+        }
+        if (getenv("TESSERA_SIM_STATE")) {
+            snprintf(statev, sizeof statev, "TESSERA_SIM_STATE=%s", getenv("TESSERA_SIM_STATE"));
+            env[ne++] = statev;
+        }
         const char *ld = getenv("LD_LIBRARY_PATH");
         char buf[4096];
         snprintf(buf, sizeof buf, "LD_LIBRARY_PATH=%s", ld ? ld : "");

@@ -1,0 +1,152 @@
+"""Test "containers" for libtessera: each process runs in a private mount namespace
+(`unshare -m`) with the container's budget file and /etc/ld.so.preload bind-mounted
+read-only and its ledger directory at /run/tessera, as the device plugin mounts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOK = ROOT / "hook"
+BUILD = HOOK / "build"
+LIB = BUILD / "libtessera.so"
+PROBE = BUILD / "bin" / "tprobe"
+SIM_LIB = ROOT / "sim" / "build" / "lib"
+sys.path.insert(0, str(ROOT / "node-daemon"))
+
+from tessera_node.budget.formats import BudgetEntry, BudgetFile  # noqa: E402
+from tessera_node.budget.ledger import LedgerView, read_ledger  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+NODE = """[node]
+default_ns_per_block=1000
+[gpu]
+model=H100-80GB
+name=NVIDIA H100 80GB HBM3
+uuid=GPU-11111111-2222-3333-4444-555555555555
+memory_mib=81920
+sm_count=132
+"""
+GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def missing_prerequisite() -> str | None:
+    if not (SIM_LIB / "libcuda.so.1").exists():
+        return "simulator not built (make -C sim): sim/build/lib/libcuda.so.1 missing"
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare(1) for private mount namespaces"
+    return None
+
+
+def build() -> None:
+    py = sys.executable
+    subprocess.run(["make", "-s", "-C", str(HOOK), f"PYTHON={py}"], check=True)
+
+
+def sim_env(tmp: Path) -> dict[str, str]:
+    node = tmp / "node.ini"
+    if not node.exists():
+        node.write_text(NODE)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TESSERA_", "LD_PRELOAD", "CUDA_"))
+    }
+    env["TESSERA_SIM_NODE"] = str(node)
+    env["TESSERA_SIM_STATE"] = str(tmp / "node.state")
+    env["LD_LIBRARY_PATH"] = str(SIM_LIB)
+    return env
+
+
+class Container:
+    """One container: a budget file (written by us, the daemon) and a ledger directory."""
+
+    def __init__(self, tmp: Path, name: str, lib: Path = LIB) -> None:
+        self.dir = tmp / name
+        self.rundir = self.dir / "run"
+        self.rundir.mkdir(parents=True, exist_ok=True)
+        self.budget_path = self.dir / "budget"
+        self.preload = self.dir / "ld.so.preload"
+        self.preload.write_text(f"{lib}\n")
+        self.budget = BudgetFile(self.budget_path)
+        self.env = sim_env(tmp)
+        self.mounted_budget = True
+
+    def set(self, *entries: BudgetEntry) -> int:
+        return self.budget.update(list(entries))
+
+    def set_simple(
+        self, memory: int | None = GIB, cores: float | None = None, rate: float = 0.0
+    ) -> int:
+        burst = max(1.0, rate / 20)
+        return self.set(BudgetEntry(index=0, memory=memory, cores=cores, rate=rate, burst=burst))
+
+    @property
+    def ledger(self) -> Path:
+        return self.rundir / "ledger"
+
+    def read_ledger(self) -> LedgerView:
+        return read_ledger(self.ledger)
+
+    def argv(self, args: list[str]) -> list[str]:
+        target = self.rundir / "budget"  # bind-mount target inside the ledger directory
+        if self.mounted_budget:
+            target.touch()
+        elif target.exists():
+            target.unlink()
+        script = (
+            "set -e; mount --make-rprivate /; "
+            f"mount --bind {self.rundir} /run/tessera; "
+            + (
+                f"mount --bind -o ro {self.budget_path} /run/tessera/budget; "
+                if self.mounted_budget
+                else ""
+            )
+            + f"mount --bind -o ro {self.preload} /etc/ld.so.preload; "
+            'exec "$@"'
+        )
+        return ["unshare", "-m", "sh", "-c", script, "sh", *args]
+
+    def popen(self, args: list[str], env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
+        e = dict(self.env)
+        e.update(env or {})
+        return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+            self.argv(args), env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw
+        )
+
+    def run(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        e = dict(self.env)
+        e.update(env or {})
+        return subprocess.run(
+            self.argv(args), env=e, text=True, capture_output=True, timeout=timeout, check=False
+        )
+
+    def probe(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> dict[str, int]:
+        r = self.run([str(PROBE), *args], env=env, timeout=timeout)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        assert r.returncode == 0 and lines, f"probe {args} failed: rc={r.returncode} {r.stdout} {r.stderr}"
+        out: dict[str, int] = json.loads(lines[-1])
+        out["_stderr"] = r.stderr  # type: ignore[assignment]
+        return out
+
+
+def prepare_host_mountpoints() -> None:
+    Path("/run/tessera").mkdir(parents=True, exist_ok=True)
+    pre = Path("/etc/ld.so.preload")
+    if not pre.exists():
+        pre.touch()  # an empty file preloads nothing; it is only a bind-mount target
+
+
+def iter_methods() -> Iterator[str]:
+    yield from ("direct", "dlsym", "dlvsym", "next", "default", "dlmopen", "libc")
+    for kind in ("gpa", "gpa1", "nest"):
+        for ver in (3020, 4000, 11020, 12000, 12090):
+            for flags in (0, 1, 2):
+                yield f"{kind}:{ver}:{flags}"

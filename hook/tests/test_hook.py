@@ -1,0 +1,271 @@
+"""libtessera on the simulated GPU, each process in its own mount namespace."""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from tessera_hook_harness import (
+    GIB,
+    GPU_UUID,
+    HOOK,
+    LIB,
+    MIB,
+    PROBE,
+    Container,
+    iter_methods,
+)
+from tessera_node.budget.formats import BudgetEntry
+
+PATHS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"]
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NOT_SUPPORTED = 801
+
+
+def table() -> list[tuple[str, ...]]:
+    rows = []
+    for line in (HOOK / "src" / "hooks.def").read_text().splitlines():
+        m = re.match(r"H\((\w+), (\w+), (\w+), (\d+), (\d), (\w+)\)", line)
+        if m:
+            rows.append(m.groups())
+    return rows
+
+
+def test_table_drives_exports(hook_built: None) -> None:
+    rows = table()
+    assert len(rows) >= 40
+    out = subprocess.run(["nm", "-D", "--defined-only", str(LIB)], capture_output=True, text=True, check=True).stdout
+    exported = {ln.split()[-1] for ln in out.splitlines() if " T " in ln}
+    for row in rows:
+        assert row[1] in exported, f"{row[1]} listed in hooks.def but not exported"
+    hooked = {r[1] for r in rows} | {"dlsym", "dlvsym", "dlmopen"}
+    extra = {s for s in exported if s.startswith(("cu", "nvml"))} - hooked
+    assert not extra, f"exported but not in the table: {extra}"
+    # the library knows nothing about the simulator
+    assert not [s for s in exported if "sim" in s.lower()]
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(LIB)], capture_output=True, text=True, check=True).stdout
+    assert "sim" not in undefined.lower()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_each_allocation_path_is_held_to_budget(container: Container, path: str) -> None:
+    r = container.probe("fill", path, str(64 * MIB))
+    if path == "mipmap" and r["err"] == CUDA_ERROR_NOT_SUPPORTED:
+        pytest.skip("the driver has no mipmapped arrays")
+    assert r["err"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert r["got"] == GIB
+    assert r["free_failures"] == 0
+    led = container.read_ledger()
+    assert led.devices[0].used == 0, "frees give every byte back"
+    assert led.devices[0].oom >= 1
+
+
+@pytest.mark.parametrize("method", list(iter_methods()))
+def test_bypass_lookup_paths(container: Container, method: str) -> None:
+    r = container.probe("-m", method, "fill", "alloc", str(64 * MIB))
+    if r["err"] == 500 and r["got"] == 0:  # CUDA_ERROR_NOT_FOUND: this lookup yields nothing
+        return
+    assert r["got"] <= GIB, f"{method} obtained {r['got']} bytes"
+    assert r["got"] == GIB and r["err"] == CUDA_ERROR_OUT_OF_MEMORY
+
+
+@pytest.mark.parametrize("method", ["gpa:12000:2", "gpa:11020:0", "nest:12090:2", "dlsym"])
+@pytest.mark.parametrize("path", ["async", "pool", "vmm"])
+def test_bypass_other_paths_through_lookups(container: Container, method: str, path: str) -> None:
+    r = container.probe("-m", method, "fill", path, str(64 * MIB))
+    assert r["got"] == GIB
+
+
+def test_environment_cannot_raise_or_redirect(container: Container, tmp_path: Path) -> None:
+    env = {
+        "TESSERA_MEMORY_LIMIT": "1T",
+        "TESSERA_LEDGER": str(tmp_path / "elsewhere"),
+        "TESSERA_CORE_RATE": "1000000",
+        "LD_PRELOAD": "",
+    }
+    r = container.probe("fill", "alloc", str(64 * MIB), env=env)
+    assert r["got"] == GIB
+
+
+def test_exec_with_scrubbed_environment(container: Container) -> None:
+    r = container.probe("exec", "fill", "alloc", str(64 * MIB))
+    assert r["got"] == GIB
+
+
+def test_fork_child_shares_the_budget(container: Container) -> None:
+    assert container.probe("fork", "alloc", str(2 * GIB))["err"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert container.probe("fork", "alloc", str(GIB // 2))["err"] == 0
+
+
+def test_thread_without_context_is_refused(container: Container) -> None:
+    assert container.probe("thread", "alloc", str(MIB))["err"] == CUDA_ERROR_INVALID_CONTEXT
+
+
+def test_processes_share_one_budget(container: Container) -> None:
+    holders = [
+        container.popen([str(PROBE), "hold", "alloc", str(300 * MIB), "3"]) for _ in range(8)
+    ]
+    outs = [h.stdout.readline().strip() for h in holders]  # type: ignore[union-attr]
+    held = sum(o == "held" for o in outs)
+    assert held == 3, outs  # 3 x 300 MiB fit in 1 GiB, a 4th does not: no overshoot
+    led = container.read_ledger()
+    assert led.devices[0].used == 3 * 300 * MIB
+    assert container.probe("alloc", "alloc", str(GIB - 900 * MIB + 1))["err"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert container.probe("alloc", "alloc", str(GIB - 900 * MIB))["err"] == 0
+    for h in holders:
+        h.kill()
+        h.wait()
+
+
+def test_sigkill_at_random_moments_leaves_exact_accounting(container: Container) -> None:
+    rng = random.Random(5)
+    procs = []
+    for i in range(10):
+        if i % 3 == 0:
+            procs.append(container.popen([str(PROBE), "hold", "alloc", str(100 * MIB), "30"]))
+        else:
+            procs.append(container.popen([str(PROBE), "churn", "alloc", str(64 * MIB), "30"]))
+    for p in procs:
+        p.stdout.readline()  # type: ignore[union-attr]
+    survivors = []
+    for p in procs:
+        time.sleep(rng.uniform(0.0, 0.05))
+        if rng.random() < 0.7:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        else:
+            survivors.append(p)
+    # the dead are reaped by the next refused allocation; live holders keep their bytes
+    time.sleep(0.1)
+    for p in survivors:
+        p.send_signal(signal.SIGSTOP)
+    led = container.read_ledger()
+    live = led.live_bytes(0)
+    r = container.probe("fill", "alloc", str(4 * MIB))
+    assert r["got"] == GIB - live - (GIB - live) % (4 * MIB)
+    led = container.read_ledger()
+    assert led.devices[0].used == led.live_bytes(0)
+    for p in survivors:
+        p.send_signal(signal.SIGCONT)
+        p.kill()
+        p.wait()
+    r = container.probe("fill", "alloc", str(64 * MIB))
+    assert r["got"] == GIB
+    assert container.read_ledger().devices[0].used == 0
+
+
+def test_sigkill_while_waiting_for_tokens_hangs_nobody(container: Container) -> None:
+    container.set_simple(memory=GIB, cores=10, rate=50)
+    waiters = [container.popen([str(PROBE), "launch", "100000", "1"]) for _ in range(4)]
+    time.sleep(0.5)
+    for w in waiters[:3]:
+        w.kill()
+        w.wait()
+    r = container.probe("launch", "20", "1", timeout=20)
+    assert r["err"] == 0 and r["launches"] == 20
+    waiters[3].kill()
+    waiters[3].wait()
+
+
+def test_live_budget_change_is_obeyed_at_the_next_check(container: Container) -> None:
+    p = container.popen([str(PROBE), "repl"], stdin=subprocess.PIPE)
+    assert p.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+
+    def ask(line: str) -> str:
+        p.stdin.write(line + "\n")  # type: ignore[union-attr]
+        p.stdin.flush()  # type: ignore[union-attr]
+        return p.stdout.readline().strip()  # type: ignore[union-attr]
+
+    assert ask(f"alloc alloc {512 * MIB}") == '{"err": 0}'
+    container.set_simple(memory=768 * MIB)
+    assert ask(f"alloc alloc {512 * MIB}") == '{"err": 2}'
+    container.set_simple(memory=2 * GIB)
+    assert ask(f"alloc alloc {1024 * MIB}") == '{"err": 0}'
+    info = ask("info")
+    assert '"total": 2147483648' in info and '"free": 536870912' in info
+    container.set_simple(memory=GIB)  # below what is held: views never underflow
+    info = ask("info")
+    assert '"total": 1073741824' in info and '"free": 0' in info
+    ask("quit")
+    p.wait(timeout=10)
+
+
+def test_memory_views(container: Container) -> None:
+    r = container.probe("info")
+    assert r["total"] == GIB and r["free"] == GIB and r["device_total"] == GIB
+    if "nvml_total" in r:
+        assert r["nvml_total"] == GIB and r["nvml_used"] == 0
+
+
+def test_uuid_matched_entries(container: Container) -> None:
+    container.set(BudgetEntry(uuid=GPU_UUID, memory=512 * MIB))
+    assert container.probe("fill", "alloc", str(64 * MIB))["got"] == 512 * MIB
+    container.set(BudgetEntry(uuid="GPU-99999999-2222-3333-4444-555555555555", memory=GIB))
+    assert container.probe("fill", "alloc", str(64 * MIB))["got"] == 0  # not our GPU: none
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"garbage", b"TBDG" + bytes(60), bytes(4096)],
+    ids=["empty", "short", "bad-version", "zeros"],
+)
+def test_malformed_budget_refuses_memory_without_crashing(
+    container: Container, content: bytes
+) -> None:
+    container.budget.close()
+    container.budget_path.unlink()
+    container.budget_path.write_bytes(content)
+    r = container.probe("fill", "alloc", str(64 * MIB))
+    assert r["got"] == 0 and r["err"] == CUDA_ERROR_OUT_OF_MEMORY
+    lines = [ln for ln in r["_stderr"].splitlines() if "budget file" in ln]  # type: ignore[attr-defined]
+    assert len(lines) == 1, r["_stderr"]
+
+
+def test_malformed_update_keeps_last_valid_budget(container: Container) -> None:
+    p = container.popen([str(PROBE), "repl"], stdin=subprocess.PIPE)
+    assert p.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+    p.stdin.write(f"alloc alloc {256 * MIB}\n")  # type: ignore[union-attr]
+    p.stdin.flush()  # type: ignore[union-attr]
+    assert p.stdout.readline().strip() == '{"err": 0}'  # type: ignore[union-attr]
+    # corrupt in place: bad version, even generation
+    m = container.budget._map
+    m[4:8] = (99).to_bytes(4, "little")
+    m[8:16] = (1000).to_bytes(8, "little")
+    for _ in range(2):
+        p.stdin.write(f"alloc alloc {256 * MIB}\n")  # type: ignore[union-attr]
+        p.stdin.flush()  # type: ignore[union-attr]
+        assert p.stdout.readline().strip() == '{"err": 0}'  # type: ignore[union-attr]
+    p.stdin.write(f"alloc alloc {GIB}\n")  # type: ignore[union-attr]
+    p.stdin.flush()  # type: ignore[union-attr]
+    assert p.stdout.readline().strip() == '{"err": 2}'  # type: ignore[union-attr]
+    p.stdin.close()  # type: ignore[union-attr]
+    p.wait(timeout=10)
+    err = p.stderr.read()  # type: ignore[union-attr]
+    assert err.count("malformed") == 1 and "last valid budget" in err
+
+
+def test_env_fallback_without_budget_file(container: Container) -> None:
+    container.mounted_budget = False
+    r = container.probe("fill", "alloc", str(64 * MIB), env={"TESSERA_MEMORY_LIMIT": "512Mi",
+                                                              "TESSERA_LEDGER": str(container.dir / "envledger")})
+    assert r["got"] == 512 * MIB
+    r = container.probe("fill", "alloc", str(64 * MIB), env={"TESSERA_MEMORY_LIMIT": "lots"})
+    assert r["got"] == 0 and "TESSERA_MEMORY_LIMIT" in r["_stderr"]  # type: ignore[operator]
+
+
+def test_launches_spend_tokens_at_the_budget_rate(container: Container) -> None:
+    container.set_simple(memory=GIB, cores=30, rate=200)
+    r = container.probe("launch", "400", "1")
+    assert r["err"] == 0
+    # 400 launches (all four launch APIs) at 200/s with a 10-token bucket: ~1.95 s
+    assert 1.7 < r["secs"] < 2.6, r
+    led = container.read_ledger()
+    assert led.devices[0].tokens >= 400
+    container.set_simple(memory=GIB, cores=None)
+    assert container.probe("launch", "400", "1")["secs"] < 0.5
