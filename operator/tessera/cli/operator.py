@@ -55,3 +55,22 @@ def register(subparsers: Any) -> None:
     r.add_argument("--drift-grace", type=float, default=10.0,
                    help="seconds a usage difference must persist before recount heals it")
     r.set_defaults(handler=_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run this group alone (``python -m tessera.cli.operator run ...``)."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="tessera")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["operator", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        rc: int = args.handler(args)
+    except CLIError as exc:
+        print(f"tessera: {exc}", file=sys.stderr)
+        return 2
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""GPUPartition against the real API server: selection, conditions, kubectl wait, warnings."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tessera.api.inventory import GPUInventory, node_labels, to_annotation
+
+from .conftest import Operators
+from .harness import kubectl_json, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def node_json(name: str, model: str = "H100-80GB", gpus: int = 2, **labels: str) -> str:
+    inv = [GPUInventory(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=81559)
+           for i in range(gpus)]
+    return json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name, "labels": {**node_labels(inv), **labels},
+        "annotations": {"tessera.dev/gpus": to_annotation(inv)}}})
+
+
+def partition_json(name: str, selector: dict[str, Any], profiles: dict[str, int] | None,
+                   **extra: Any) -> str:
+    layout: dict[str, Any] = ({"migMode": "Disabled"} if profiles is None else
+                              {"profiles": [{"name": k, "count": v} for k, v in profiles.items()]})
+    return json.dumps({"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+                       "metadata": {"name": name},
+                       "spec": {"nodeSelector": selector, "layout": layout, **extra}})
+
+
+def report(cluster: Any, part: str, node: str, phase: str, gen: int, msg: str = "") -> None:
+    """Write status.nodes.<node> as that node's daemon would."""
+    entry: dict[str, Any] = {"phase": phase, "observedGeneration": gen}
+    if msg:
+        entry["message"] = msg
+    out = cluster.kubectl("patch", "gpupartition", part, "--subresource=status", "--type=merge",
+                          "-p", json.dumps({"status": {"nodes": {node: entry}}}))
+    assert out.returncode == 0, out.stderr
+
+
+def cond(cluster: Any, part: str, typ: str) -> tuple[str, str, str]:
+    st = kubectl_json(cluster, "get", "gpupartition", part).get("status") or {}
+    for c in st.get("conditions") or []:
+        if c["type"] == typ:
+            return c["status"], c["reason"], c.get("message", "")
+    return "", "", ""
+
+
+@pytest.fixture
+def pool(cluster: Any) -> Iterator[str]:
+    """A unique node pool label value; its nodes and partitions are deleted afterwards."""
+    name = f"pool-{uuid.uuid4().hex[:6]}"
+    yield name
+    cluster.kubectl("delete", "gpupartition", "-l", f"test-pool={name}", "--wait=false")
+    cluster.kubectl("delete", "node", "-l", f"pool={name}", "--wait=false")
+
+
+def test_ready_after_every_node_reports_and_deselection(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    nodes = [f"{pool}-n{i}" for i in range(3)]
+    for n in nodes:
+        out = cluster.kubectl("create", "-f", "-", input=node_json(n, pool=pool))
+        assert out.returncode == 0, out.stderr
+    part = f"{pool}-mig"
+    doc = json.loads(partition_json(part, {"matchLabels": {"pool": pool}}, {"3g.40gb": 2}))
+    doc["metadata"]["labels"] = {"test-pool": pool}
+    out = cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    assert out.returncode == 0, out.stderr
+    wait_until("selected nodes", lambda: (kubectl_json(cluster, "get", "gpupartition", part)
+                                          .get("status") or {}).get("selectedNodes") == nodes)
+    wait_until("Progressing", lambda: cond(cluster, part, "Progressing")[0] == "True")
+    assert "no report" in cond(cluster, part, "Progressing")[2]
+    for n in nodes[:2]:
+        report(cluster, part, n, "Ready", 1)
+    report(cluster, part, nodes[2], "Applying", 1)
+    wait_until("still progressing on n2", lambda: f"{nodes[2]} (Applying)" in cond(
+        cluster, part, "Progressing")[2])
+    report(cluster, part, nodes[2], "Ready", 1)
+    out = cluster.kubectl("wait", "--for=condition=Ready", f"gpupartition/{part}",
+                          "--timeout=20s")
+    assert out.returncode == 0, out.stderr
+    st = kubectl_json(cluster, "get", "gpupartition", part)["status"]
+    assert st["readyNodeCount"] == 3 and st["layout"] == "2x3g.40gb"
+    # a node leaves the pool: deselected, its entry removed, still Ready
+    out = cluster.kubectl("label", "node", nodes[0], f"pool={pool}-other", "--overwrite")
+    assert out.returncode == 0
+    wait_until("entry removed", lambda: nodes[0] not in (kubectl_json(
+        cluster, "get", "gpupartition", part)["status"].get("nodes") or {}))
+    assert cond(cluster, part, "Ready")[0] == "True"
+    cluster.kubectl("delete", "node", nodes[0])
+    # a failed node degrades, naming node and reason
+    report(cluster, part, nodes[1], "Failed", 1, "GPU 1 has running processes")
+    wait_until("Degraded", lambda: cond(cluster, part, "Degraded")[0] == "True")
+    _, reason, message = cond(cluster, part, "Degraded")
+    assert reason == "NodeFailed" and f"{nodes[1]}: GPU 1 has running processes" in message
+    # a spec change is a new generation: Ready waits for fresh reports
+    cluster.kubectl("patch", "gpupartition", part, "--type=merge", "-p",
+                    '{"spec":{"layout":{"profiles":[{"name":"7g.80gb","count":1}]}}}')
+    wait_until("generation 2 pending", lambda: "want 2" in cond(cluster, part, "Progressing")[2])
+    events = cluster.kubectl("get", "events", "-n", "default", "--field-selector",
+                             f"involvedObject.name={part}", "-o", "json")
+    reasons = {e["reason"] for e in json.loads(events.stdout)["items"]}
+    assert {"Applied", "NodeFailed"} <= reasons
+
+
+def test_conflicts_degrade_the_later_partition_and_warn(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    n = f"{pool}-n0"
+    assert cluster.kubectl("create", "-f", "-", input=node_json(n, pool=pool)).returncode == 0
+    first = json.loads(partition_json(f"{pool}-a", {"matchLabels": {"pool": pool}}, None))
+    first["metadata"]["labels"] = {"test-pool": pool}
+    assert cluster.kubectl("apply", "-f", "-", input=json.dumps(first)).returncode == 0
+    second = json.loads(partition_json(f"{pool}-b", {"matchLabels": {"pool": pool}},
+                                       {"1g.10gb": 7}, gpus={"indices": [1]}))
+    second["metadata"]["labels"] = {"test-pool": pool}
+    out = cluster.kubectl("apply", "-f", "-", input=json.dumps(second))
+    assert out.returncode == 0, out.stderr
+    assert f"Warning: node {n}: GPU 1 belongs to older gpupartition/{pool}-a" in out.stderr
+    wait_until("conflict", lambda: cond(cluster, f"{pool}-b", "Degraded")[1] == "GPUClaimed")
+    assert cond(cluster, f"{pool}-a", "Degraded")[0] == "False"
+
+
+def test_layout_no_model_can_hold_is_rejected_with_field_and_reason(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    out = cluster.kubectl("apply", "-f", "-", input=partition_json(
+        f"{pool}-bad", {}, {"7g.80gb": 2}))
+    assert out.returncode != 0
+    assert ('admission webhook "gpupartitions.tessera.dev" denied the request: spec.layout: '
+            "fits no GPU model") in out.stderr, out.stderr

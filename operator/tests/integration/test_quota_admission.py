@@ -1,0 +1,133 @@
+"""Pod admission against the real API server: fill, deny messages, dry run, releases."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from .conftest import Operators
+from .harness import kubectl_json, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def quota(ns: str, name: str = "team", hard: dict[str, Any] | None = None,
+          default: dict[str, Any] | None = None, max_: dict[str, Any] | None = None) -> str:
+    spec: dict[str, Any] = {"hard": hard or {"memory": "10Gi", "cores": 100, "pods": 10}}
+    if default:
+        spec["default"] = default
+    if max_:
+        spec["max"] = max_
+    return json.dumps({"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+                       "metadata": {"name": name, "namespace": ns}, "spec": spec})
+
+
+def pod(ns: str, name: str, limits: dict[str, str] | None) -> str:
+    c: dict[str, Any] = {"name": "main", "image": "busybox"}
+    if limits is not None:
+        c["resources"] = {"limits": limits}
+    return json.dumps({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": name, "namespace": ns},
+                       "spec": {"containers": [c]}})
+
+
+def used(cluster: Any, ns: str, name: str = "team") -> dict[str, Any]:
+    q = kubectl_json(cluster, "get", "gpuquota", name, "-n", ns)
+    u: dict[str, Any] = (q.get("status") or {}).get("used") or {}
+    return u
+
+
+def setup_ns(cluster: Any, ns: str, q: str) -> None:
+    cluster.wait_for_service_account(ns)
+    out = cluster.kubectl("apply", "-f", "-", input=q)
+    assert out.returncode == 0, out.stderr
+
+
+def test_defaults_filled_budget_written_and_over_quota_denied(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "6Gi", "cores": 100, "pods": 10},
+                                default={"memory": "2Gi", "cores": 30},
+                                max_={"memory": "4Gi", "cores": 100}))
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "a", {"tessera.dev/vgpu": "1"}))
+    assert out.returncode == 0, out.stderr
+    p = kubectl_json(cluster, "get", "pod", "a", "-n", ns)
+    limits = p["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["tessera.dev/vgpu-memory"] == "2048"
+    assert limits["tessera.dev/vgpu-cores"] == "30"
+    budget = json.loads(p["metadata"]["annotations"]["tessera.dev/budget"])
+    assert budget["containers"]["main"]["memoryBytes"] == 2 * 2**30
+    assert budget["quota"] == "team"
+    assert p["metadata"]["labels"]["tessera.dev/budgeted"] == "true"
+    assert used(cluster, ns) == {"memory": "2Gi", "cores": 30, "pods": 1, "migInstances": {}}
+
+    # over the per-pod max
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "big", {
+        "tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "5000"}))
+    assert out.returncode != 0
+    assert ('admission webhook "pods.tessera.dev" denied the request: pod asks for '
+            'tessera.dev/vgpu-memory 5000Mi in total, over the per-pod GPUQuota "team" max 4Gi'
+            in out.stderr), out.stderr
+    # fits max, not hard: 2Gi used + 4Gi = 6Gi fits; then 3Gi more does not
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "b", {
+        "tessera.dev/vgpu-memory": "4096", "tessera.dev/vgpu-cores": "50"}))
+    assert out.returncode == 0, out.stderr
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "c", {
+        "tessera.dev/vgpu-memory": "3072", "tessera.dev/vgpu-cores": "10"}))
+    assert out.returncode != 0
+    assert ('Error from server (Forbidden): error when creating "STDIN": admission webhook '
+            '"pods.tessera.dev" denied the request: exceeded GPUQuota "team": '
+            "tessera.dev/vgpu-memory requested 3Gi, used 6Gi, hard 6Gi") in out.stderr, out.stderr
+    assert used(cluster, ns)["memory"] == "6Gi"
+
+
+def test_dry_run_reserves_nothing_and_plain_pods_untouched(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, default={"memory": "1Gi"}))
+    out = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                          input=pod(ns, "dry", {"tessera.dev/vgpu": "1"}))
+    assert out.returncode == 0, out.stderr
+    dry = json.loads(out.stdout)
+    assert dry["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/vgpu-cores"] == "100"
+    assert "tessera.dev/budget" in dry["metadata"]["annotations"]
+    assert used(cluster, ns).get("pods", 0) == 0
+    # a dry run that would not fit is refused all the same
+    out = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=pod(ns, "dry2", {
+        "tessera.dev/vgpu-memory": str(11 * 1024)}))
+    assert "exceeded GPUQuota" in out.stderr
+    # a pod without tessera resources never reaches the webhook; a forged budget is removed
+    plain = json.loads(pod(ns, "plain", None))
+    plain["metadata"]["annotations"] = {"tessera.dev/budget": "{}"}
+    out = cluster.kubectl("create", "-f", "-", input=json.dumps(plain))
+    assert out.returncode == 0, out.stderr
+    p = kubectl_json(cluster, "get", "pod", "plain", "-n", ns)
+    assert "tessera.dev/budget" not in (p["metadata"].get("annotations") or {})
+
+
+def test_used_is_exact_after_deletes_and_finished_pods(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns))
+    for i in range(4):
+        out = cluster.kubectl("create", "-f", "-", input=pod(ns, f"p{i}", {
+            "tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}))
+        assert out.returncode == 0, out.stderr
+    assert used(cluster, ns) == {"memory": "4Gi", "cores": 40, "pods": 4, "migInstances": {}}
+    assert cluster.kubectl("delete", "pod", "p0", "p1", "-n", ns).returncode == 0
+    # p2 finishes (what the kubelet would write)
+    out = cluster.kubectl("patch", "pod", "p2", "-n", ns, "--subresource=status", "--type=merge",
+                          "-p", '{"status":{"phase":"Succeeded"}}')
+    assert out.returncode == 0, out.stderr
+    wait_until("releases", lambda: used(cluster, ns).get("pods") == 1, 20)
+    assert used(cluster, ns) == {"memory": "1Gi", "cores": 10, "pods": 1, "migInstances": {}}
+    # deleting the finished pod gives nothing back twice
+    assert cluster.kubectl("delete", "pod", "p2", "-n", ns).returncode == 0
+    q = kubectl_json(cluster, "get", "gpuquota", "team", "-n", ns)
+    conds = {c["type"]: c["status"] for c in q["status"]["conditions"]}
+    assert conds["Ready"] == "True" and conds["Degraded"] == "False"
+    import time
+    time.sleep(3)  # a recount or two
+    assert used(cluster, ns) == {"memory": "1Gi", "cores": 10, "pods": 1, "migInstances": {}}
