@@ -255,7 +255,8 @@ def ensure_built(
     staging.mkdir()
     report(
         f"building Kubernetes {inputs.pins.kubernetes} + etcd {inputs.pins.etcd} with "
-        f"{go_version.split()[2]} into {bin_dir} (cold: ~30-40 min on 2 cores; log: {log_path})"
+        f"{go_version.split()[2]} into {bin_dir} (a cold build takes ~7-15 min on 2 cores; "
+        f"log: {log_path})"
     )
     times: dict[str, float] = {}
     times["download modules"] = _run_stage(

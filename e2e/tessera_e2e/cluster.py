@@ -90,7 +90,7 @@ class LocalCluster:
             if not os.access(self.bin_dir / name, os.X_OK):
                 raise ControlPlaneError(
                     f"{self.bin_dir / name} is missing: run `make controlplane` first "
-                    "(the first build takes ~30-40 min)"
+                    "(the first build takes ~7-15 min)"
                 )
         for swept in sweep_killed_runs(self.layout.runs, self.layout.kept_logs):
             self.report(
@@ -99,8 +99,13 @@ class LocalCluster:
             )
         started = time.monotonic()
         self.run = RunDirectory.create(self.layout.runs)
+        logs = str(self.run.logs)
         try:
             self._start_components()
+        except ControlPlaneError as error:
+            # The run directory goes away; point the message at where its logs were kept.
+            kept = self.stop(keep_logs=True)
+            raise ControlPlaneError(str(error).replace(logs, str(kept))) from None
         except BaseException:
             self.stop(keep_logs=True)
             raise
@@ -240,7 +245,11 @@ class LocalCluster:
             if code is None:
                 continue
             last = component.last_log_line()
-            if "address already in use" in last:
+            bind_error = next(
+                (line for line in component.log_tail() if "address already in use" in line), None
+            )
+            if bind_error is not None:
+                last = bind_error[:300]
                 what = f"{component.name} could not bind its port (address already in use)"
                 todo = "free the port or retry (another program took it)"
             else:

@@ -77,16 +77,17 @@ class Component:
     def exited(self) -> int | None:
         return self.process.poll()
 
-    def last_log_line(self) -> str:
-        """The last meaningful log line, which is usually why a component exited."""
+    def log_tail(self, count: int = 20) -> list[str]:
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
-            return "no log"
-        for line in reversed(lines):
-            if line.strip() and not line.lstrip().startswith("goroutine"):
-                return line.strip()[:300]
-        return "empty log"
+            return []
+        return [line.strip() for line in lines if line.strip()][-count:]
+
+    def last_log_line(self) -> str:
+        """The last meaningful log line, which is usually why a component exited."""
+        tail = self.log_tail(1)
+        return tail[0][:300] if tail else "empty log"
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.process.poll() is None:

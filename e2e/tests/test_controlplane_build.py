@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from tessera_e2e.build import (
     build_inputs,
     ensure_built,

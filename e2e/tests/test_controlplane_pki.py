@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+
 from tessera_e2e.pki import write_pki
 
 

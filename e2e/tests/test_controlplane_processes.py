@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tessera_e2e.processes import RunDirectory, is_running, sweep_killed_runs
 
 SLEEPER = "import time, sys; time.sleep(300)"
