@@ -15,12 +15,14 @@ from tessera_e2e.errors import ControlPlaneError
 
 
 def _wait_for_interrupt() -> None:
-    """Block until Ctrl-C or SIGTERM; both arrive as KeyboardInterrupt."""
+    """Block until Ctrl-C, SIGTERM or SIGHUP (terminal closed); all arrive as KeyboardInterrupt,
+    which stops the cluster cleanly on the way out."""
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     threading.Event().wait()
 
 

@@ -135,7 +135,9 @@ class LocalCluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop(keep_logs=exc_type is not None)
+        # Ctrl-C is how a person stops `make cluster`: a clean stop, not a failure.
+        failed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
+        self.stop(keep_logs=failed)
 
     # -- use ---------------------------------------------------------------------------------
 

@@ -140,3 +140,33 @@ def test_a_port_taken_after_the_check_names_the_bind_error(
     message = str(caught.value)
     assert message.startswith("kube-apiserver could not bind its port (address already in use)")
     assert str(tmp_path / "logs") in message
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_make_cluster_prints_kubeconfig_and_stops_cleanly(
+    bin_dir: Path, stop_signal: signal.Signals
+) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "tessera_e2e", "cluster"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
+    assert cli.stdout is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("Stop it with Ctrl-C"):
+        line = cli.stdout.readline()
+        assert line, f"cluster command ended early: {lines}"
+        lines.append(line)
+    kubeconfig = Path(next(li for li in lines if "export KUBECONFIG=" in li).split("=", 1)[1]
+                      .strip())
+    kubectl = next(li for li in lines if "alias kubectl=" in li).split("=", 1)[1].strip()
+    namespaces = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "ns"],
+                                capture_output=True, text=True, check=False)
+    assert "kube-system" in namespaces.stdout, namespaces.stderr
+    run = kubeconfig.parent
+    pids = [int(p.read_text()) for p in run.glob("*.pid")]
+
+    cli.send_signal(stop_signal)
+    assert cli.wait(30) == 130
+    assert _wait_gone(pids, 1) == []
+    assert not run.exists()
