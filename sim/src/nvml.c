@@ -712,19 +712,34 @@ static nvmlReturn_t place_gi(const struct sim_mig_table *t, int prof, uint32_t m
     return want_start >= 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_INSUFFICIENT_RESOURCES;
 }
 
+/* nvmlDeviceGetGpuInstanceProfileInfo takes the NVML_GPU_INSTANCE_PROFILE_* index; every
+ * other call takes the profile's unique ID (info.id, the "Profile ID" nvidia-smi prints). */
+static nvmlReturn_t mig_profile_by_index(nvmlDevice_t d, unsigned index, int *prof)
+{
+    if (is_mig_handle(d) || S()->gpu[d->gpu].mig_table < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *prof = sim_mig_profile_by_nvml_id(S()->gpu[d->gpu].mig_table, index);
+    return *prof < 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
+}
+
 static nvmlReturn_t mig_profile_lookup(nvmlDevice_t d, unsigned profile_id, int *prof)
 {
     if (is_mig_handle(d) || S()->gpu[d->gpu].mig_table < 0)
         return NVML_ERROR_NOT_SUPPORTED;
-    if (profile_id >= NVML_GPU_INSTANCE_PROFILE_COUNT)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *prof = sim_mig_profile_by_nvml_id(S()->gpu[d->gpu].mig_table, profile_id);
-    return *prof < 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
+    const struct sim_mig_table *t = table_of(d->gpu);
+    for (uint32_t i = 0; i < t->nprofiles; i++)
+        if (t->profiles[i].smi_id == profile_id) {
+            *prof = (int)i;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_INVALID_ARGUMENT;
 }
 
 static void fill_gi_profile(int gpu, const struct sim_mig_profile *p, nvmlGpuInstanceProfileInfo_v2_t *o, int with_name)
 {
-    o->id = p->nvml_id;
+    o->id = p->smi_id;
     o->isP2pSupported = 0;
     o->sliceCount = p->compute_slices;
     o->instanceCount = p->max_count;
@@ -747,7 +762,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     int prof;
-    nvmlReturn_t rc = mig_profile_lookup(d, profile, &prof);
+    nvmlReturn_t rc = mig_profile_by_index(d, profile, &prof);
     if (rc != NVML_SUCCESS)
         return rc;
     nvmlGpuInstanceProfileInfo_v2_t v3 = {0};
@@ -775,7 +790,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigne
     if (info->version != nvmlGpuInstanceProfileInfo_v2 && info->version != nvmlGpuInstanceProfileInfo_v3)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     int prof;
-    nvmlReturn_t rc = mig_profile_lookup(d, profile, &prof);
+    nvmlReturn_t rc = mig_profile_by_index(d, profile, &prof);
     if (rc != NVML_SUCCESS)
         return rc;
     nvmlGpuInstanceProfileInfo_v2_t v2 = {.version = info->version};
@@ -976,7 +991,7 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t h, nvmlGpuInstanceI
         const struct sim_mig_profile *p = gi_profile(h->gpu, h->gi);
         info->device = &g_phys[h->gpu];
         info->id = gi->id;
-        info->profileId = p->nvml_id;
+        info->profileId = p->smi_id;
         info->placement.start = gi->start;
         info->placement.size = p->mem_slices;
     }
