@@ -5,9 +5,10 @@ Later issues add the operator and simulated GPU nodes; until then it shows exact
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
@@ -51,36 +52,68 @@ def install_crds(cluster: LocalCluster, repo: Path = REPO_ROOT) -> list[Path]:
     return files
 
 
+def example_namespaces(files: list[Path]) -> list[str]:
+    """Pure: namespaces the examples' objects live in that no example itself creates."""
+    used: set[str] = set()
+    created: set[str] = set()
+    for path in files:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not isinstance(doc, dict):
+                continue
+            metadata = doc.get("metadata") or {}
+            if doc.get("kind") == "Namespace":
+                created.add(str(metadata.get("name")))
+            elif metadata.get("namespace"):
+                used.add(str(metadata["namespace"]))
+    return sorted(used - created)
+
+
+def ensure_namespaces(cluster: LocalCluster, names: list[str]) -> list[str]:
+    """Create the namespaces that do not exist yet; returns those created."""
+    missing = [n for n in names if cluster.kubectl("get", "namespace", n).returncode != 0]
+    for name in missing:
+        _checked(cluster, "create", "namespace", name)
+    return missing
+
+
 def apply_examples(cluster: LocalCluster, repo: Path = REPO_ROOT) -> list[Path]:
+    """Apply examples/*.yaml in name order, after creating the namespaces they use."""
     files = example_files(repo)
+    ensure_namespaces(cluster, example_namespaces(files))
     for path in files:
         _checked(cluster, "apply", "-f", str(path))
     return files
 
 
-def run_demo(cluster: LocalCluster, say: Printer = _stdout, repo: Path = REPO_ROOT) -> None:
-    """Install CRDs and examples into a started cluster and show them."""
+def run_demo(
+    cluster: LocalCluster, say: Printer = _stdout, repo: Path = REPO_ROOT, *, stays: bool
+) -> None:
+    """Install CRDs and examples into a started cluster and show them; when the cluster
+    `stays` running, say how to use it and how to stop it."""
     say(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
     crds = install_crds(cluster, repo)
     say(f"Installed {len(crds)} CRD file(s) from crds/: all Established")
+    namespaces = example_namespaces(example_files(repo))
+    if namespaces:
+        say(f"Namespaces the examples use: {', '.join(namespaces)} (created if missing)")
     examples = apply_examples(cluster, repo)
     say(f"Applied {len(examples)} example(s): {', '.join(p.name for p in examples)}")
     say("")
     say("$ kubectl get tessera -A")
     say(_checked(cluster, "get", "tessera", "-A").rstrip())
     say("")
-    say("No operator or GPU nodes run yet, so status columns stay empty.")
+    say("No operator or GPU nodes run yet, so the status columns stay empty.")
+    if not stays:
+        say("Stopping the cluster now (--exit); without --exit it keeps running until Ctrl-C.")
+        return
     say("Use this cluster from another shell:")
     say(f"  export KUBECONFIG={cluster.kubeconfig}")
-    say(f"  alias kubectl={cluster.kubectl_path}   # built kubectl, matches the server version")
+    say(f"  alias kubectl={cluster.kubectl_path}   # the built kubectl, same version as the server")
     say("  kubectl get gpupartitions,gpuquotas -A")
+    say("Stop it with Ctrl-C here (everything it started is removed).")
 
 
 def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], None]) -> None:
-    run_demo(cluster)
-    if exit_after:
-        _stdout("Stopping the cluster now (--exit).")
-        return
-    _stdout("Stop it with Ctrl-C here (everything it started is removed).")
-    sys.stdout.flush()
-    wait()
+    run_demo(cluster, stays=not exit_after)
+    if not exit_after:
+        wait()
