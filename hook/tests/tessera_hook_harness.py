@@ -55,9 +55,7 @@ def sim_env(tmp: Path) -> dict[str, str]:
     if not node.exists():
         node.write_text(NODE)
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TESSERA_", "LD_PRELOAD", "CUDA_"))
+        k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "LD_PRELOAD", "CUDA_"))
     }
     env["TESSERA_SIM_NODE"] = str(node)
     env["TESSERA_SIM_STATE"] = str(tmp / "node.state")
@@ -114,24 +112,32 @@ class Container:
         )
         return ["unshare", "-m", "sh", "-c", script, "sh", *args]
 
-    def popen(self, args: list[str], env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
+    def popen(
+        self, args: list[str], env: dict[str, str] | None = None, **kw: object
+    ) -> subprocess.Popen[str]:
         e = dict(self.env)
         e.update(env or {})
         return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
             self.argv(args), env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw
         )
 
-    def run(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, args: list[str], env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         e = dict(self.env)
         e.update(env or {})
         return subprocess.run(
             self.argv(args), env=e, text=True, capture_output=True, timeout=timeout, check=False
         )
 
-    def probe(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> dict[str, int]:
+    def probe(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> dict[str, int]:
         r = self.run([str(PROBE), *args], env=env, timeout=timeout)
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        assert r.returncode == 0 and lines, f"probe {args} failed: rc={r.returncode} {r.stdout} {r.stderr}"
+        assert r.returncode == 0 and lines, (
+            f"probe {args} failed: rc={r.returncode} {r.stdout} {r.stderr}"
+        )
         out: dict[str, int] = json.loads(lines[-1])
         out["_stderr"] = r.stderr  # type: ignore[assignment]
         return out

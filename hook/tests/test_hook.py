@@ -20,6 +20,7 @@ from tessera_hook_harness import (
     Container,
     iter_methods,
 )
+
 from tessera_node.budget.formats import BudgetEntry
 
 PATHS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"]
@@ -40,7 +41,9 @@ def table() -> list[tuple[str, ...]]:
 def test_table_drives_exports(hook_built: None) -> None:
     rows = table()
     assert len(rows) >= 40
-    out = subprocess.run(["nm", "-D", "--defined-only", str(LIB)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(LIB)], capture_output=True, text=True, check=True
+    ).stdout
     exported = {ln.split()[-1] for ln in out.splitlines() if " T " in ln}
     for row in rows:
         assert row[1] in exported, f"{row[1]} listed in hooks.def but not exported"
@@ -49,7 +52,9 @@ def test_table_drives_exports(hook_built: None) -> None:
     assert not extra, f"exported but not in the table: {extra}"
     # the library knows nothing about the simulator
     assert not [s for s in exported if "sim" in s.lower()]
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(LIB)], capture_output=True, text=True, check=True).stdout
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(LIB)], capture_output=True, text=True, check=True
+    ).stdout
     assert "sim" not in undefined.lower()
 
 
@@ -116,7 +121,10 @@ def test_processes_share_one_budget(container: Container) -> None:
     assert held == 3, outs  # 3 x 300 MiB fit in 1 GiB, a 4th does not: no overshoot
     led = container.read_ledger()
     assert led.devices[0].used == 3 * 300 * MIB
-    assert container.probe("alloc", "alloc", str(GIB - 900 * MIB + 1))["err"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert (
+        container.probe("alloc", "alloc", str(GIB - 900 * MIB + 1))["err"]
+        == CUDA_ERROR_OUT_OF_MEMORY
+    )
     assert container.probe("alloc", "alloc", str(GIB - 900 * MIB))["err"] == 0
     for h in holders:
         h.kill()
@@ -252,8 +260,12 @@ def test_malformed_update_keeps_last_valid_budget(container: Container) -> None:
 
 def test_env_fallback_without_budget_file(container: Container) -> None:
     container.mounted_budget = False
-    r = container.probe("fill", "alloc", str(64 * MIB), env={"TESSERA_MEMORY_LIMIT": "512Mi",
-                                                              "TESSERA_LEDGER": str(container.dir / "envledger")})
+    r = container.probe(
+        "fill",
+        "alloc",
+        str(64 * MIB),
+        env={"TESSERA_MEMORY_LIMIT": "512Mi", "TESSERA_LEDGER": str(container.dir / "envledger")},
+    )
     assert r["got"] == 512 * MIB
     r = container.probe("fill", "alloc", str(64 * MIB), env={"TESSERA_MEMORY_LIMIT": "lots"})
     assert r["got"] == 0 and "TESSERA_MEMORY_LIMIT" in r["_stderr"]  # type: ignore[operator]

@@ -1,0 +1,98 @@
+"""The rate law: per-container token rates from measured GPU busy shares.
+
+Pure logic, no I/O. libtessera spends one token per kernel (a graph: one per kernel node)
+and never knows what a kernel costs; the law learns it from measurement:
+
+* While the GPU is not saturated, a container's measured busy share is proportional to the
+  tokens it spends, so ``cost = busy seconds / tokens`` (a ratio of sums over the last few
+  intervals) is what one token buys, and ``rate = target * headroom / cost`` buys its
+  target. A budget change therefore takes effect at the next interval.
+* While the GPU is saturated, shares only reflect the *ratio* of the rates and launch
+  queues grow, so no cost is learned and every rate is walked back (``backoff``) until the
+  queues drain; ``headroom`` (< 1) keeps the sum of the targets just below saturation.
+* A container that has not run yet gets a low probing rate, so the first measurement is
+  taken on an unsaturated GPU.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one container did over one control interval."""
+
+    busy: float  # fraction of the GPU's time its processes kept it busy (NVML), 0..1
+    tokens: float  # tokens it took from its bucket during the interval
+    seconds: float  # interval length
+
+
+@dataclass
+class TenantState:
+    target: float  # budget: fraction of the GPU, 0..1
+    rate: float  # tokens per second currently in the budget file
+    history: deque[tuple[float, float]] = field(default_factory=deque)  # (busy s, tokens)
+
+    @property
+    def cost(self) -> float | None:
+        busy_s = sum(h[0] for h in self.history)
+        tokens = sum(h[1] for h in self.history)
+        return busy_s / tokens if tokens > 0 and busy_s > 0 else None
+
+
+@dataclass
+class RateLaw:
+    """Per-GPU controller state. ``step`` is called once per interval."""
+
+    probe_rate: float = 100.0
+    min_rate: float = 1.0
+    max_rate: float = 1e7
+    window: int = 5  # intervals the cost estimate spans
+    headroom: float = 0.97  # aim the targets at this fraction of the GPU
+    saturated_at: float = 0.985  # total busy share at which the GPU counts as saturated
+    backoff: float = 0.8  # rate factor per saturated interval
+    burst_seconds: float = 0.01  # bucket depth, as seconds of the rate
+    tenants: dict[str, TenantState] = field(default_factory=dict)
+
+    def set_target(self, name: str, target: float) -> None:
+        if not 0.0 <= target <= 1.0:
+            raise ValueError(f"target {target} outside 0..1")
+        t = self.tenants.get(name)
+        if t is None:
+            self.tenants[name] = TenantState(target=target, rate=self.probe_rate)
+        else:
+            t.target = target
+
+    def remove(self, name: str) -> None:
+        self.tenants.pop(name, None)
+
+    def step(self, observations: dict[str, Observation], gpu_busy: float | None = None) -> dict[str, float]:
+        """Fold in one interval's observations; return each tenant's new token rate.
+
+        ``gpu_busy``: the GPU's total busy share (defaults to the sum over tenants)."""
+        total = gpu_busy if gpu_busy is not None else sum(o.busy for o in observations.values())
+        saturated = total >= self.saturated_at
+        rates: dict[str, float] = {}
+        for name, t in self.tenants.items():
+            obs = observations.get(name)
+            if not saturated and obs is not None and obs.seconds > 0 and obs.tokens > 0:
+                t.history.append((obs.busy * obs.seconds, obs.tokens))
+                while len(t.history) > self.window:
+                    t.history.popleft()
+            cost = t.cost
+            if t.target <= 0:
+                rate = 0.0
+            elif cost is None:
+                rate = t.rate
+            else:
+                rate = t.target * self.headroom / cost
+            if saturated:
+                rate = min(rate, t.rate * self.backoff)
+            t.rate = min(self.max_rate, max(self.min_rate if t.target > 0 else 0.0, rate))
+            rates[name] = t.rate
+        return rates
+
+    def burst(self, rate: float) -> float:
+        return max(1.0, rate * self.burst_seconds)
