@@ -147,8 +147,8 @@ EXPORT nvmlReturn_t nvmlShutdown(void)
 {
     pthread_mutex_lock(&g_mu);
     nvmlReturn_t rc = g_refs > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
-    if (g_refs > 0)
-        g_refs--;
+    if (g_refs > 0 && --g_refs == 0)
+        sim_detach(); /* the next nvmlInit reads TESSERA_SIM_NODE again */
     pthread_mutex_unlock(&g_mu);
     return rc;
 }

@@ -353,7 +353,7 @@ def create_ci(i: int, gi: Any, gi_id: int, cp: CIProfile, start: int | None) -> 
         pl = nv.c_nvmlComputeInstancePlacement_t()
         pl.start = start
         pl.size = cp.info.sliceCount
-        ci = nv.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi, cp.nvml_id, pl)
+        ci = nv.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi, cp.nvml_id, ctypes.byref(pl))
     info = nv.nvmlComputeInstanceGetInfo(ci)
     print(
         f"Successfully created compute instance ID {info.id:>2} on GPU {i:>2} GPU instance ID "
@@ -381,7 +381,7 @@ def mig_cgi(gpus: list[int], spec: str, with_ci: bool) -> int:
                     pl = nv.c_nvmlGpuInstancePlacement_t()
                     pl.start = start
                     pl.size = placements(dev, p.smi_id)[0].size
-                    gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(dev, p.smi_id, pl)
+                    gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(dev, p.smi_id, ctypes.byref(pl))
             except nv.NVMLError as e:
                 print(f"Unable to create a GPU instance on GPU {i:>2} using profile {ptoken}: {err_text(e)}")
                 print(f"Failed to create GPU instances: {err_text(e)}")
