@@ -11,17 +11,22 @@ from typing import Any
 import pytest
 
 from .conftest import Operators
-from .harness import OPERATOR_NS, kubectl_json, lease_holder, wait_until
+from .harness import kubectl_json, lease_holder, wait_until
+from .test_partition import cond, node_json, partition_json, report
 from .test_quota_admission import pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
 
 
-def _create_many(cluster: Any, ns: str, n: int, limits: dict[str, str]) -> list[bool]:
+def _create_many(cluster: Any, ns: str, n: int, limits: dict[str, str],
+                 replica_may_die: bool = False) -> list[bool]:
     def one(i: int) -> bool:
         out = cluster.kubectl("create", "-f", "-", input=pod(ns, f"p{i:02d}", limits))
         if out.returncode != 0:
-            assert "exceeded GPUQuota" in out.stderr, out.stderr
+            # a replica killed mid-request drops that connection: the create fails, the user
+            # retries (any reservation it had written is healed by the recount)
+            died = replica_may_die and "failed calling webhook" in out.stderr
+            assert died or "exceeded GPUQuota" in out.stderr, out.stderr
         return out.returncode == 0
     with cf.ThreadPoolExecutor(max_workers=n) as pool:
         return list(pool.map(one, range(n)))
@@ -54,7 +59,7 @@ def test_replica_killed_mid_burst_nothing_lost_or_doubled(
     setup_ns(cluster, ns, quota(ns, hard={"cores": 300, "memory": "100Gi"}))
     with cf.ThreadPoolExecutor(max_workers=1) as bg:
         fut = bg.submit(_create_many, cluster, ns, 40,
-                        {"tessera.dev/vgpu-memory": "512", "tessera.dev/vgpu-cores": "10"})
+                        {"tessera.dev/vgpu-memory": "512", "tessera.dev/vgpu-cores": "10"}, True)
         time.sleep(0.5)
         victim = ops.leader()
         victim.kill()
@@ -67,7 +72,7 @@ def test_replica_killed_mid_burst_nothing_lost_or_doubled(
     assert used(cluster, ns) == {"memory": f"{admitted * 512}Mi" if admitted % 2 else
                                  f"{admitted // 2}Gi", "cores": admitted * 10,
                                  "pods": admitted, "migInstances": {}}
-    assert sum(results) >= admitted - 0  # every admitted pod exists
+    assert sum(results) == admitted  # every create that succeeded is a pod, no more
 
 
 def test_leader_failover_within_lease_duration(cluster: Any, ops: Operators) -> None:
@@ -97,41 +102,56 @@ def test_plain_pods_are_created_while_the_operator_is_down(
         ops.ensure_running()
 
 
-def test_no_writes_to_metadata_or_spec_for_sixty_seconds(
+def test_no_writes_for_sixty_seconds_once_settled(
         cluster: Any, namespace: str, ops: Operators) -> None:
+    """After settling, nothing writes the managed objects: not kopf, not the operator."""
     ns = namespace
     setup_ns(cluster, ns, quota(ns, default={"memory": "1Gi"}))
     assert cluster.kubectl("create", "-f", "-", input=pod(ns, "a", {
         "tessera.dev/vgpu": "1"})).returncode == 0
-    time.sleep(5)  # settle: conditions, recount
-    base = {
-        kind: {(o["metadata"].get("namespace"), o["metadata"]["name"]): o
-               for o in kubectl_json(cluster, "get", kind, "-A")["items"]}
-        for kind in ("gpuquotas", "gpupartitions")}
-    watch = subprocess.Popen(
-        [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get",
-         "gpuquotas,gpupartitions", "-A", "--watch-only", "-o", "json"],
-        stdout=subprocess.PIPE, text=True)
-    time.sleep(60)
-    watch.terminate()
-    out, _ = watch.communicate(timeout=10)
-    decoder, pos, changed = json.JSONDecoder(), 0, []
-    text = out.strip()
-    while pos < len(text):
-        obj, end = decoder.raw_decode(text, pos)
-        pos = end
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        kind = obj["kind"].lower() + "s"
-        old = base[kind].get((obj["metadata"].get("namespace"), obj["metadata"]["name"]))
-        if old is None:
-            continue  # created by another test meanwhile
-        for part in ("spec",):
-            if obj.get(part) != old.get(part):
-                changed.append((obj["metadata"]["name"], part))
-        for key in ("annotations", "labels", "finalizers", "generation"):
-            if obj["metadata"].get(key) != old["metadata"].get(key):
-                changed.append((obj["metadata"]["name"], key))
-    assert changed == []
-    lease = kubectl_json(cluster, "get", "lease", "tessera-operator", "-n", OPERATOR_NS)
-    assert lease["spec"]["holderIdentity"] in ops.replicas
+    node, part = f"{ns}-node", f"{ns}-part"
+    assert cluster.kubectl("create", "-f", "-", input=node_json(node, pool=ns)).returncode == 0
+    assert cluster.kubectl("apply", "-f", "-", input=partition_json(
+        part, {"matchLabels": {"pool": ns}}, {"3g.40gb": 2})).returncode == 0
+    try:
+        wait_until("selected", lambda: cond(cluster, part, "Progressing")[0] == "True")
+        report(cluster, part, node, "Ready", 1)
+        assert cluster.kubectl("wait", "--for=condition=Ready", f"gpupartition/{part}",
+                               "--timeout=20s").returncode == 0
+        time.sleep(4)  # a few recount rounds
+        mine = {("gpuquota", ns, "team"), ("gpupartition", None, part)}
+        base = {("gpuquota", ns, "team"): kubectl_json(cluster, "get", "gpuquota", "team",
+                                                       "-n", ns),
+                ("gpupartition", None, part): kubectl_json(cluster, "get", "gpupartition",
+                                                           part)}
+        watch = subprocess.Popen(
+            [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get",
+             "gpuquotas,gpupartitions", "-A", "--watch-only", "-o", "json"],
+            stdout=subprocess.PIPE, text=True)
+        time.sleep(60)
+        watch.terminate()
+        out, _ = watch.communicate(timeout=10)
+        decoder, pos, writes = json.JSONDecoder(), 0, []
+        text = out.strip()
+        while pos < len(text):
+            obj, pos = decoder.raw_decode(text, pos)
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            key = (obj["kind"].lower(), obj["metadata"].get("namespace"),
+                   obj["metadata"]["name"])
+            if key in mine:
+                old = base[key]
+                writes.append((key, obj["metadata"]["resourceVersion"],
+                               obj.get("spec") != old.get("spec"),
+                               obj["metadata"].get("annotations") != old["metadata"].get(
+                                   "annotations"),
+                               obj["metadata"].get("finalizers") != old["metadata"].get(
+                                   "finalizers")))
+        assert writes == []
+        for obj in base.values():
+            meta = obj["metadata"]
+            assert not meta.get("finalizers")
+            assert not [a for a in meta.get("annotations") or {} if "kopf" in a]
+    finally:
+        cluster.kubectl("delete", "gpupartition", part, "--wait=false")
+        cluster.kubectl("delete", "node", node, "--wait=false")
