@@ -1,0 +1,131 @@
+"""Several processes on one simulated node: shared accounting, SIGKILL, utilisation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Node
+
+WORKLOAD = str(Path(__file__).with_name("workload.py"))
+MIB = 1 << 20
+
+
+def start(node: Node, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, WORKLOAD, *args], env=node.env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def wait_line(p: subprocess.Popen[str]) -> str:
+    assert p.stdout is not None
+    line = p.stdout.readline().strip()
+    assert line, p.stderr.read() if p.stderr else ""
+    return line
+
+
+def run(node: Node, *args: str) -> str:
+    r = subprocess.run([sys.executable, WORKLOAD, *args], env=node.env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.strip()
+
+
+def test_two_processes_share_accounting(
+    make_node: Callable[..., Node], nvml: Callable[[Node], Any]
+) -> None:
+    node = make_node("A100-40GB")
+    a, b = start(node, "hold", "1000"), start(node, "hold", "500")
+    try:
+        assert wait_line(a) == "alloc 0" and wait_line(b) == "alloc 0"
+        nv = nvml(node)
+        dev = nv.nvmlDeviceGetHandleByIndex(0)
+        procs = {p.pid: p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(dev)}
+        assert procs == {a.pid: 1000 * MIB, b.pid: 500 * MIB}
+        assert nv.nvmlDeviceGetMemoryInfo(dev).used == 1500 * MIB
+        n, total, free, _ = run(node, "info").split(" ", 3)
+        assert int(total) - int(free) == 1500 * MIB
+        # Over capacity: 40960 MiB total, 1500 used.
+        c = start(node, "hold", "39461")
+        assert wait_line(c) == "alloc 2"  # CUDA_ERROR_OUT_OF_MEMORY
+        c.kill()
+        c.wait()
+        out = node.smi("--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader")
+        assert sorted(out.stdout.splitlines()) == sorted([f"{a.pid}, 1000 MiB", f"{b.pid}, 500 MiB"])
+        a.kill()
+        a.wait()
+        # The driver frees a dead process's memory.
+        assert nv.nvmlDeviceGetMemoryInfo(dev).used == 500 * MIB
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_sigkill_mid_allocation_never_deadlocks_or_leaks(
+    make_node: Callable[..., Node], nvml: Callable[[Node], Any]
+) -> None:
+    node = make_node("H100-80GB")
+    nv = nvml(node)
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    for i in range(6):
+        churners = [start(node, "churn") for _ in range(2)]
+        for p in churners:
+            assert wait_line(p) == "ready"
+        time.sleep(0.05 + 0.03 * i)
+        for p in churners:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        # Another process still gets the lock and the memory is not counted.
+        assert nv.nvmlDeviceGetMemoryInfo(dev).used == 0
+        assert nv.nvmlDeviceGetComputeRunningProcesses(dev) == []
+        _, total, free, _ = run(node, "info").split(" ", 3)
+        assert total == free
+
+
+def test_utilisation_is_arithmetic(make_node: Callable[..., Node], nvml: Callable[[Node], Any]) -> None:
+    node = make_node("H100-80GB")
+    nv = nvml(node)
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    before_us = int(time.time() * 1e6)
+    # 400 kernels of 1 ms: 0.4 s of device time, then the process idles.
+    p = start(node, "busy", "400", "5")
+    try:
+        assert wait_line(p) == "done"
+        util = nv.nvmlDeviceGetUtilizationRates(dev).gpu  # last 1 s
+        assert 36 <= util <= 41, util
+        samples = nv.nvmlDeviceGetProcessUtilization(dev, before_us)
+        assert [s.pid for s in samples] == [p.pid]
+        s = samples[0]
+        assert s.timeStamp > before_us
+        window_ms = (s.timeStamp - before_us) / 1000
+        expected = 100 * 400 / window_ms
+        assert abs(s.smUtil - expected) <= 100 * 100 / window_ms + 2, (s.smUtil, expected)
+        time.sleep(0.25)
+        with pytest.raises(nv.NVMLError_NotFound):
+            nv.nvmlDeviceGetProcessUtilization(dev, s.timeStamp)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_time_slicing_between_processes(make_node: Callable[..., Node]) -> None:
+    node = make_node("H100-80GB")
+    t0 = time.monotonic()
+    ps = [start(node, "busy", "150") for _ in range(2)]
+    for p in ps:
+        assert wait_line(p) == "done"
+    elapsed = time.monotonic() - t0
+    for p in ps:
+        p.wait()
+    # One kernel at a time: 2 x 150 ms of device work take at least 0.3 s.
+    assert elapsed >= 0.3
