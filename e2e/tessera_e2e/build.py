@@ -9,6 +9,7 @@ every stage reports what it is doing and how long it has been going.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -243,11 +244,30 @@ def ensure_built(
         report(f"up to date: Kubernetes {inputs.pins.kubernetes}, etcd {inputs.pins.etcd} "
                f"in {bin_dir}")
         return bin_dir
+    build_root = bin_dir.parent
+    build_root.mkdir(parents=True, exist_ok=True)
+    with (build_root / ".lock").open("w") as lock:
+        # Two sessions building at once would share bin.partial: the second waits, then
+        # finds the stamp written by the first.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and is_up_to_date(layout, inputs):
+            report(f"built meanwhile by another process: {bin_dir}")
+            return bin_dir
+        return _build(layout, inputs, module_dir, env, report)
+
+
+def _build(
+    layout: Layout,
+    inputs: BuildInputs,
+    module_dir: Path,
+    env: Mapping[str, str] | None,
+    report: Reporter,
+) -> Path:
+    bin_dir = layout.bin_dir(inputs.pins)
+    build_root = bin_dir.parent
     base_env = go_environment(env if env is not None else os.environ)
     go = find_go(base_env)
     go_version = check_go_version(go, base_env)
-    build_root = bin_dir.parent
-    build_root.mkdir(parents=True, exist_ok=True)
     log_path = build_root / "build.log"
     log_path.write_text(f"{go_version}\n")
     staging = build_root / "bin.partial"

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,9 +113,8 @@ class RunDirectory:
     @classmethod
     def create(cls, runs: Path) -> RunDirectory:
         runs.mkdir(parents=True, exist_ok=True)
-        run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-        path = runs / run_id
-        path.mkdir(mode=0o700)
+        prefix = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-"
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=runs))  # unique, mode 0700
         (path / "logs").mkdir()
         owner = {"pid": os.getpid(), "start_time": process_start_time(os.getpid())}
         (path / "owner.json").write_text(json.dumps(owner))
