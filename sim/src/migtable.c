@@ -1,5 +1,7 @@
 /* MIG profile tables (MIG User Guide, real nvidia-smi -lgip/-lgipp outputs; see
- * shared/reference/mig.md §1.2-1.4). Memory in MiB as NVML reports it. */
+ * shared/reference/mig.md §1.2-1.4). Memory in MiB as NVML reports it.  Where no real output
+ * is known (H100-80GB, H100-96GB, H200, B200 memory; B200 SMs) the figures are proportional
+ * (slices x device / total), the same rule the planner's catalog uses. */
 #include "migtable.h"
 
 #include <nvml.h>
@@ -44,7 +46,7 @@ static const struct sim_mig_profile a100_80[] = {
     P8("2g.20gb", TWO, 14, 2, 2, 3, 3, S2, 19968, 28, 2, 1, 0, 0),
     P8("3g.40gb", THREE, 9, 4, 3, 2, 2, S3, 40192, 42, 3, 2, 0, 0),
     P8("4g.40gb", FOUR, 5, 4, 4, 1, 1, S0, 40192, 56, 4, 2, 0, 0),
-    P8("7g.80gb", SEVEN, 0, 8, 7, 1, 1, S0, 80896, 98, 7, 5, 1, 1),
+    P8("7g.80gb", SEVEN, 0, 8, 7, 1, 1, S0, 81920, 98, 7, 5, 1, 1),
 };
 
 static const struct sim_mig_profile a30[] = {
@@ -52,7 +54,7 @@ static const struct sim_mig_profile a30[] = {
     P8("1g.6gb+me", ONE_ME, 21, 1, 1, 1, 4, S4_1, 5952, 14, 1, 1, 1, 1),
     P8("2g.12gb", TWO, 5, 2, 2, 2, 2, S4_2, 11968, 28, 2, 2, 0, 0),
     P8("2g.12gb+me", TWO_ME, 6, 2, 2, 1, 2, S4_2, 11968, 28, 2, 2, 1, 1),
-    P8("4g.24gb", FOUR, 0, 4, 4, 1, 1, S0, 24000, 56, 4, 4, 1, 1),
+    P8("4g.24gb", FOUR, 0, 4, 4, 1, 1, S0, 24064, 56, 4, 4, 1, 1),
 };
 
 #define HOPPER(n1, n1me, n1d, n2, n3, n4, n7, m1, m2, m4, m8)                  \
@@ -68,25 +70,25 @@ static const struct sim_mig_profile a30[] = {
 
 static const struct sim_mig_profile h100_80[] = HOPPER(
     "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb",
-    9984, 20096, 40320, 80896);
+    10194, 20389, 40779, 81559);
 static const struct sim_mig_profile h100_94[] = HOPPER(
     "1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb",
     11008, 22144, 47488, 95360);
 static const struct sim_mig_profile h100_96[] = HOPPER(
     "1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb",
-    11008, 22144, 47488, 96384);
+    12233, 24467, 48935, 97871);
 static const struct sim_mig_profile h200_141[] = HOPPER(
     "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
-    16128, 32512, 65280, 142592);
+    17971, 35942, 71885, 143771);
 
 static const struct sim_mig_profile b200_180[] = {
-    P8("1g.23gb", ONE, 19, 1, 1, 7, 7, S1, 22528, 18, 2, 1, 1, 0),
-    P8("1g.23gb+me", ONE_ME, 20, 1, 1, 1, 7, S1, 22528, 18, 2, 1, 1, 1),
-    P8("1g.45gb", ONE_DBL, 15, 2, 1, 4, 4, S_DOUBLE, 45056, 18, 2, 1, 1, 0),
-    P8("2g.45gb", TWO, 14, 2, 2, 3, 3, S2, 45056, 36, 3, 1, 1, 0),
-    P8("3g.90gb", THREE, 9, 4, 3, 2, 2, S3, 90112, 54, 6, 1, 1, 0),
-    P8("4g.90gb", FOUR, 5, 4, 4, 1, 1, S0, 90112, 72, 8, 1, 1, 0),
-    P8("7g.180gb", SEVEN, 0, 8, 7, 1, 1, S0, 180224, 148, 16, 1, 1, 1),
+    P8("1g.23gb", ONE, 19, 1, 1, 7, 7, S1, 22919, 21, 2, 1, 1, 0),
+    P8("1g.23gb+me", ONE_ME, 20, 1, 1, 1, 7, S1, 22919, 21, 2, 1, 1, 1),
+    P8("1g.45gb", ONE_DBL, 15, 2, 1, 4, 4, S_DOUBLE, 45839, 21, 2, 1, 1, 0),
+    P8("2g.45gb", TWO, 14, 2, 2, 3, 3, S2, 45839, 42, 3, 1, 1, 0),
+    P8("3g.90gb", THREE, 9, 4, 3, 2, 2, S3, 91679, 63, 6, 1, 1, 0),
+    P8("4g.90gb", FOUR, 5, 4, 4, 1, 1, S0, 91679, 84, 8, 1, 1, 0),
+    P8("7g.180gb", SEVEN, 0, 8, 7, 1, 1, S0, 183359, 148, 16, 1, 1, 1),
 };
 
 #define N(a) (uint32_t)(sizeof(a) / sizeof((a)[0]))
