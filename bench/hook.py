@@ -60,8 +60,11 @@ def collected(stderr: str) -> int:
     return int(m[-1])
 
 
-def callgrind(c: Container | None, env: dict[str, str], args: list[str], toggle: str | None = None) -> int:
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+def callgrind(
+    c: Container | None, env: dict[str, str], args: list[str], toggle: str | None = None,
+    out: Path | None = None,
+) -> int:
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out or '/dev/null'}"]
     if toggle:
         cmd.append(f"--toggle-collect={toggle}")
     cmd += args
@@ -74,10 +77,36 @@ def callgrind(c: Container | None, env: dict[str, str], args: list[str], toggle:
     return collected(r.stderr)
 
 
-def per_op(c: Container | None, env: dict[str, str], op: list[str], n1: int, n2: int) -> float:
-    a = callgrind(c, env, [str(TBENCH), op[0], str(n1), *op[1:]])
-    b = callgrind(c, env, [str(TBENCH), op[0], str(n2), *op[1:]])
-    return (b - a) / (n2 - n1)
+def inclusive(out: Path, func: str) -> tuple[int, int]:
+    """Inclusive instructions of `func` in libtessera and in libcuda."""
+    text = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    hooked = driver = 0
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*:(\w+) \[(\S+)\]", line)
+        if not m or m.group(2) != func:
+            continue
+        n = int(m.group(1).replace(",", ""))
+        if m.group(3).endswith("libtessera.so"):
+            hooked = n
+        elif "libcuda" in m.group(3):
+            driver = n
+    return hooked, driver
+
+
+def added_per_op(c: Container, env: dict[str, str], op: list[str], func: str, n1: int, n2: int, tmp: Path) -> tuple[float, float, float]:
+    """(instructions the hook adds per call, the driver's own per call, total per hooked call),
+    from the difference of two runs so one-time costs cancel."""
+    vals = []
+    for n in (n1, n2):
+        out = tmp / f"cg.{func}.{n}.out"
+        callgrind(c, env, [str(TBENCH), op[0], str(n), *op[1:]], out=out)
+        vals.append(inclusive(out, func))
+    (h1, d1), (h2, d2) = vals
+    k = n2 - n1
+    return ((h2 - d2) - (h1 - d1)) / k, (d2 - d1) / k, (h2 - h1) / k
 
 
 def bench_instructions(tmp: Path, quick: bool) -> dict[str, float]:
@@ -86,28 +115,24 @@ def bench_instructions(tmp: Path, quick: bool) -> dict[str, float]:
     c = Container(tmp, "instr")
     c.set(BudgetEntry(memory=64 * GIB, cores=100, rate=1e7, burst=1e5))
     out: dict[str, float] = {}
-    direct_l = per_op(None, env, ["launch"], n1, n2)
-    hooked_l = per_op(c, env, ["launch"], n1, n2)
-    direct_a = per_op(None, env, ["alloc", "4096"], n1, n2)
-    hooked_a = per_op(c, env, ["alloc", "4096"], n1, n2)
-    out["launch_instr_direct"] = direct_l
-    out["launch_instr_added"] = hooked_l - direct_l
-    out["alloc_instr_direct"] = direct_a
-    out["alloc_instr_added"] = hooked_a - direct_a
+    la, ld, _ = added_per_op(c, env, ["launch"], "cuLaunchKernel", n1, n2, tmp)
+    aa, ad, at1 = added_per_op(c, env, ["alloc", "4096"], "cuMemAlloc_v2", n1, n2, tmp)
+    out["launch_instr_driver"] = ld
+    out["launch_instr_added"] = la
+    out["alloc_instr_driver"] = ad
+    out["alloc_instr_added"] = aa
     # 8 processes allocating at once: 7 others hammer the same ledger while one is measured
-    others = [
-        c.popen([str(TBENCH), "lat", "100000000", "4096"]) for _ in range(7)
-    ]
+    others = [c.popen([str(TBENCH), "lat", "100000000", "4096"]) for _ in range(7)]
     time.sleep(0.3)
     try:
-        hooked_a8 = per_op(c, env, ["alloc", "4096"], n1, n2)
+        _, _, at8 = added_per_op(c, env, ["alloc", "4096"], "cuMemAlloc_v2", n1, n2, tmp)
     finally:
         for o in others:
             o.kill()
             o.wait()
-    out["alloc_instr_8proc"] = hooked_a8
-    out["alloc_instr_1proc"] = hooked_a
-    out["alloc_8_vs_1"] = hooked_a8 / hooked_a
+    out["alloc_instr_1proc"] = at1
+    out["alloc_instr_8proc"] = at8
+    out["alloc_8_vs_1"] = at8 / at1
     c.budget.close()
     return out
 
@@ -221,7 +246,12 @@ def bench_split(tmp: Path, quick: bool) -> dict[str, object]:
     # settling: the start of the first 0.5 s window after the change from which every later
     # 0.5 s window gives container a 50 +- 2 % of the busy time
     settle = None
-    post = [s for s in steps if changed_at is not None and float(s["t"]) > float(changed_at)]  # type: ignore[arg-type]
+    post = [
+        s
+        for s in steps
+        if changed_at is not None
+        and float(changed_at) < float(s["t"]) < warm + measure + after  # type: ignore[arg-type]
+    ]
     width = 5
     shares = []
     for i in range(len(post) - width + 1):

@@ -11,7 +11,6 @@
 #ifndef TESSERA_FORMATS_H
 #define TESSERA_FORMATS_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #define TB_BUDGET_PATH "/run/tessera/budget"
@@ -82,16 +81,15 @@ struct tl_header {
     uint32_t hwm;          /*  24 slots [0, hwm) have been used */
     uint32_t reserved0;    /*  28 */
     uint64_t reserved1[4]; /*  32 */
-    union {                /*  64 robust, process-shared; guards used[] and slot bytes */
-        pthread_mutex_t lock;
-        uint8_t lock_pad[64];
-    };
+    uint64_t lock;         /*  64 0: free, else (owner slot + 1) << 32 | owner slot gen;
+                                  guards used[] and slot bytes; stolen from a dead owner */
+    uint8_t lock_pad[56];  /*  72 */
     struct tl_dev dev[TB_MAX_DEV]; /* 128 */
 };
 
 struct tl_slot {                 /* 256 bytes */
     int32_t pid;                 /*   0 owner (pid in the container), 0: free */
-    uint32_t reserved0;          /*   4 */
+    uint32_t gen;                /*   4 bumped by every new owner */
     uint64_t joined_ns;          /*   8 CLOCK_REALTIME ns when joined */
     uint64_t bytes[TB_MAX_DEV];  /*  16 device bytes this process holds */
     uint64_t launches;           /* 144 */

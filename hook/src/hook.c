@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,7 @@ static void *real_ptr[IDX_COUNT];
 
 /* Driver entry points we call but do not hook. */
 static CUresult (*r_cuCtxGetDevice)(CUdevice *);
+static CUresult (*r_cuDeviceGetCount)(int *);
 static CUresult (*r_cuDeviceGetUuid)(CUuuid *, CUdevice);
 static CUresult (*r_cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
 static CUresult (*r_cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
@@ -277,6 +279,7 @@ static void cu_init(void)
         if (th_table[i].lib == LIB_CU)
             real_ptr[i] = tessera_real_dlsym(h, th_table[i].name);
     r_cuCtxGetDevice = (CUresult(*)(CUdevice *))tessera_real_dlsym(h, "cuCtxGetDevice");
+    r_cuDeviceGetCount = (CUresult(*)(int *))tessera_real_dlsym(h, "cuDeviceGetCount");
     r_cuDeviceGetUuid = (CUresult(*)(CUuuid *, CUdevice))tessera_real_dlsym(h, "cuDeviceGetUuid_v2");
     if (!r_cuDeviceGetUuid)
         r_cuDeviceGetUuid = (CUresult(*)(CUuuid *, CUdevice))tessera_real_dlsym(h, "cuDeviceGetUuid");
@@ -520,12 +523,26 @@ struct rec {
 };
 static struct rec *recs;
 static size_t recs_cap, recs_used;
-static pthread_mutex_t recs_mu = PTHREAD_MUTEX_INITIALIZER;
+static int recs_mu; /* in-process spinlock: held for a few hundred instructions at most */
+
+static inline void recs_lock(void)
+{
+    for (unsigned spins = 0; __atomic_exchange_n(&recs_mu, 1, __ATOMIC_ACQUIRE); spins++) {
+        if (spins > 100)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
+    }
+}
+static inline void recs_unlock(void)
+{
+    __atomic_store_n(&recs_mu, 0, __ATOMIC_RELEASE);
+}
 
 HIDDEN void th_ptrs_reset_child(void);
 HIDDEN void th_ptrs_reset_child(void)
 {
-    pthread_mutex_init(&recs_mu, NULL);
+    recs_mu = 0;
     free(recs);
     recs = NULL;
     recs_cap = recs_used = 0;
@@ -542,7 +559,7 @@ static size_t rhash(uint64_t k, uint8_t kind)
 
 static int recs_grow_locked(void)
 {
-    size_t ncap = recs_cap ? recs_cap * 2 : 1024;
+    size_t ncap = recs_cap ? recs_cap * 2 : 16384; /* 384 KiB, touched lazily */
     struct rec *n = calloc(ncap, sizeof *n);
     if (!n)
         return -1;
@@ -565,9 +582,9 @@ static int recs_grow_locked(void)
 
 static int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
 {
-    pthread_mutex_lock(&recs_mu);
+    recs_lock();
     if ((recs_used + 1) * 2 > recs_cap && recs_grow_locked()) {
-        pthread_mutex_unlock(&recs_mu);
+        recs_unlock();
         return -1;
     }
     size_t j = rhash(key, kind) & (recs_cap - 1), tomb = SIZE_MAX;
@@ -585,7 +602,7 @@ static int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
             recs_used++;
     }
     recs[j] = (struct rec){key, bytes, entry, kind};
-    pthread_mutex_unlock(&recs_mu);
+    recs_unlock();
     return 0;
 }
 
@@ -593,7 +610,7 @@ static int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
 static int rec_get(uint8_t kind, uint64_t key, int take, struct rec *out)
 {
     int found = 0;
-    pthread_mutex_lock(&recs_mu);
+    recs_lock();
     if (recs_cap) {
         size_t j = rhash(key, kind) & (recs_cap - 1);
         while (recs[j].kind) {
@@ -607,7 +624,7 @@ static int rec_get(uint8_t kind, uint64_t key, int take, struct rec *out)
             j = (j + 1) & (recs_cap - 1);
         }
     }
-    pthread_mutex_unlock(&recs_mu);
+    recs_unlock();
     return found;
 }
 
@@ -616,10 +633,17 @@ static int rec_get(uint8_t kind, uint64_t key, int take, struct rec *out)
  * ==================================================================================== */
 static __thread int in_hook __attribute__((tls_model("initial-exec")));
 
-#define CU_READY()                                      \
-    do {                                                \
-        pthread_once(&cu_once, cu_init);                \
-        ensure_budget();                                \
+static int cu_ready;
+static __attribute__((noinline)) void cu_ready_slow(void)
+{
+    pthread_once(&cu_once, cu_init);
+    ensure_budget();
+    __atomic_store_n(&cu_ready, 1, __ATOMIC_RELEASE);
+}
+#define CU_READY()                                              \
+    do {                                                        \
+        if (UNLIKELY(!__atomic_load_n(&cu_ready, __ATOMIC_ACQUIRE))) \
+            cu_ready_slow();                                    \
     } while (0)
 
 #define REAL_OR_FAIL(name)                              \
@@ -627,6 +651,20 @@ static __thread int in_hook __attribute__((tls_model("initial-exec")));
         if (UNLIKELY(!REAL(name)))                      \
             return CUDA_ERROR_NOT_SUPPORTED;            \
     } while (0)
+
+static int ndevices = -1;
+static inline int one_device(void)
+{
+    int n = __atomic_load_n(&ndevices, __ATOMIC_RELAXED);
+    if (UNLIKELY(n < 0)) {
+        int c = 0;
+        if (!r_cuDeviceGetCount || r_cuDeviceGetCount(&c) != CUDA_SUCCESS)
+            return 0; /* not initialised yet: ask every time */
+        __atomic_store_n(&ndevices, c, __ATOMIC_RELAXED);
+        n = c;
+    }
+    return n == 1;
+}
 
 /* Reserve bytes for the device of the current context (ord < 0) or ordinal ord.
  * CUDA_SUCCESS with *entry set (-1: untracked, pass through), or the error to return. */
@@ -636,10 +674,16 @@ static CUresult reserve(int ord, uint64_t bytes, int *entry)
     if (mode == MODE_OFF || in_hook)
         return CUDA_SUCCESS;
     if (ord < 0) {
-        CUdevice d;
-        if (!r_cuCtxGetDevice || r_cuCtxGetDevice(&d) != CUDA_SUCCESS)
-            return CUDA_ERROR_INVALID_CONTEXT;
-        ord = d;
+        /* One visible device: it is the current context's device (without a context the
+         * driver call fails and the reservation is given back). */
+        if (one_device()) {
+            ord = 0;
+        } else {
+            CUdevice d;
+            if (!r_cuCtxGetDevice || r_cuCtxGetDevice(&d) != CUDA_SUCCESS)
+                return CUDA_ERROR_INVALID_CONTEXT;
+            ord = d;
+        }
     }
     budget_check();
     int e = entry_of_ordinal(ord);

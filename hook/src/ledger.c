@@ -1,9 +1,10 @@
 /* Ledger: one file per container, mapped by every process of the container.
  *
- * Device bytes: used[dev] == sum of slot bytes[dev], both changed together under a robust
- * process-shared mutex that is never held across a driver call.  A holder killed inside the
- * critical section is detected by the next locker (EOWNERDEAD), which recomputes used[]
- * from the slots: nothing can stay locked and no byte can be lost.
+ * Device bytes: used[dev] == sum of slot bytes[dev], both changed together under a
+ * lock word (one CAS) that is never held across a driver call.  A holder killed inside the
+ * critical section is recognised by a waiter (its slot changed owner or its OFD slot lock
+ * is gone), which takes the lock over and recomputes used[] from the slots: nothing can
+ * stay locked and no byte can be lost.
  * Slots: slot i is owned by whoever holds the OFD write lock on byte TL_LOCK_BASE + i of
  * the file; the kernel drops it when the owner dies, so a dead process is recognised
  * without /proc and its bytes are reclaimed by whoever next takes that lock.
@@ -13,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -60,30 +62,63 @@ static void recount(struct tl_header *h, struct tl_slot *slots)
     }
 }
 
+static int owner_alive(struct tl *l, uint64_t w)
+{
+    uint32_t slot = (uint32_t)(w >> 32) - 1, gen = (uint32_t)w;
+    if (slot >= TL_NSLOTS)
+        return 0;
+    if (__atomic_load_n(&l->slots[slot].gen, __ATOMIC_ACQUIRE) != gen)
+        return 0;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = TL_LOCK_BASE + slot;
+    fl.l_len = 1;
+    if (fcntl(l->fd, F_OFD_GETLK, &fl))
+        return 1; /* cannot tell: assume alive */
+    return fl.l_type != F_UNLCK;
+}
+
+/* The ledger lock: one CAS when free.  A waiter that finds the holder dead (its slot has a
+ * new owner or nobody holds the slot's OFD lock) takes the lock over and recounts used[]
+ * from the slots, so a SIGKILL inside the critical section loses nothing. */
 static int mlock_(struct tl *l)
 {
-    int r = pthread_mutex_lock(&l->h->lock);
-    if (r == EOWNERDEAD) {
-        recount(l->h, l->slots);
-        pthread_mutex_consistent(&l->h->lock);
+    if (!l->self)
+        return -1;
+    uint64_t want = ((uint64_t)(l->slot + 1) << 32) | l->self->gen, w = 0;
+    if (__atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return 0;
+    for (unsigned spins = 1;; spins++) {
+        w = __atomic_load_n(&l->h->lock, __ATOMIC_RELAXED);
+        if (w == 0) {
+            if (__atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED))
+                return 0;
+            continue;
+        }
+        if (spins % 256 == 0 && !owner_alive(l, w) &&
+            __atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+            recount(l->h, l->slots);
+            return 0;
+        }
+        if (spins > 64)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
     }
-    return r == 0 ? 0 : -1;
 }
 
 static void munlock_(struct tl *l)
 {
-    pthread_mutex_unlock(&l->h->lock);
+    __atomic_store_n(&l->h->lock, 0, __ATOMIC_RELEASE);
 }
 
 static int init_locked(struct tl_header *h)
 {
-    pthread_mutexattr_t a;
     memset((void *)h, 0, TL_HEADER_SIZE);
-    if (pthread_mutexattr_init(&a) || pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) ||
-        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) || pthread_mutex_init(&h->lock, &a))
-        return -1;
-    pthread_mutexattr_destroy(&a);
     h->version = TL_VERSION;
     h->nslots = TL_NSLOTS;
     h->ndev = TB_MAX_DEV;
@@ -196,7 +231,12 @@ int tl_join(struct tl *l, const char **why)
         if (lock_slot(l->fd, i, F_WRLCK))
             continue;
         struct tl_slot *s = &l->slots[i];
+        __atomic_fetch_add(&s->gen, 1, __ATOMIC_ACQ_REL);
+        l->slot = i;
+        l->self = s;
         if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0 && reclaim(l, s)) {
+            l->slot = -1;
+            l->self = NULL;
             lock_slot(l->fd, i, F_UNLCK);
             *why = "ledger lock unusable";
             return -1;
@@ -210,8 +250,6 @@ int tl_join(struct tl *l, const char **why)
                !__atomic_compare_exchange_n(&l->h->hwm, &hwm, (uint32_t)i + 1, 1,
                                             __ATOMIC_RELEASE, __ATOMIC_RELAXED))
             ;
-        l->slot = i;
-        l->self = s;
         return 0;
     }
     *why = "ledger full";
