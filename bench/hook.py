@@ -38,6 +38,7 @@ from tessera_hook_harness import (  # noqa: E402
     prepare_host_mountpoints,
     sim_env,
 )
+
 from tessera_node.budget.formats import BudgetEntry  # noqa: E402
 
 TBENCH = BUILD / "bin" / "tbench"
@@ -61,7 +62,10 @@ def collected(stderr: str) -> int:
 
 
 def callgrind(
-    c: Container | None, env: dict[str, str], args: list[str], toggle: str | None = None,
+    c: Container | None,
+    env: dict[str, str],
+    args: list[str],
+    toggle: str | None = None,
     out: Path | None = None,
 ) -> int:
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out or '/dev/null'}"]
@@ -81,7 +85,9 @@ def inclusive(out: Path, func: str) -> tuple[int, int]:
     """Inclusive instructions of `func` in libtessera and in libcuda."""
     text = subprocess.run(
         ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     hooked = driver = 0
     for line in text.splitlines():
@@ -96,7 +102,9 @@ def inclusive(out: Path, func: str) -> tuple[int, int]:
     return hooked, driver
 
 
-def added_per_op(c: Container, env: dict[str, str], op: list[str], func: str, n1: int, n2: int, tmp: Path) -> tuple[float, float, float]:
+def added_per_op(
+    c: Container, env: dict[str, str], op: list[str], func: str, n1: int, n2: int, tmp: Path
+) -> tuple[float, float, float]:
     """(instructions the hook adds per call, the driver's own per call, total per hooked call),
     from the difference of two runs so one-time costs cancel."""
     vals = []
@@ -201,12 +209,24 @@ def bench_split(tmp: Path, quick: bool) -> dict[str, object]:
     env["PYTHONPATH"] = str(ROOT / "node-daemon")
     ctl = subprocess.Popen(
         [
-            sys.executable, "-m", "tessera_node.budget.controller", "--device", "0",
-            "--interval", "0.1", "--log", "--duration", str(total),
-            "--container", f"a:{a.budget_path}:{a.ledger}",
-            "--container", f"b:{b.budget_path}:{b.ledger}",
+            sys.executable,
+            "-m",
+            "tessera_node.budget.controller",
+            "--device",
+            "0",
+            "--interval",
+            "0.1",
+            "--log",
+            "--duration",
+            str(total),
+            "--container",
+            f"a:{a.budget_path}:{a.ledger}",
+            "--container",
+            f"b:{b.budget_path}:{b.ledger}",
         ],
-        env=env, stdout=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     steps: list[dict[str, object]] = []
     changed_at = None
@@ -216,8 +236,16 @@ def bench_split(tmp: Path, quick: bool) -> dict[str, object]:
         rec["wall"] = time.monotonic() - start
         steps.append(rec)
         if changed_at is None and rec["wall"] >= warm + measure:
-            a.set(BudgetEntry(memory=8 * GIB, cores=50, rate=a.budget.read().entries[0].rate, burst=20))
-            b.set(BudgetEntry(memory=8 * GIB, cores=50, rate=b.budget.read().entries[0].rate, burst=20))
+            a.set(
+                BudgetEntry(
+                    memory=8 * GIB, cores=50, rate=a.budget.read().entries[0].rate, burst=20
+                )
+            )
+            b.set(
+                BudgetEntry(
+                    memory=8 * GIB, cores=50, rate=b.budget.read().entries[0].rate, burst=20
+                )
+            )
             changed_at = rec["t"]
     ctl.wait()
     if os.environ.get("TESSERA_BENCH_STEPS"):
@@ -249,8 +277,7 @@ def bench_split(tmp: Path, quick: bool) -> dict[str, object]:
     post = [
         s
         for s in steps
-        if changed_at is not None
-        and float(changed_at) < float(s["t"]) < warm + measure + after  # type: ignore[arg-type]
+        if changed_at is not None and float(changed_at) < float(s["t"]) < warm + measure + after  # type: ignore[arg-type]
     ]
     width = 5
     shares = []
@@ -319,7 +346,9 @@ def main() -> int:
             mark = f"  goal {g[0]} {g[1]}: {'met' if ok else 'MISSED'}"
         if k == "split_10s_a_pct" and isinstance(v, (int, float)):
             mark = f"  goal 30+-2: {'met' if abs(v - 30) <= 2 else 'MISSED'}"
-        print(f"  {k:28s} {v:>12.3f}{mark}" if isinstance(v, float) else f"  {k:28s} {v!s:>12}{mark}")
+        print(
+            f"  {k:28s} {v:>12.3f}{mark}" if isinstance(v, float) else f"  {k:28s} {v!s:>12}{mark}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -19,8 +19,8 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,10 +96,8 @@ class Controller:
     def step(self) -> dict[str, dict[str, float]]:
         now = time.time()
         for t in self.tenants:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # no process has joined yet
                 t.readings.append((now, read_ledger(t.ledger).devices[t.entry].tokens))
-            except (OSError, ValueError):
-                pass  # no process has joined yet
         busy_by_pid, window = self.source.sample()
         observations: dict[str, Observation] = {}
         report: dict[str, dict[str, float]] = {}
@@ -121,7 +119,9 @@ class Controller:
                 continue
             spent = max(0.0, b - a)
             busy = sum(busy_by_pid.get(pid, 0.0) for pid in led.live_pids())
-            observations[t.name] = Observation(busy=busy, tokens=spent, seconds=window[1] - window[0])
+            observations[t.name] = Observation(
+                busy=busy, tokens=spent, seconds=window[1] - window[0]
+            )
             report[t.name] = {"busy": busy, "tokens": spent, "target": target / 100.0}
         if window is None:
             return report  # nothing measured: rates stay as they are

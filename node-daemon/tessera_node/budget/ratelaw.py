@@ -68,7 +68,9 @@ class RateLaw:
     def remove(self, name: str) -> None:
         self.tenants.pop(name, None)
 
-    def step(self, observations: dict[str, Observation], gpu_busy: float | None = None) -> dict[str, float]:
+    def step(
+        self, observations: dict[str, Observation], gpu_busy: float | None = None
+    ) -> dict[str, float]:
         """Fold in one interval's observations; return each tenant's new token rate.
 
         ``gpu_busy``: the GPU's total busy share (defaults to the sum over tenants)."""
