@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from tessera_node.budget.formats import (
+    BUDGET_FILE_SIZE,
+    GEN_OFFSET,
+    BudgetEntry,
+    BudgetFile,
+    parse_budget,
+    read_budget,
+    uuid_bytes,
+    write_budget,
+)
+from tessera_node.budget.ledger import read_ledger
+
+
+def test_round_trip_and_generation(tmp_path: Path) -> None:
+    p = tmp_path / "budget"
+    e = BudgetEntry(index=0, memory=1 << 30, cores=30, rate=512.5, burst=5)
+    assert write_budget(p, [e]) == 2
+    assert p.stat().st_size == BUDGET_FILE_SIZE
+    assert read_budget(p).entries == [e]
+    with BudgetFile(p) as f:
+        inode = p.stat().st_ino
+        g = f.update([e, BudgetEntry(uuid="GPU-11111111-2222-3333-4444-555555555555", memory=7)])
+        assert g == 4 and g % 2 == 0
+        assert p.stat().st_ino == inode  # rewritten in place: bind mounts keep seeing it
+        b = f.read()
+    assert b.generation == 4
+    assert b.entries[1].uuid == "GPU-11111111-2222-3333-4444-555555555555"
+    assert b.entries[1].cores is None and b.entries[1].memory == 7
+
+
+def test_unlimited_fields_and_validation() -> None:
+    raw = BudgetEntry(index=3).pack()
+    back = BudgetEntry.unpack(raw)
+    assert back.memory is None and back.cores is None and back.index == 3
+    with pytest.raises(ValueError):
+        BudgetEntry(memory=-1).pack()
+    with pytest.raises(ValueError):
+        BudgetEntry(index=64).pack()
+
+
+def test_parse_rejects_torn_and_foreign_files(tmp_path: Path) -> None:
+    p = tmp_path / "b"
+    write_budget(p, [BudgetEntry(memory=1)])
+    raw = bytearray(p.read_bytes())
+    struct.pack_into("<Q", raw, GEN_OFFSET, 3)
+    with pytest.raises(ValueError, match="in progress"):
+        parse_budget(bytes(raw))
+    with pytest.raises(ValueError, match="magic"):
+        parse_budget(b"x" * 64)
+    with pytest.raises(ValueError):
+        parse_budget(b"")
+
+
+def test_uuid_bytes() -> None:
+    assert uuid_bytes("MIG-00000000-0000-0000-0000-000000000001")[-1] == 1
+    assert len(uuid_bytes("GPU-11111111-2222-3333-4444-555555555555")) == 16
+
+
+def test_ledger_reader_rejects_other_files(tmp_path: Path) -> None:
+    p = tmp_path / "ledger"
+    p.write_bytes(b"\0" * 10)
+    with pytest.raises(ValueError):
+        read_ledger(p)
