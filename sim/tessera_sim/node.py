@@ -20,7 +20,9 @@ from pathlib import Path
 from tessera.models import GPUModel, get_model
 
 # Compute capability by architecture; the model table does not carry it.
-_CC_BY_PREFIX = (("A100", "8.0"), ("A30", "8.0"), ("H100", "9.0"), ("H200", "9.0"), ("B200", "10.0"))
+_CC_BY_PREFIX = (
+    ("A100", "8.0"), ("A30", "8.0"), ("H100", "9.0"), ("H200", "9.0"), ("B200", "10.0"),
+)
 # Ampere needs a GPU reset for a MIG mode change; Hopper and later switch at once.
 _RESET_FOR_MIG = ("A100", "A30")
 

@@ -16,6 +16,9 @@ from typing import Any
 import pynvml as nv
 
 NAME_WIDTH = 16
+INVALID_ARGS = (
+    'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
+)
 
 
 class UsageError(Exception):
@@ -254,11 +257,14 @@ def mig_lgi(gpus: list[int], gi_spec: str | None) -> int:
         for _gi, info, p in select_gis(handle(i), gi_spec):
             place = f"{info.placement.start}:{info.placement.size}"
             rows.append(
-                [f"{i:>4}  {'MIG ' + p.name:<{NAME_WIDTH}}{p.smi_id:>6}{info.id:>9}{place:>13}     "]
+                [
+                    f"{i:>4}  {'MIG ' + p.name:<{NAME_WIDTH}}{p.smi_id:>6}{info.id:>9}"
+                    f"{place:>13}     "
+                ]
             )
     if not rows:
         print("No GPU instances found: Not Found")
-        return nv.NVML_ERROR_NOT_FOUND
+        return int(nv.NVML_ERROR_NOT_FOUND)
     box(
         "GPU instances:",
         [
@@ -289,7 +295,7 @@ def mig_lci(gpus: list[int], gi_spec: str | None, ci_spec: str | None) -> int:
                 )
     if not rows:
         print("No compute instances found: Not Found")
-        return nv.NVML_ERROR_NOT_FOUND
+        return int(nv.NVML_ERROR_NOT_FOUND)
     box(
         "Compute instances:",
         [
@@ -320,17 +326,24 @@ def mig_lcip(gpus: list[int], gi_spec: str | None) -> int:
                     f"{info.multiprocessorCount:>13}{info.sharedDecoderCount:>9}"
                     f"{info.sharedEncoderCount:>6}{info.sharedOfaCount:>6}   "
                 )
-                second = " " * 62 + f"{info.sharedCopyEngineCount:>7}{info.sharedJpegCount:>6}" + " " * 9
+                second = (
+                    " " * 62
+                    + f"{info.sharedCopyEngineCount:>7}{info.sharedJpegCount:>6}"
+                    + " " * 9
+                )
                 groups.append([first, second])
     if not groups:
         print("No GPU instances found: Not Found")
-        return nv.NVML_ERROR_NOT_FOUND
+        return int(nv.NVML_ERROR_NOT_FOUND)
     box(
         "Compute instance profiles:",
         [
-            " GPU     GPU       Name             Profile  Instances   Exclusive       Shared         ",
-            "       Instance                       ID     Free/Total     SM       DEC   ENC   OFA  ",
-            "         ID                                                          CE    JPEG       ",
+            " GPU     GPU       Name             Profile  Instances   Exclusive"
+            "       Shared         ",
+            "       Instance                       ID     Free/Total     SM     "
+            "  DEC   ENC   OFA  ",
+            "         ID                                                        "
+            "  CE    JPEG       ",
         ],
         groups,
         88,
@@ -381,9 +394,14 @@ def mig_cgi(gpus: list[int], spec: str, with_ci: bool) -> int:
                     pl = nv.c_nvmlGpuInstancePlacement_t()
                     pl.start = start
                     pl.size = placements(dev, p.smi_id)[0].size
-                    gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(dev, p.smi_id, ctypes.byref(pl))
+                    gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(
+                        dev, p.smi_id, ctypes.byref(pl)
+                    )
             except nv.NVMLError as e:
-                print(f"Unable to create a GPU instance on GPU {i:>2} using profile {ptoken}: {err_text(e)}")
+                print(
+                    f"Unable to create a GPU instance on GPU {i:>2} using profile {ptoken}: "
+                    f"{err_text(e)}"
+                )
                 print(f"Failed to create GPU instances: {err_text(e)}")
                 return int(e.value)
             info = nv.nvmlGpuInstanceGetInfo(gi)
@@ -457,7 +475,7 @@ def mig_dci(gpus: list[int], gi_spec: str | None, ci_spec: str | None) -> int:
                 )
     if not found:
         print("No compute instances found: Not Found")
-        return nv.NVML_ERROR_NOT_FOUND
+        return int(nv.NVML_ERROR_NOT_FOUND)
     return 0
 
 
@@ -469,13 +487,16 @@ def mig_dgi(gpus: list[int], gi_spec: str | None) -> int:
             try:
                 nv.nvmlGpuInstanceDestroy(gi)
             except nv.NVMLError as e:
-                print(f"Unable to destroy GPU instance ID {info.id:>2} from GPU {i:>2}: {err_text(e)}")
+                print(
+                    f"Unable to destroy GPU instance ID {info.id:>2} from GPU {i:>2}: "
+                    f"{err_text(e)}"
+                )
                 print(f"Failed to destroy GPU instances: {err_text(e)}")
                 return int(e.value)
             print(f"Successfully destroyed GPU instance ID {info.id:>2} from GPU {i:>2}")
     if not found:
         print("No GPU instances found: Not Found")
-        return nv.NVML_ERROR_NOT_FOUND
+        return int(nv.NVML_ERROR_NOT_FOUND)
     return 0
 
 
@@ -559,7 +580,7 @@ def parse_format(fmt: str | None) -> tuple[bool, bool]:
         raise UsageError('"--format=" switch is missing. Please try again.')
     parts = fmt.split(",")
     if parts[0] != "csv" or any(p not in ("csv", "noheader", "nounits") for p in parts):
-        raise UsageError(f'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.')
+        raise UsageError(INVALID_ARGS)
     return "noheader" in parts, "nounits" in parts
 
 
@@ -649,15 +670,16 @@ def reset(gpus: list[int]) -> int:
     fn = getattr(lib, "tesseraSimResetGpu", None)
     if fn is None:
         print("GPU reset is not supported by this NVML library.")
-        return nv.NVML_ERROR_NOT_SUPPORTED
+        return int(nv.NVML_ERROR_NOT_SUPPORTED)
     rc = 0
     for i in gpus:
         r = int(fn(ctypes.c_uint(i)))
         if r == nv.NVML_ERROR_IN_USE:
             print(
                 f"Unable to reset GPU {bus_id(i)} because it's being used by some other process "
-                "(e.g. CUDA application, graphics application like X server, monitoring application "
-                "like other instance of nvidia-smi). Please first kill all processes using this "
+                "(e.g. CUDA application, graphics application like X server, monitoring "
+                "application like other instance of nvidia-smi). Please first kill all processes "
+                "using this "
                 "GPU and all compute applications running in the system."
             )
             rc = r
@@ -726,7 +748,7 @@ def run(argv: list[str]) -> int:
             return mig_dci(gpus, gi_spec, ci_spec)
         if flag(args, "-dgi", "--destroy-gpu-instance"):
             return mig_dgi(gpus, gi_spec)
-        raise UsageError('Invalid combination of input arguments. Please run "nvidia-smi mig -h" for help.')
+        raise UsageError(INVALID_ARGS.replace("nvidia-smi -h", "nvidia-smi mig -h"))
     gpu_spec = take(args, "-i", "--id")
     if flag(args, "-L", "--list-gpus"):
         return list_gpus()
@@ -748,7 +770,7 @@ def run(argv: list[str]) -> int:
         return query_apps(q, fmt, select_devices(gpu_spec))
     if not args:
         return list_gpus()
-    raise UsageError('Invalid combination of input arguments. Please run "nvidia-smi -h" for help.')
+    raise UsageError(INVALID_ARGS)
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -54,7 +54,8 @@ def test_every_model_matches_the_catalog(
             for field, value in got.items():
                 if getattr(p, field) != value:
                     mismatches.append(
-                        f"{model.id} {p.name}: {field} simulator={value} catalog={getattr(p, field)}"
+                        f"{model.id} {p.name}: {field} simulator={value} "
+                        f"catalog={getattr(p, field)}"
                     )
         for idx in set(expected) - seen:
             mismatches.append(f"{model.id}: simulator lacks {expected[idx].name}")

@@ -26,7 +26,8 @@ def test_env_faults_fail_the_next_calls(make_node: Callable[..., Node]) -> None:
 def test_shared_faults_reach_other_processes(make_node: Callable[..., Node]) -> None:
     node = make_node("H100-80GB")
     set_fault = [sys.executable, "-m", "tessera_sim", "fault"]
-    r = subprocess.run([*set_fault, "--fn", "nvmlDeviceGetCount_v2", "--count", "1", "--code", "19"],
+    fault = ["--fn", "nvmlDeviceGetCount_v2", "--count", "1", "--code", "19"]
+    r = subprocess.run([*set_fault, *fault],
                        env=node.env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     r = node.smi("-L")

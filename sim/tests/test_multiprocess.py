@@ -52,7 +52,7 @@ def test_two_processes_share_accounting(
         procs = {p.pid: p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(dev)}
         assert procs == {a.pid: 1000 * MIB, b.pid: 500 * MIB}
         assert nv.nvmlDeviceGetMemoryInfo(dev).used == 1500 * MIB
-        n, total, free, _ = run(node, "info").split(" ", 3)
+        _, total, free, _ = run(node, "info").split(" ", 3)
         assert int(total) - int(free) == 1500 * MIB
         # Over capacity: 40960 MiB total, 1500 used.
         c = start(node, "hold", "39461")
@@ -60,7 +60,8 @@ def test_two_processes_share_accounting(
         c.kill()
         c.wait()
         out = node.smi("--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader")
-        assert sorted(out.stdout.splitlines()) == sorted([f"{a.pid}, 1000 MiB", f"{b.pid}, 500 MiB"])
+        expected = [f"{a.pid}, 1000 MiB", f"{b.pid}, 500 MiB"]
+        assert sorted(out.stdout.splitlines()) == sorted(expected)
         a.kill()
         a.wait()
         # The driver frees a dead process's memory.
@@ -92,7 +93,9 @@ def test_sigkill_mid_allocation_never_deadlocks_or_leaks(
         assert total == free
 
 
-def test_utilisation_is_arithmetic(make_node: Callable[..., Node], nvml: Callable[[Node], Any]) -> None:
+def test_utilisation_is_arithmetic(
+    make_node: Callable[..., Node], nvml: Callable[[Node], Any]
+) -> None:
     node = make_node("H100-80GB")
     nv = nvml(node)
     dev = nv.nvmlDeviceGetHandleByIndex(0)

@@ -45,7 +45,7 @@ def test_lgip_and_lgipp_match_real_samples(make_node: Callable[..., Node]) -> No
     out = node.smi("mig", "-lgip").stdout.splitlines()
     i = out.index(SAMPLE_A[0])
     assert out[i : i + 3] == SAMPLE_A
-    assert out[1] == "| GPU instance profiles:                                                      |"
+    assert out[1] == "| GPU instance profiles:".ljust(78) + "|"
     assert all(len(line) == 79 for line in out)
     out = node.smi("mig", "-lgipp").stdout.splitlines()
     for line in SAMPLE_B:
@@ -90,7 +90,8 @@ def test_create_list_destroy(make_node: Callable[..., Node]) -> None:
         "MIG 3g.20gb (ID  2)",
     ]
     r = node.smi("mig", "-cgi", "3g.20gb:0")
-    assert "Successfully created GPU instance ID  1 on GPU  0 using profile MIG 3g.20gb (ID  9)" in r.stdout
+    created = "Successfully created GPU instance ID  1 on GPU  0 using profile MIG 3g.20gb (ID  9)"
+    assert created in r.stdout
     out = node.smi("mig", "-lgi").stdout.splitlines()
     assert "|   0  MIG 3g.20gb          9        1          0:4     |" in out
     assert "|   0  MIG 3g.20gb          9        2          4:4     |" in out
@@ -108,7 +109,8 @@ def test_create_list_destroy(make_node: Callable[..., Node]) -> None:
     out = node.smi("mig", "-lci").stdout
     assert "MIG 1c.3g.20gb" in out and "MIG 3g.20gb" in out
     r = node.smi("mig", "-dci")
-    assert "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  1" in r.stdout
+    destroyed = "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  1"
+    assert destroyed in r.stdout
     assert node.smi("mig", "-dgi").returncode == 0
     lines = node.smi("-L").stdout.splitlines()
     assert len(lines) == 1

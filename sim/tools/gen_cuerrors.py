@@ -35,7 +35,8 @@ MESSAGES = {
 
 
 def main(cuda_h: str, out: str) -> None:
-    text = open(cuda_h, encoding="utf-8").read()
+    with open(cuda_h, encoding="utf-8") as f:
+        text = f.read()
     enum = text[text.index("typedef enum cudaError_enum") :]
     enum = enum[: enum.index("} CUresult;")]
     entries: list[tuple[str, int, str]] = []
