@@ -150,12 +150,35 @@ HIDDEN void *(*tessera_real_dlsym)(void *, const char *) = tessera_dlsym_unavail
 HIDDEN void *(*tessera_real_dlvsym)(void *, const char *, const char *) = tessera_dlvsym_unavailable;
 static void *(*real_dlmopen)(Lmid_t, const char *, int);
 
-struct elf_q {
-    const char *sym;
-    void *found;
-};
+/* This runs before anything else is set up (a sanitizer runtime resolves its own
+ * interceptors through our dlsym while it initialises): no instrumentation, no libc string
+ * functions, no dl_iterate_phdr; the loader's link map is read directly. */
+#define NOSAN __attribute__((no_sanitize("address", "undefined"), noinline))
 
-static uint32_t gnu_hash(const char *s)
+NOSAN static int s_eq(const char *a, const char *b)
+{
+    while (*a && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
+
+NOSAN static int s_has(const char *hay, const char *needle)
+{
+    for (; *hay; hay++) {
+        const char *h = hay, *n = needle;
+        while (*n && *h == *n) {
+            h++;
+            n++;
+        }
+        if (!*n)
+            return 1;
+    }
+    return 0;
+}
+
+NOSAN static uint32_t gnu_hash(const char *s)
 {
     uint32_t h = 5381;
     for (; *s; s++)
@@ -163,26 +186,16 @@ static uint32_t gnu_hash(const char *s)
     return h;
 }
 
-static int elf_cb(struct dl_phdr_info *info, size_t size, void *arg)
+NOSAN static void *elf_find(const struct link_map *m, const char *sym)
 {
-    (void)size;
-    struct elf_q *q = arg;
-    if (!info->dlpi_name || !strstr(info->dlpi_name, "libc.so.6"))
-        return 0;
-    const ElfW(Dyn) *dyn = NULL;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
-            dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-    if (!dyn)
-        return 0;
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
     const uint32_t *gh = NULL;
     const ElfW(Half) *versym = NULL;
-    for (; dyn->d_tag != DT_NULL; dyn++) {
+    for (const ElfW(Dyn) *dyn = m->l_ld; dyn && dyn->d_tag != DT_NULL; dyn++) {
         ElfW(Addr) p = dyn->d_un.d_ptr;
-        if (p < info->dlpi_addr)
-            p += info->dlpi_addr;
+        if (p < m->l_addr)
+            p += m->l_addr;
         switch (dyn->d_tag) {
         case DT_SYMTAB: symtab = (const void *)p; break;
         case DT_STRTAB: strtab = (const void *)p; break;
@@ -192,45 +205,55 @@ static int elf_cb(struct dl_phdr_info *info, size_t size, void *arg)
         }
     }
     if (!symtab || !strtab || !gh)
-        return 0;
+        return NULL;
     uint32_t nb = gh[0], symoff = gh[1], bloom = gh[2];
     const ElfW(Addr) *bl = (const void *)(gh + 4);
     const uint32_t *buckets = (const void *)(bl + bloom);
     const uint32_t *chain = buckets + nb;
-    uint32_t h = gnu_hash(q->sym);
+    uint32_t h = gnu_hash(sym);
     uint32_t i = nb ? buckets[h % nb] : 0;
     if (i < symoff)
-        return 1;
+        return NULL;
     for (;; i++) {
         uint32_t c = chain[i - symoff];
-        if ((c | 1) == (h | 1) && !strcmp(strtab + symtab[i].st_name, q->sym) &&
-            symtab[i].st_shndx != SHN_UNDEF && (!versym || !(versym[i] & 0x8000))) {
-            q->found = (void *)(info->dlpi_addr + symtab[i].st_value);
-            return 1;
-        }
+        if ((c | 1) == (h | 1) && s_eq(strtab + symtab[i].st_name, sym) &&
+            symtab[i].st_shndx != SHN_UNDEF && (!versym || !(versym[i] & 0x8000)))
+            return (void *)(m->l_addr + symtab[i].st_value);
         if (c & 1)
-            break;
+            return NULL;
     }
-    return 1;
 }
 
-static void *libc_sym(const char *name)
+extern struct r_debug _r_debug;
+
+NOSAN static void *libc_sym(const char *name)
 {
-    struct elf_q q = {name, NULL};
-    dl_iterate_phdr(elf_cb, &q);
-    return q.found;
+    for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next)
+        if (m->l_name && s_has(m->l_name, "libc.so.6"))
+            return elf_find(m, name);
+    return NULL;
+}
+
+static int libc_done;
+NOSAN static void libc_resolve(void)
+{
+    if (__atomic_load_n(&libc_done, __ATOMIC_ACQUIRE))
+        return;
+    void *s = libc_sym("dlsym"), *v = libc_sym("dlvsym"), *m = libc_sym("dlmopen");
+    if (s)
+        __atomic_store_n(&tessera_real_dlsym, (void *(*)(void *, const char *))s, __ATOMIC_RELAXED);
+    if (v)
+        __atomic_store_n(&tessera_real_dlvsym, (void *(*)(void *, const char *, const char *))v,
+                         __ATOMIC_RELAXED);
+    real_dlmopen = (void *(*)(Lmid_t, const char *, int))m;
+    __atomic_store_n(&libc_done, 1, __ATOMIC_RELEASE);
 }
 
 static pthread_once_t libc_once = PTHREAD_ONCE_INIT;
 static void libc_init(void)
 {
-    void *s = libc_sym("dlsym"), *v = libc_sym("dlvsym"), *m = libc_sym("dlmopen");
-    if (s)
-        tessera_real_dlsym = (void *(*)(void *, const char *))s;
-    if (v)
-        tessera_real_dlvsym = (void *(*)(void *, const char *, const char *))v;
-    real_dlmopen = (void *(*)(Lmid_t, const char *, int))m;
-    if (!s || !v || !m)
+    libc_resolve();
+    if (tessera_real_dlsym == tessera_dlsym_unavailable || !real_dlmopen)
         th_log("cannot find glibc's dlsym/dlvsym/dlmopen; dynamic lookups will fail");
 }
 
@@ -1401,12 +1424,12 @@ EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec ex, CUstream s)
 /* ====================================================================================
  * Lookup paths: cuGetProcAddress, dlsym, dlvsym, dlmopen.
  * ==================================================================================== */
-static int find_name(const char *name)
+NOSAN static int find_name(const char *name)
 {
     if (!name || (name[0] != 'c' && name[0] != 'n'))
         return -1;
     for (int i = 0; i < IDX_COUNT; i++)
-        if (!strcmp(th_table[i].name, name))
+        if (s_eq(th_table[i].name, name))
             return i;
     return -1;
 }
@@ -1485,24 +1508,30 @@ EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int ver
 EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags);
 
 /* Our answer for a looked-up name, or NULL to let glibc answer. */
-static void *lookup_hook(const char *name)
+static void *hook_for(int i);
+NOSAN static void *lookup_hook(const char *name)
 {
     if (!name)
         return NULL;
     if (name[0] == 'd' && name[1] == 'l') {
         extern void *dlsym(void *, const char *);
         extern void *dlvsym(void *, const char *, const char *);
-        if (!strcmp(name, "dlsym"))
+        if (s_eq(name, "dlsym"))
             return (void *)&dlsym;
-        if (!strcmp(name, "dlvsym"))
+        if (s_eq(name, "dlvsym"))
             return (void *)&dlvsym;
-        if (!strcmp(name, "dlmopen"))
+        if (s_eq(name, "dlmopen"))
             return (void *)&dlmopen;
         return NULL;
     }
     int i = find_name(name);
     if (i < 0)
         return NULL;
+    return hook_for(i);
+}
+
+static void *hook_for(int i)
+{
     if (th_table[i].lib == LIB_CU)
         pthread_once(&cu_once, cu_init);
     else
@@ -1510,21 +1539,27 @@ static void *lookup_hook(const char *name)
     return real_ptr[i] ? th_table[i].hook : NULL;
 }
 
+NOSAN static int maybe_ours(const char *name)
+{
+    return name && ((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v') ||
+                    (name[0] == 'd' && name[1] == 'l'));
+}
+
 HIDDEN void *tessera_dlsym_filter(void *handle, const char *name);
-HIDDEN void *tessera_dlsym_filter(void *handle, const char *name)
+NOSAN HIDDEN void *tessera_dlsym_filter(void *handle, const char *name)
 {
     (void)handle;
-    pthread_once(&libc_once, libc_init);
-    return lookup_hook(name);
+    libc_resolve();
+    return maybe_ours(name) ? lookup_hook(name) : NULL;
 }
 
 HIDDEN void *tessera_dlvsym_filter(void *handle, const char *name, const char *version);
-HIDDEN void *tessera_dlvsym_filter(void *handle, const char *name, const char *version)
+NOSAN HIDDEN void *tessera_dlvsym_filter(void *handle, const char *name, const char *version)
 {
     (void)handle;
     (void)version;
-    pthread_once(&libc_once, libc_init);
-    return lookup_hook(name);
+    libc_resolve();
+    return maybe_ours(name) ? lookup_hook(name) : NULL;
 }
 
 /* A library loaded into a new link-map namespace would reach the driver without us: when
@@ -1534,6 +1569,11 @@ EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
     pthread_once(&libc_once, libc_init);
     if (!real_dlmopen)
         return NULL;
+    if (lmid != LM_ID_BASE && file &&
+        (strstr(file, "libcuda.so") || strstr(file, "libnvidia-ml.so"))) {
+        LOG_ONCE("dlmopen of %s into a new namespace: using the base namespace", file);
+        return dlopen(file, flags);
+    }
     void *h = real_dlmopen(lmid, file, flags);
     if (!h || lmid == LM_ID_BASE)
         return h;
