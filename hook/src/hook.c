@@ -676,7 +676,7 @@ static __attribute__((noinline)) void cu_ready_slow(void)
     } while (0)
 
 static int ndevices = -1;
-static inline int one_device(void)
+static int one_device(void)
 {
     int n = __atomic_load_n(&ndevices, __ATOMIC_RELAXED);
     if (UNLIKELY(n < 0)) {
@@ -1271,6 +1271,8 @@ static __attribute__((noinline)) void refill(int e, uint64_t cost)
     }
 }
 
+static int one_device(void);
+static int entry_of_ordinal(int ord);
 static int launch_entry_multi(void)
 {
     CUdevice d;
@@ -1286,7 +1288,9 @@ static inline void spend(uint64_t kernels)
     if (mode == MODE_OFF)
         return;
     budget_check();
-    int e = cur_ndev == 1 ? 0 : launch_entry_multi();
+    int e = cur_ndev == 1 ? 0 : one_device() ? entry_of_ordinal(0) : launch_entry_multi();
+    if (e < 0)
+        return; /* a device outside the budget has no memory to run anything with */
     if (!(__atomic_load_n(&cur_flags[e], __ATOMIC_RELAXED) & TB_DEV_CORE_LIMIT))
         return;
     int64_t cost = (int64_t)kernels * 1000;

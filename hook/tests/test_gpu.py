@@ -1,0 +1,64 @@
+"""Real-GPU tier: the same checks as test_hook.py, built the same way, against the machine's
+own libcuda.so.1 and libnvidia-ml.so.1. Runs only where an NVIDIA GPU and driver are present."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+from pathlib import Path
+
+import pytest
+from tessera_hook_harness import GIB, MIB, SIM_LIB, Container
+
+pytestmark = pytest.mark.gpu
+
+
+def real_driver() -> str | None:
+    """Why there is no real GPU here, or None."""
+    if not Path("/dev/nvidiactl").exists():
+        return "no NVIDIA GPU on this machine (/dev/nvidiactl missing)"
+    name = ctypes.util.find_library("cuda")
+    if not name:
+        return "no libcuda.so.1 from an NVIDIA driver"
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"libcuda.so.1 does not load: {exc}"
+    if hasattr(lib, "tesseraSimSetFault") or str(SIM_LIB) in os.environ.get("LD_LIBRARY_PATH", ""):
+        return "libcuda.so.1 is the simulator's"
+    if lib.cuInit(0) != 0:
+        return "cuInit failed on the real driver"
+    return None
+
+
+@pytest.fixture
+def gpu_container(hook_built: None, tmp_path: Path) -> Container:
+    why = real_driver()
+    if why:
+        pytest.skip(why)
+    c = Container(tmp_path, "gpu")
+    for k in ("LD_LIBRARY_PATH", "TESSERA_SIM_NODE", "TESSERA_SIM_STATE"):
+        c.env.pop(k, None)
+    c.set_simple(memory=GIB)
+    return c
+
+
+@pytest.mark.parametrize("path", ["alloc", "pitch", "managed", "async", "pool", "vmm", "array"])
+def test_real_gpu_paths_held_to_budget(gpu_container: Container, path: str) -> None:
+    r = gpu_container.probe("fill", path, str(64 * MIB))
+    assert r["got"] <= GIB and r["err"] == 2
+
+
+@pytest.mark.parametrize(
+    "method", ["dlsym", "next", "dlmopen", "gpa:12000:0", "gpa:12000:2", "nest:12090:0"]
+)
+def test_real_gpu_bypass(gpu_container: Container, method: str) -> None:
+    assert gpu_container.probe("-m", method, "fill", "alloc", str(64 * MIB))["got"] <= GIB
+
+
+def test_real_gpu_views_and_rate(gpu_container: Container) -> None:
+    r = gpu_container.probe("info")
+    assert r["total"] == GIB and r["device_total"] == GIB
+    gpu_container.set_simple(memory=GIB, cores=30, rate=200)
+    r = gpu_container.probe("launch", "400", "1")
+    assert r["secs"] > 1.5
