@@ -1,4 +1,4 @@
-"""The C driver-API tests, against the plain and the ASan/UBSan builds of libcuda."""
+"""The C tests of the driver API and NVML, against the plain and the ASan/UBSan builds."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from tessera_sim import BUILD_DIR
 
 from .conftest import Node
 
+NODES = {"test_cuda": ("H100-80GB", "A100-40GB"), "test_nvml": ("A100-40GB:mig", "H100-80GB")}
+
 
 @pytest.mark.parametrize("variant", ["tests", "san/tests"])
-def test_cuda_driver_api(make_node: Callable[..., Node], variant: str) -> None:
-    node = make_node("H100-80GB", "A100-40GB")
+@pytest.mark.parametrize("program", sorted(NODES))
+def test_c_program(make_node: Callable[..., Node], program: str, variant: str) -> None:
+    node = make_node(*NODES[program])
     env = dict(node.env, ASAN_OPTIONS="detect_leaks=0", UBSAN_OPTIONS="halt_on_error=1")
     r = subprocess.run(
-        [str(BUILD_DIR / variant / "test_cuda")], env=env, capture_output=True, text=True,
+        [str(BUILD_DIR / variant / program)], env=env, capture_output=True, text=True,
         timeout=120,
     )
     assert r.returncode == 0, r.stdout + r.stderr
