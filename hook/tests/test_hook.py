@@ -281,3 +281,9 @@ def test_launches_spend_tokens_at_the_budget_rate(container: Container) -> None:
     assert led.devices[0].tokens >= 400
     container.set_simple(memory=GIB, cores=None)
     assert container.probe("launch", "400", "1")["secs"] < 0.5
+
+
+def test_readme_lists_every_intercepted_symbol() -> None:
+    text = (HOOK / "README.md").read_text()
+    for row in table():
+        assert f"`{row[1]}`" in text, f"{row[1]} missing from hook/README.md"
