@@ -67,6 +67,8 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Node], object]]:
     import pynvml
 
     monkeypatch.setattr(pynvml, "nvmlLib", ctypes.CDLL(str(LIB_DIR / "libnvidia-ml.so.1")))
+    # pynvml caches resolved functions; keep ours out of other tests' pynvml.
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
     started: list[bool] = []
 
     def start(node: Node) -> object:
