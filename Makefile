@@ -22,7 +22,7 @@ lint: install
 	$(PY) -m ruff check .
 
 typecheck: install
-	$(PY) -m mypy operator/tessera node-daemon/tessera_node
+	$(PY) -m mypy operator/tessera node-daemon/tessera_node sim/tessera_sim e2e/tessera_e2e
 
 # Regenerate crds/ from the API types (a test fails when they differ).
 crds: install
