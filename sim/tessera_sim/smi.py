@@ -8,6 +8,7 @@ Exit status: 0 on success, otherwise the NVML error code of the failure (2 for b
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -791,6 +792,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     except nv.NVMLError as e:
         print(err_text(e))
         return int(e.value)
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as the real tool does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     finally:
         nv.nvmlShutdown()
 
