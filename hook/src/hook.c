@@ -498,17 +498,25 @@ static struct tl *ledger_get(void)
     return ledger_state == 1 ? &ledger : NULL;
 }
 
+static __attribute__((noinline)) int entry_of_ordinal_slow(int ord, uint64_t g);
+
 /* Budget entry of a CUDA ordinal: -1 when the budget names no such device. */
-static int entry_of_ordinal(int ord)
+static inline int entry_of_ordinal(int ord)
 {
-    if (ord < 0 || ord >= MAX_ORD)
+    if (UNLIKELY(ord < 0 || ord >= MAX_ORD))
         return -1;
     uint64_t g = __atomic_load_n(&cur_gen, __ATOMIC_ACQUIRE);
-    if (g == dev_entry_gen) {
+    if (LIKELY(g == __atomic_load_n(&dev_entry_gen, __ATOMIC_RELAXED))) {
         int e = __atomic_load_n(&dev_entry[ord], __ATOMIC_RELAXED);
-        if (e != -2)
+        if (LIKELY(e != -2))
             return e;
-    } else {
+    }
+    return entry_of_ordinal_slow(ord, g);
+}
+
+static __attribute__((noinline)) int entry_of_ordinal_slow(int ord, uint64_t g)
+{
+    if (g != dev_entry_gen) {
         for (int i = 0; i < MAX_ORD; i++)
             __atomic_store_n(&dev_entry[i], -2, __ATOMIC_RELAXED);
         __atomic_store_n(&dev_entry_gen, g, __ATOMIC_RELEASE);
@@ -676,7 +684,7 @@ static __attribute__((noinline)) void cu_ready_slow(void)
     } while (0)
 
 static int ndevices = -1;
-static int one_device(void)
+static inline int one_device(void)
 {
     int n = __atomic_load_n(&ndevices, __ATOMIC_RELAXED);
     if (UNLIKELY(n < 0)) {
@@ -691,7 +699,7 @@ static int one_device(void)
 
 /* Reserve bytes for the device of the current context (ord < 0) or ordinal ord.
  * CUDA_SUCCESS with *entry set (-1: untracked, pass through), or the error to return. */
-static CUresult reserve(int ord, uint64_t bytes, int *entry)
+static inline __attribute__((always_inline)) CUresult reserve(int ord, uint64_t bytes, int *entry)
 {
     *entry = -1;
     if (mode == MODE_OFF || in_hook)
@@ -757,8 +765,8 @@ static void forget(uint8_t kind, uint64_t key)
 #define ENTER() (in_hook++)
 #define LEAVE() (in_hook--)
 
-static CUresult alloc_ptr(CUresult (*fn)(void *), void *arg, CUdeviceptr *dptr, uint64_t bytes,
-                          int ord)
+static inline __attribute__((always_inline)) CUresult
+alloc_ptr(CUresult (*fn)(void *), void *arg, CUdeviceptr *dptr, uint64_t bytes, int ord)
 {
     int e;
     CUresult r = reserve(ord, bytes, &e);
@@ -1271,7 +1279,6 @@ static __attribute__((noinline)) void refill(int e, uint64_t cost)
     }
 }
 
-static int one_device(void);
 static int entry_of_ordinal(int ord);
 static int launch_entry_multi(void)
 {
