@@ -287,3 +287,36 @@ def test_readme_lists_every_intercepted_symbol() -> None:
     text = (HOOK / "README.md").read_text()
     for row in table():
         assert f"`{row[1]}`" in text, f"{row[1]} missing from hook/README.md"
+
+
+def test_holder_killed_inside_the_ledger_lock(container: Container) -> None:
+    """A process SIGKILLed while holding the ledger lock, halfway through an update: the next
+    process takes the lock over, recounts, and (once the dead slot is reaped) gets it all."""
+    tjoin = str(PROBE.parent / "tjoin")
+    assert container.probe("alloc", "alloc", str(MIB))["err"] == 0  # creates the ledger
+    r = container.run([tjoin, "/run/tessera/ledger", "die", str(256 * MIB)])
+    assert r.returncode == -signal.SIGKILL
+    led = container.read_ledger()
+    assert led.devices[0].used == 0 and any(s.bytes[0] == 256 * MIB for s in led.slots)
+    r = container.probe("fill", "alloc", str(64 * MIB), timeout=30)
+    assert r["got"] == GIB  # lock taken over, used recounted, dead slot reaped
+    led = container.read_ledger()
+    assert led.devices[0].used == 0 and not [s for s in led.slots if s.bytes[0]]
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_sigkill_rounds_during_alloc_and_free(container: Container, round_: int) -> None:
+    rng = random.Random(100 + round_)
+    procs = [
+        container.popen([str(PROBE), "churn", path, str(32 * MIB), "30"])
+        for path in ("alloc", "async", "vmm", "pitch", "array", "managed")
+    ]
+    for p in procs:
+        p.stdout.readline()  # type: ignore[union-attr]
+    for p in procs:
+        time.sleep(rng.uniform(0.0, 0.03))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    r = container.probe("fill", "alloc", str(64 * MIB), timeout=30)
+    assert r["got"] == GIB
+    assert container.read_ledger().devices[0].used == 0
