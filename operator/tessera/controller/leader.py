@@ -144,8 +144,11 @@ class LeaderElector:
                     await asyncio.gather(task, return_exceptions=True)
                     task = None
                 if task is not None and task.done():
-                    err = task.exception()
-                    log.error("leader work stopped", extra={"error": repr(err)})
+                    err = None if task.cancelled() else task.exception()
+                    if err is None:  # kopf stopped on a signal: shut down, hand over
+                        log.info("leader work finished; stopping")
+                        return
+                    log.error("leader work failed", extra={"error": repr(err)})
                     raise SystemExit(1)
                 await asyncio.sleep(self.renew_s if self.is_leader else self.renew_s / 2)
         finally:

@@ -1,0 +1,231 @@
+"""Operator benchmarks against the real local control plane (two replicas behind a proxy).
+
+1. admission latency p50/p99 at 50 pods/s with quota contention (every create reserves on
+   the same GPUQuota; goal p99 < 20 ms), end to end as the client sees it (API server +
+   webhook + reservation write), and the webhook's own share from its histogram;
+2. GPUPartition apply -> Ready with 50 nodes answering (goal p99 < 2 s);
+3. the leader's memory with 1,000 budgeted pods and 200 GPU nodes watched.
+
+Named operator_control.py, not operator.py: a script named operator.py shadows the standard
+library's ``operator`` module for everything it imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "operator/tests"), str(REPO / "e2e")]
+
+from integration.harness import (  # noqa: E402
+    OPERATOR_NS,
+    OperatorProcess,
+    RoundRobinProxy,
+    lease_holder,
+    operator_kubeconfig,
+    render_rbac,
+    wait_until,
+)
+
+from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
+from tessera.controller.kube import ApiError, Kube, load_credentials, path  # noqa: E402
+from tessera_e2e.build import build_inputs  # noqa: E402
+from tessera_e2e.cache import default_layout  # noqa: E402
+from tessera_e2e.cluster import LocalCluster  # noqa: E402
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+def pod_body(ns: str, name: str, mem: int, cores: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {
+                "limits": {"tessera.dev/vgpu-memory": str(mem),
+                           "tessera.dev/vgpu-cores": str(cores)}}}]}}
+
+
+async def create_ns(kube: Kube, ns: str, hard: dict[str, Any]) -> None:
+    await kube.create(path("", "v1", "namespaces"), {"metadata": {"name": ns}})
+    for _ in range(100):
+        try:
+            await kube.get(path("", "v1", "serviceaccounts", ns, "default"))
+            break
+        except ApiError:
+            await asyncio.sleep(0.1)
+    await kube.create(path("tessera.dev", "v1alpha1", "gpuquotas", ns), {
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "team", "namespace": ns}, "spec": {"hard": hard}})
+
+
+async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, cores: int
+                        ) -> tuple[list[float], int]:
+    lat: list[float] = []
+    admitted = 0
+    errors: list[str] = []
+
+    async def one(i: int) -> None:
+        nonlocal admitted
+        t0 = time.perf_counter()
+        try:
+            await kube.request("POST", path("", "v1", "pods", ns),
+                               pod_body(ns, f"p{i:04d}", mem, cores), timeout=60)
+            admitted += 1
+        except ApiError as exc:
+            if exc.status != 403:
+                errors.append(exc.message[:120])
+        except TimeoutError:
+            errors.append("client timeout")
+        lat.append(time.perf_counter() - t0)
+
+    tasks = []
+    start = time.perf_counter()
+    for i in range(n):
+        await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    if errors:
+        print(f"  {len(errors)} creates failed otherwise, e.g. {errors[0]}")
+    return lat, admitted
+
+
+def histogram_p(metrics: str, q: float) -> str:
+    """Upper bucket bound holding quantile q of tessera_admission_seconds{webhook=pods}."""
+    buckets: dict[float, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("tessera_admission_seconds_bucket") and 'webhook="pods"' in line:
+            le = line.split('le="')[1].split('"')[0]
+            buckets[float("inf") if le == "+Inf" else float(le)] = (
+                buckets.get(float("inf") if le == "+Inf" else float(le), 0) +
+                float(line.rsplit(" ", 1)[1]))
+    if not buckets:
+        return "n/a"
+    total = max(buckets.values())
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            return f"<= {le * 1000:.0f} ms"
+    return "n/a"
+
+
+def node_obj(name: str, gpus: int = 8) -> dict[str, Any]:
+    inv = [GPUInventory(index=i, uuid=f"GPU-{name}-{i}", model="H100-80GB", memory_mib=81559)
+           for i in range(gpus)]
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name, "labels": {**node_labels(inv), "bench": "yes"},
+        "annotations": {"tessera.dev/gpus": to_annotation(inv)}}}
+
+
+async def partition_ready_trials(kube: Kube, nodes: list[str], trials: int) -> list[float]:
+    url = path("tessera.dev", "v1alpha1", "gpupartitions")
+    name = "bench-part"
+    layouts = [[{"name": "3g.40gb", "count": 2}], [{"name": "1g.10gb", "count": 7}]]
+    out = []
+    body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+            "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": {"bench": "yes"}},
+                     "layout": {"profiles": layouts[0]}}}
+    await kube.create(url, body)
+    for t in range(trials):
+        t0 = time.perf_counter()
+        if t:
+            got = await kube.merge_patch(f"{url}/{name}", {"spec": {"layout": {
+                "profiles": layouts[t % 2]}}})
+        else:
+            got = await kube.get(f"{url}/{name}")
+        gen = got["metadata"]["generation"]
+        # every node daemon answers: its own key, merge patch, as soon as it sees the change
+        await asyncio.gather(*(kube.merge_patch(f"{url}/{name}/status", {"status": {"nodes": {
+            n: {"phase": "Ready", "observedGeneration": gen}}}}) for n in nodes))
+        while True:
+            st = (await kube.get(f"{url}/{name}")).get("status") or {}
+            ready = [c for c in st.get("conditions") or [] if c["type"] == "Ready"]
+            if (st.get("observedGeneration") == gen and ready and ready[0]["status"] == "True"):
+                break
+            await asyncio.sleep(0.01)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess]) -> None:
+    kube = Kube(load_credentials(str(cluster.kubeconfig)), "bench")
+    try:
+        # 1. admission at 50 pods/s, contended: 500 creates, quota fits 250
+        await create_ns(kube, "bench-adm", {"cores": 2500, "memory": "1000Gi"})
+        await paced_creates(kube, "bench-adm", 20, 50, 100, 10)  # warm connections
+        await kube.request("DELETE", path("", "v1", "pods", "bench-adm"))
+        await asyncio.sleep(3)
+        lat, admitted = await paced_creates(kube, "bench-adm", 500, 50, 100, 10)
+        ms = [x * 1000 for x in lat]
+        hook = {n: histogram_p(r.metrics(), 0.99) for n, r in ops.items()}
+        print(f"admission @50 pods/s, 500 creates on one GPUQuota ({admitted} admitted, "
+              f"{500 - admitted} refused at hard): end-to-end p50 {pct(ms, 50):.1f} ms, "
+              f"p99 {pct(ms, 99):.1f} ms, max {max(ms):.1f} ms; webhook p99 bucket {hook}")
+        # 2. GPUPartition apply -> Ready, 50 nodes answering
+        nodes = [f"bench-n{i:03d}" for i in range(50)]
+        await asyncio.gather(*(kube.create(path("", "v1", "nodes"), node_obj(n)) for n in nodes))
+        await asyncio.sleep(1)
+        times = await partition_ready_trials(kube, nodes, 20)
+        ms = [x * 1000 for x in times]
+        print(f"GPUPartition apply -> Ready, 50 nodes answering, 20 applies: p50 "
+              f"{pct(ms, 50):.0f} ms, p99 {pct(ms, 99):.0f} ms")
+        # 3. memory with 200 nodes and 1,000 pods watched
+        leader = ops[lease_holder(cluster)]
+        assert leader.proc is not None
+        before = rss_mib(leader.proc.pid)
+        more = [f"bench-m{i:03d}" for i in range(150)]
+        for i in range(0, len(more), 50):
+            await asyncio.gather(*(kube.create(path("", "v1", "nodes"), node_obj(n))
+                                   for n in more[i:i + 50]))
+        await create_ns(kube, "bench-mem", {"cores": 100000})
+        _, made = await paced_creates(kube, "bench-mem", 1000 - admitted, 100, 10, 1)
+        await asyncio.sleep(5)
+        after = rss_mib(leader.proc.pid)
+        print(f"leader RSS: {before:.0f} MiB before, {after:.0f} MiB with 200 GPU nodes and "
+              f"{admitted + made} budgeted pods watched")
+    finally:
+        await kube.close()
+
+
+def main() -> int:
+    layout = default_layout()
+    cluster = LocalCluster(layout.bin_dir(build_inputs().pins), layout, report=lambda _: None)
+    cluster.start()
+    proxy = RoundRobinProxy().start()
+    ops: dict[str, OperatorProcess] = {}
+    try:
+        for crd in sorted((REPO / "crds").glob("*.yaml")):
+            cluster.kubectl("apply", "--server-side", "-f", str(crd))
+        cluster.kubectl("create", "namespace", OPERATOR_NS)
+        cluster.kubectl("apply", "-f", "-", input=render_rbac())
+        logdir = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
+        kc = operator_kubeconfig(cluster, logdir)
+        for name in ("op-a", "op-b"):
+            ops[name] = OperatorProcess(kc, proxy, logdir, name).start()
+        wait_until("leader", lambda: lease_holder(cluster) in ops, 30)
+        wait_until("webhook config", lambda: cluster.kubectl(
+            "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
+        asyncio.run(main_async(cluster, ops))
+        print(json.dumps({"proxyConnections": proxy.connections}))
+    finally:
+        for r in ops.values():
+            r.stop()
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

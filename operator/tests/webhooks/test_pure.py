@@ -1,0 +1,119 @@
+"""Webhook helpers without a cluster: JSON patches, certificates, configurations, quota I/O."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+
+from tessera.quota.arith import Limits, Usage
+from tessera.quota.objects import limits_of, policy_of, used_of, used_patch, view_of
+from tessera.webhooks.admission import fill_patch, pod_patch
+from tessera.webhooks.certs import make_serving_cert
+from tessera.webhooks.config import POD_MATCH_EXPRESSION, ClientConfig, mutating, validating
+
+
+def apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 add/remove, enough to check what the API server will do with our patches."""
+    out = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target: Any = out
+        for p in parts[:-1]:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        last = parts[-1]
+        if op["op"] == "add":
+            target[last] = op["value"]
+        else:
+            del target[last]
+    return out
+
+
+def test_fill_patch_adds_limits_and_matching_requests() -> None:
+    spec = {"containers": [
+        {"name": "a"},
+        {"name": "b", "resources": {"limits": {"tessera.dev/vgpu": "1"},
+                                    "requests": {"tessera.dev/vgpu": "1", "cpu": "1"}}},
+        {"name": "c", "resources": {"requests": {"cpu": "1"}}},
+    ]}
+    filled = {"a": {"tessera.dev/vgpu-memory": 10}, "b": {"tessera.dev/vgpu-cores": 20},
+              "c": {"tessera.dev/vgpu": 1}}
+    out = apply({"spec": spec}, fill_patch(spec, filled))["spec"]["containers"]
+    assert out[0]["resources"] == {"limits": {"tessera.dev/vgpu-memory": "10"}}
+    assert out[1]["resources"]["limits"]["tessera.dev/vgpu-cores"] == "20"
+    assert out[1]["resources"]["requests"]["tessera.dev/vgpu-cores"] == "20"
+    assert out[2]["resources"] == {"requests": {"cpu": "1"},
+                                   "limits": {"tessera.dev/vgpu": "1"}}
+
+
+def test_pod_patch_sets_budget_and_label_or_strips_forged_ones() -> None:
+    bare = {"metadata": {"name": "x"}}
+    out = apply(bare, pod_patch(bare, "{}"))
+    assert out["metadata"] == {"name": "x", "annotations": {"tessera.dev/budget": "{}"},
+                               "labels": {"tessera.dev/budgeted": "true"}}
+    forged = {"metadata": {"annotations": {"tessera.dev/budget": "{}", "keep": "1"},
+                           "labels": {"tessera.dev/budgeted": "true"}}}
+    out = apply(forged, pod_patch(forged, None))
+    assert out["metadata"] == {"annotations": {"keep": "1"}, "labels": {}}
+
+
+def test_serving_cert_covers_ip_and_dns_and_chains_to_ca(tmp_path: Path) -> None:
+    made = make_serving_cert(["127.0.0.1", "tessera-webhook.tessera-system.svc"])
+    cert = x509.load_pem_x509_certificate(made.cert_pem)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert san.get_values_for_type(x509.DNSName) == ["tessera-webhook.tessera-system.svc"]
+    ca = x509.load_pem_x509_certificate(made.ca_pem)
+    cert.verify_directly_issued_by(ca)
+    _, _, key = made.write(tmp_path)
+    assert key.stat().st_mode & 0o077 == 0
+
+
+def test_configurations_url_and_service_modes() -> None:
+    url = ClientConfig(b"CA", url="https://127.0.0.1:9443")
+    m = mutating(url)["webhooks"][0]
+    assert m["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate/pods"
+    assert m["failurePolicy"] == "Fail" and m["sideEffects"] == "NoneOnDryRun"
+    assert m["matchConditions"][0]["expression"] == POD_MATCH_EXPRESSION
+    svc = ClientConfig(b"CA", service_name="tessera-webhook", service_namespace="ts")
+    v = validating(svc)["webhooks"]
+    assert v[0]["clientConfig"]["service"] == {"name": "tessera-webhook", "namespace": "ts",
+                                               "path": "/validate/gpupartitions", "port": 443}
+    assert {w["failurePolicy"] for w in v} == {"Ignore"}
+
+
+def quota_obj(name: str, spec: dict[str, Any], used: dict[str, Any] | None = None,
+              rv: str = "7") -> dict[str, Any]:
+    obj: dict[str, Any] = {"metadata": {"name": name, "resourceVersion": rv}, "spec": spec}
+    if used is not None:
+        obj["status"] = {"used": used}
+    return obj
+
+
+def test_quota_objects_round_trip_and_tolerate_garbage() -> None:
+    q = quota_obj("a", {"hard": {"memory": "40Gi", "cores": 400, "migInstances":
+                                 {"1g.10gb": 4}}},
+                  {"memory": "2Gi", "cores": 10, "pods": 1, "migInstances": {"1g.10gb": 1}})
+    assert limits_of(q["spec"]) == Limits(40960, 400, None, {"1g.10gb": 4})
+    v = view_of(q)
+    assert v.used == Usage(2048, 10, 1, {"1g.10gb": 1}) and v.resource_version == "7"
+    patch = used_patch(q, Usage(1024, 5, 1))
+    assert patch["metadata"] == {"resourceVersion": "7"}
+    assert patch["status"]["used"] == {"memory": "1Gi", "cores": 5, "pods": 1,
+                                       "migInstances": {"1g.10gb": None}}
+    assert patch["status"]["summary"] == {"cores": "5/400", "memory": "1Gi/40Gi", "pods": "1"}
+    assert used_of({"used": {"memory": "lots", "cores": "x"}}) == Usage()
+    assert used_of({}) is None
+
+
+def test_policy_comes_from_the_quota_carrying_defaults() -> None:
+    quotas = [quota_obj("hard-only", {"hard": {"pods": 3}}),
+              quota_obj("defaults", {"default": {"memory": "1Gi", "cores": 20},
+                                     "max": {"memory": "8Gi"}, "weight": 3})]
+    p = policy_of(quotas)
+    assert (p.quota, p.default_memory_mib, p.default_cores, p.max_memory_mib, p.max_cores,
+            p.weight) == ("defaults", 1024, 20, 8192, None, 3)
+    assert policy_of([quotas[0]]).quota is None
