@@ -197,6 +197,9 @@ def test_live_budget_change_is_obeyed_at_the_next_check(container: Container) ->
     assert ask(f"alloc alloc {1024 * MIB}") == '{"err": 0}'
     info = ask("info")
     assert '"total": 2147483648' in info and '"free": 536870912' in info
+    if "nvml_total" in info:
+        assert '"nvml_total": 2147483648' in info and '"nvml_used": 1610612736' in info
+        assert '"nvml2_total": 2147483648' in info and '"nvml2_free": 536870912' in info
     container.set_simple(memory=GIB)  # below what is held: views never underflow
     info = ask("info")
     assert '"total": 1073741824' in info and '"free": 0' in info
@@ -209,6 +212,7 @@ def test_memory_views(container: Container) -> None:
     assert r["total"] == GIB and r["free"] == GIB and r["device_total"] == GIB
     if "nvml_total" in r:
         assert r["nvml_total"] == GIB and r["nvml_used"] == 0
+        assert r["nvml2_total"] == GIB and r["nvml2_free"] == GIB
 
 
 def test_uuid_matched_entries(container: Container) -> None:

@@ -269,6 +269,11 @@ static void op_info(void)
         mem1 m = {0, 0, 0};
         if (init && get && mi && init() == 0 && get(0, &d) == 0 && mi(d, &m) == 0)
             printf(", \"nvml_total\": %llu, \"nvml_used\": %llu, \"nvml_free\": %llu", m.total, m.used, m.free);
+        typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } mem2;
+        int (*mi2)(void *, mem2 *) = (int (*)(void *, mem2 *))dlsym(nv, "nvmlDeviceGetMemoryInfo_v2");
+        mem2 m2 = {(unsigned int)(sizeof(mem2) | (2u << 24)), 0, 0, 0, 0};
+        if (d && mi2 && mi2(d, &m2) == 0)
+            printf(", \"nvml2_total\": %llu, \"nvml2_used\": %llu, \"nvml2_free\": %llu", m2.total, m2.used, m2.free);
     }
     printf("}\n");
 }
