@@ -94,7 +94,9 @@ struct tl_slot {                 /* 256 bytes */
     uint64_t bytes[TB_MAX_DEV];  /*  16 device bytes this process holds */
     uint64_t launches;           /* 144 */
     uint64_t wait_ns;            /* 152 */
-    uint64_t reserved1[12];      /* 160 */
+    uint64_t start_ticks;        /* 160 /proc/self/stat starttime: the same in every PID
+                                    namespace, so the host can find this process */
+    uint64_t reserved1[11];      /* 168 */
 };
 
 _Static_assert(sizeof(struct tl_header) <= TL_HEADER_SIZE, "ledger header fits");

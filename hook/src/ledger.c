@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -220,6 +221,28 @@ static int reclaim(struct tl *l, struct tl_slot *s)
     return 0;
 }
 
+/* Field 22 of /proc/self/stat (process start time in clock ticks since boot). */
+static uint64_t start_ticks(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p++;
+    for (int field = 3; field < 22 && p; field++) { /* p: the space before field 3 */
+        p = strchr(p + 1, ' ');
+    }
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
 int tl_join(struct tl *l, const char **why)
 {
     if (l->self)
@@ -244,6 +267,7 @@ int tl_join(struct tl *l, const char **why)
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         s->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        s->start_ticks = start_ticks();
         __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
         uint32_t hwm = __atomic_load_n(&l->h->hwm, __ATOMIC_RELAXED);
         while (hwm < (uint32_t)i + 1 &&

@@ -26,8 +26,35 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tessera_node.budget.formats import BudgetFile
-from tessera_node.budget.ledger import read_ledger
+from tessera_node.budget.ledger import LedgerView, read_ledger
 from tessera_node.budget.ratelaw import Observation, RateLaw
+
+
+def proc_identity(pid: int) -> tuple[int, int] | None:
+    """(PID inside the process's own namespace, start ticks) of a host PID, from /proc."""
+    try:
+        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        inner = pid
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                inner = int(line.split()[-1])
+        return inner, start
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def attribute(led: LedgerView, busy_by_pid: dict[int, float]) -> float:
+    """Busy share of a container's processes. NVML reports host PIDs; the ledger holds PIDs
+    as the container sees them plus their start time, which names the same process in every
+    PID namespace."""
+    ids = {(s.pid, s.start_ticks) for s in led.slots if s.alive and s.start_ticks}
+    plain = {s.pid for s in led.slots if s.alive and not s.start_ticks}
+    total = 0.0
+    for pid, busy in busy_by_pid.items():
+        ident = proc_identity(pid)
+        if (ident is not None and ident in ids) or pid in plain:
+            total += busy
+    return total
 
 
 class UtilizationSource(Protocol):
@@ -118,7 +145,7 @@ class Controller:
             if a is None or b is None:
                 continue
             spent = max(0.0, b - a)
-            busy = sum(busy_by_pid.get(pid, 0.0) for pid in led.live_pids())
+            busy = attribute(led, busy_by_pid)
             observations[t.name] = Observation(
                 busy=busy, tokens=spent, seconds=window[1] - window[0]
             )

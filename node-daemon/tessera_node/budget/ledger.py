@@ -44,6 +44,7 @@ class LedgerSlot:
     alive: bool
     bytes: tuple[int, ...]
     wait_s: float
+    start_ticks: int = 0  # /proc/<pid>/stat starttime, the same in every PID namespace
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
             if pid == 0:
                 continue
             held = struct.unpack_from(f"<{MAX_DEV}Q", raw, off + 16)
-            _launches, wait_ns = struct.unpack_from("<2Q", raw, off + 144)
-            slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9))
+            _launches, wait_ns, start = struct.unpack_from("<3Q", raw, off + 144)
+            slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
         return LedgerView(tuple(devices), tuple(slots))
     finally:
         os.close(fd)

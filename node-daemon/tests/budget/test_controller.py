@@ -73,3 +73,18 @@ def test_controller_without_window_keeps_rates(tmp_path: Path) -> None:
     ctl = Controller(FakeNvml(), [Tenant(name="a", budget=budget, ledger=tmp_path / "none")])
     assert ctl.step() == {}
     assert budget.read().entries[0].rate == 123
+
+
+def test_attribution_by_start_time_across_pid_namespaces() -> None:
+    import os
+
+    from tessera_node.budget.controller import attribute, proc_identity
+    from tessera_node.budget.ledger import LedgerSlot, LedgerView
+
+    me = proc_identity(os.getpid())
+    assert me is not None and me[1] > 0
+    zero = (0,) * 16
+    mine = LedgerSlot(0, me[0], True, zero, 0.0, me[1])
+    stale = LedgerSlot(1, me[0], True, zero, 0.0, me[1] + 1)  # same PID, another process
+    assert attribute(LedgerView((), (mine,)), {os.getpid(): 0.25}) == 0.25
+    assert attribute(LedgerView((), (stale,)), {os.getpid(): 0.25}) == 0.0
