@@ -85,6 +85,9 @@ struct tl_header {
                                   guards used[] and slot bytes; stolen from a dead owner */
     uint8_t lock_pad[56];  /*  72 */
     struct tl_dev dev[TB_MAX_DEV]; /* 128 */
+    /* 1152: launch waits per device, log2 buckets: bucket b counts waits of [2^(b-1), 2^b)
+     * microseconds (b = 0: under 1 us; 31: everything longer) -- p99 waiting per container */
+    uint32_t wait_hist[TB_MAX_DEV][32];
 };
 
 struct tl_slot {                 /* 256 bytes */
@@ -101,6 +104,7 @@ struct tl_slot {                 /* 256 bytes */
 
 _Static_assert(sizeof(struct tl_header) <= TL_HEADER_SIZE, "ledger header fits");
 _Static_assert(__builtin_offsetof(struct tl_header, dev) == 128, "ledger header layout");
+_Static_assert(__builtin_offsetof(struct tl_header, wait_hist) == 1152, "ledger header layout");
 _Static_assert(sizeof(struct tl_slot) == 256, "ledger slot layout");
 
 #define TL_FILE_SIZE (TL_HEADER_SIZE + TL_NSLOTS * 256u)

@@ -1271,6 +1271,9 @@ static __attribute__((noinline)) void refill(int e, uint64_t cost)
             uint64_t w = mono_ns() - t0;
             __atomic_fetch_add(&d->wait_ns, w, __ATOMIC_RELAXED);
             __atomic_fetch_add(&d->waits, 1, __ATOMIC_RELAXED);
+            uint64_t us = w / 1000;
+            int b = us ? 64 - __builtin_clzll(us) : 0;
+            __atomic_fetch_add(&l->h->wait_hist[e][b > 31 ? 31 : b], 1, __ATOMIC_RELAXED);
             if (l->self)
                 l->self->wait_ns += w;
         }

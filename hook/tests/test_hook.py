@@ -283,6 +283,9 @@ def test_launches_spend_tokens_at_the_budget_rate(container: Container) -> None:
     assert 1.7 < r["secs"] < 2.6, r
     led = container.read_ledger()
     assert led.devices[0].tokens >= 400
+    dev = led.devices[0]
+    assert dev.waits > 0 and sum(dev.wait_hist) == dev.waits
+    assert 0 < dev.wait_quantile(0.99) <= 0.2  # no launch waited more than ~one batch
     container.set_simple(memory=GIB, cores=None)
     assert container.probe("launch", "400", "1")["secs"] < 0.5
 

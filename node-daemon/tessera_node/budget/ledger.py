@@ -23,6 +23,8 @@ FILE_SIZE = HEADER_SIZE + NSLOTS * SLOT_SIZE
 LOCK_BASE = 1 << 40
 DEV_OFFSET = 128
 DEV = struct.Struct("<8Q")  # used, tat_ns, tokens_milli, launches, wait_ns, waits, oom, reserved
+WAIT_HIST_OFFSET = 1152  # u32[MAX_DEV][32], log2 microsecond buckets
+WAIT_BUCKETS = 32
 SLOT_HEAD = struct.Struct("<iIQ")
 F_OFD_GETLK = 36
 FLOCK = struct.Struct("hhqqi4x")  # l_type, l_whence, l_start, l_len, l_pid (x86_64)
@@ -35,6 +37,19 @@ class LedgerDevice:
     wait_s: float
     waits: int
     oom: int
+    wait_hist: tuple[int, ...] = ()  # bucket b: waits of [2^(b-1), 2^b) microseconds
+
+    def wait_quantile(self, q: float) -> float:
+        """Upper bound, in seconds, of the q-quantile of launch waits (0 when none)."""
+        total = sum(self.wait_hist)
+        if total == 0:
+            return 0.0
+        seen = 0
+        for b, n in enumerate(self.wait_hist):
+            seen += n
+            if seen >= q * total:
+                return (1 << b) / 1e6
+        return (1 << (len(self.wait_hist) - 1)) / 1e6
 
 
 @dataclass(frozen=True)
@@ -88,7 +103,10 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
             used, _tat, tokens, _launches, wait_ns, waits, oom, _r = DEV.unpack_from(
                 raw, DEV_OFFSET + d * DEV.size
             )
-            devices.append(LedgerDevice(used, tokens / 1000, wait_ns / 1e9, waits, oom))
+            hist = struct.unpack_from(
+                f"<{WAIT_BUCKETS}I", raw, WAIT_HIST_OFFSET + d * 4 * WAIT_BUCKETS
+            )
+            devices.append(LedgerDevice(used, tokens / 1000, wait_ns / 1e9, waits, oom, hist))
         slots = []
         for i in range(min(hwm, NSLOTS)):
             off = HEADER_SIZE + i * SLOT_SIZE
