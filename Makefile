@@ -8,9 +8,19 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 export PYTHONPATH := $(CURDIR)/e2e:$(CURDIR)/sim
 
-.PHONY: install lint typecheck crds test unit sim hook controlplane cluster demo bench clean
+.PHONY: sysdeps install lint typecheck crds test unit sim hook controlplane cluster demo bench clean
 
 install: $(STAMP)
+
+# System tools the tests use: clang + libFuzzer runtime (hook fuzz targets), valgrind.
+# Installed from Debian's packages when missing (the machines run as root).
+SYSDEPS_OK := $(shell command -v clang >/dev/null && command -v valgrind >/dev/null && \
+	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 && echo yes)
+sysdeps:
+ifneq ($(SYSDEPS_OK),yes)
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev valgrind
+endif
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,13 +59,13 @@ demo: controlplane sim
 	$(PY) -m tessera_e2e demo
 
 # Everything: lint, types, unit, simulator, hook and integration tests.
-test: install lint typecheck sim hook controlplane
+test: sysdeps install lint typecheck sim hook controlplane
 	$(PY) -m pytest
 
 unit: install
 	$(PY) -m pytest operator/tests node-daemon/tests
 
-bench: install sim hook
+bench: sysdeps install sim hook
 	$(PY) bench/run.py
 
 clean:
