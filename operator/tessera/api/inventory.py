@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from tessera.models import get_model
 
 LABEL_PRODUCT = "tessera.dev/gpu.product"

@@ -17,3 +17,6 @@ RECOUNT_HEALS = Counter("tessera_quota_recount_heals_total",
                         "Times a recount corrected GPUQuota status.used.")
 RELEASES = Counter("tessera_quota_releases_total", "Pod budgets given back to GPUQuotas.")
 WATCHED = Gauge("tessera_watched_objects", "Objects in the operator's caches.", ["kind"])
+RESERVATION_BATCH = Histogram(
+    "tessera_quota_reservation_batch_size", "Reservations written in one GPUQuota update.",
+    buckets=(1, 2, 4, 8, 16, 32, 64))

@@ -120,11 +120,7 @@ class Controller:
         if ANNOTATION_RELEASED in annotations:
             return
         phase = (pod.get("status") or {}).get("phase")
-        if typ == "DELETED":
-            if phase in TERMINAL_PHASES:
-                # finished and deleted before we marked it: a mark is impossible now, and
-                # recount (which skips finished pods) heals whatever this leaves
-                pass
+        if typ == "DELETED":  # unreleased (finished or not): give it back now
             await self._release(pod)
             return
         if phase not in TERMINAL_PHASES:

@@ -301,11 +301,16 @@ def deny_message(violations: Iterable[Violation]) -> str:
 
 
 def pod_counts(pod: Mapping[str, Any]) -> bool:
-    """Whether a pod still holds its budget: admitted with one and not finished."""
-    meta = pod.get("metadata") or {}
-    if ANNOTATION_BUDGET not in (meta.get("annotations") or {}):
+    """Whether a pod still holds its budget: admitted with one and not yet released.
+
+    A finished pod holds it until the operator marks it released (then gives it back), so
+    a recount between the two never subtracts what the release will subtract again.
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if ANNOTATION_BUDGET not in annotations:
         return False
-    return (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
+    finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+    return not (finished and ANNOTATION_RELEASED in annotations)
 
 
 def pod_usage(pod: Mapping[str, Any]) -> Usage:

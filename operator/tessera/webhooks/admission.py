@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -123,18 +123,27 @@ def fill_patch(spec: Mapping[str, Any], filled: Mapping[str, Mapping[str, int]]
 
 
 @dataclass
+class _Pending:
+    usage: Usage
+    add: bool
+    fut: asyncio.Future[list[Violation] | None]
+
+
+@dataclass
 class Admission:
     """Pod and CR admission.
 
-    Within one replica, reservations on the same quota are serialised (a lock per quota)
-    and start from the object this replica last wrote, so they do not race each other;
-    only writes by other replicas (or recount/releases) cost a conflict and a re-read.
-    The resourceVersion precondition, not the lock, is what makes reservations correct.
+    Within one replica, reservations on the same quota are group-committed: requests that
+    arrive while a write is in flight are checked one after another (first come, first
+    served) against the newest copy this replica knows and written as one update.  Only
+    writes by other replicas (or releases/recount) cost a conflict and a re-read.  The
+    resourceVersion precondition, not the batching, is what makes reservations correct.
     """
 
     kube: Kube
-    _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _latest: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    _queues: dict[tuple[str, str], list[_Pending]] = field(default_factory=dict)
+    _workers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -208,44 +217,77 @@ class Admission:
         await self._cas(ns, q, usage, add=False)
 
     async def _cas(self, ns: str, q: Obj, usage: Usage, add: bool) -> list[Violation] | None:
+        """Queue one reservation (or release) on quota ``q``; [] = done, None = no quota."""
         key = (ns, str(q["metadata"]["name"]))
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            return await self._cas_locked(key, q, usage, add)
+        known = self._latest.get(key)
+        if known is None or _rv(q) > _rv(known):
+            self._latest[key] = q
+        fut: asyncio.Future[list[Violation] | None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, []).append(_Pending(usage, add, fut))
+        worker = self._workers.get(key)
+        if worker is None or worker.done():
+            self._workers[key] = asyncio.create_task(self._drain(key))
+        return await fut
 
-    async def _cas_locked(self, key: tuple[str, str], q: Obj, usage: Usage,
-                          add: bool) -> list[Violation] | None:
+    async def _drain(self, key: tuple[str, str]) -> None:
+        """Group commit: everything queued while a write was in flight goes in one write."""
+        while self._queues.get(key):
+            batch = self._queues.pop(key)
+            metrics.RESERVATION_BATCH.observe(len(batch))
+            try:
+                results = await self._write_batch(key, batch)
+            except Exception as exc:
+                for p in batch:
+                    if not p.fut.done():
+                        p.fut.set_exception(exc)
+                continue
+            for p, r in zip(batch, results, strict=True):
+                if not p.fut.done():
+                    p.fut.set_result(r)
+
+    async def _write_batch(self, key: tuple[str, str], batch: list[_Pending]
+                           ) -> list[list[Violation] | None]:
         ns, name = key
         url = path("tessera.dev", "v1alpha1", "gpuquotas", ns, name)
-        mine = self._latest.get(key)
-        if mine is not None and _rv(mine) > _rv(q):
-            q = mine
+        q = self._latest[key]
         for _ in range(MAX_ATTEMPTS):
-            if add:
-                refused = check_fit(usage, [view_of(q)])
-                if refused:
-                    return refused
+            view = view_of(q)
             used = used_of(q.get("status")) or Usage()
-            new = used + usage if add else used - usage
+            cur = used
+            results: list[list[Violation] | None] = []
+            for p in batch:  # first come, first served
+                if p.add:
+                    refused = check_fit(p.usage, [replace(view, used=cur)])
+                    if refused:
+                        results.append(refused)
+                        continue
+                    cur = cur + p.usage
+                else:
+                    cur = cur - p.usage
+                results.append([])
+            if cur == used and q.get("status", {}).get("used") is not None:
+                return results
             try:
                 self._latest[key] = await self.kube.merge_patch(url + "/status",
-                                                                used_patch(q, new))
-                return []
+                                                                used_patch(q, cur))
+                return results
             except ApiError as exc:
                 if exc.status == 404:
                     self._latest.pop(key, None)
-                    return None
+                    return [None] * len(batch)
                 if exc.status != 409:
                     raise
                 metrics.RESERVATION_CONFLICTS.inc()
             try:
-                q = await self.kube.get(url)
+                q = self._latest[key] = await self.kube.get(url)
             except ApiError as exc:
                 if exc.status == 404:
-                    return None
+                    self._latest.pop(key, None)
+                    return [None] * len(batch)
                 raise
-        return [Violation(name, "", "", "", "", reason=(
-            f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))]
+        busy = Violation(name, "", "", "", "", reason=(
+            f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))
+        return [[busy] for _ in batch]
 
     # -- GPUPartition ---------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from tessera.api.conditions import get_condition
 from tessera.api.inventory import GPUInventory, from_node, node_labels, to_annotation
 from tessera.api.partition import GPUPartitionSpec, NodePartitionStatus

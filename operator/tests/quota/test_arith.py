@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tessera.quota import (
     DriftTracker,
     Limits,
@@ -20,6 +21,7 @@ from tessera.quota import (
 )
 from tessera.quota.arith import (
     ANNOTATION_BUDGET,
+    ANNOTATION_RELEASED,
     RES_CORES,
     RES_MEMORY,
     RES_VGPU,
@@ -178,13 +180,17 @@ def _admitted(name: str, limits: dict[str, str], phase: str = "Running") -> dict
             "status": {"phase": phase}}
 
 
-def test_recount_skips_finished_and_unbudgeted_pods() -> None:
+def test_recount_skips_released_and_unbudgeted_pods() -> None:
+    released = _admitted("b", {RES_MEMORY: "200", RES_CORES: "20"}, phase="Succeeded")
+    released["metadata"]["annotations"][ANNOTATION_RELEASED] = "true"
     pods = [_admitted("a", {RES_MEMORY: "100", RES_CORES: "10"}),
-            _admitted("b", {RES_MEMORY: "200", RES_CORES: "20"}, phase="Succeeded"),
+            released,
             _admitted("c", {RES_MEMORY: "300", RES_CORES: "30"}, phase="Pending"),
             {"metadata": {"name": "d"}, "status": {"phase": "Running"}},
             {"metadata": {"name": "e", "annotations": {ANNOTATION_BUDGET: "{bad"}}}]
     assert recount(pods) == Usage(400, 40, 2)
+    # finished but not yet released: still held, so recount and release never both subtract
+    assert recount([_admitted("f", {RES_MEMORY: "5"}, phase="Failed")]) == Usage(5, 25, 1)
 
 
 def test_drift_heals_only_when_stable_for_grace_at_same_resource_version() -> None:
