@@ -29,8 +29,13 @@ from tessera_e2e.processes import Component, RunDirectory, sweep_killed_runs
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 SERVICE_CIDR = "10.0.0.0/24"
+PORT_ATTEMPTS = 3
 
 Reporter = Callable[[str], None]
+
+
+class PortTakenError(ControlPlaneError):
+    """A component could not bind its port: someone else listens there."""
 
 
 def _report_to_stderr(line: str) -> None:
@@ -98,6 +103,20 @@ class LocalCluster:
                 f"processes; its logs are in {swept.logs}"
             )
         started = time.monotonic()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                break
+            except PortTakenError as error:
+                # Free ports are picked before the components bind them; another program can
+                # take one in between. Retry with new ports unless the caller chose the port.
+                if self.apiserver_port is not None or attempt == PORT_ATTEMPTS:
+                    raise
+                self.report(f"{error}; retrying with new ports")
+        self.ready_seconds = time.monotonic() - started
+        return self
+
+    def _start_once(self) -> None:
         self.run = RunDirectory.create(self.layout.runs)
         logs = str(self.run.logs)
         try:
@@ -105,12 +124,10 @@ class LocalCluster:
         except ControlPlaneError as error:
             # The run directory goes away; point the message at where its logs were kept.
             kept = self.stop(keep_logs=True)
-            raise ControlPlaneError(str(error).replace(logs, str(kept))) from None
+            raise type(error)(str(error).replace(logs, str(kept))) from None
         except BaseException:
             self.stop(keep_logs=True)
             raise
-        self.ready_seconds = time.monotonic() - started
-        return self
 
     def stop(self, keep_logs: bool = False) -> Path | None:
         """Stop every component (newest first), delete the run directory; with keep_logs the
@@ -179,7 +196,7 @@ class LocalCluster:
     def _ports(self) -> tuple[int, int, int]:
         requested = self.apiserver_port
         if requested is not None and port_in_use(requested):
-            raise ControlPlaneError(
+            raise PortTakenError(
                 f"port {requested} on {HOST} is already in use (another cluster or program): "
                 "stop it, or choose another port"
             )
@@ -251,13 +268,14 @@ class LocalCluster:
                 (line for line in component.log_tail() if "address already in use" in line), None
             )
             if bind_error is not None:
-                last = bind_error[:300]
-                what = f"{component.name} could not bind its port (address already in use)"
-                todo = "free the port or retry (another program took it)"
-            else:
-                what = f"{component.name} exited with code {code}"
-                todo = "see its log"
-            raise ControlPlaneError(f"{what}: {last} -- {todo}: {component.log_path}")
+                raise PortTakenError(
+                    f"{component.name} could not bind its port (address already in use): "
+                    f"{bind_error[:300]} -- free the port or retry: {component.log_path}"
+                )
+            raise ControlPlaneError(
+                f"{component.name} exited with code {code}: {last} -- see its log: "
+                f"{component.log_path}"
+            )
 
     def _wait_ready(self, api_port: int) -> None:
         """Poll /readyz over TLS (CA-verified, as cluster-admin) until it answers 200."""

@@ -131,15 +131,19 @@ def test_a_port_taken_after_the_check_names_the_bind_error(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        lines: list[str] = []
         cluster = LocalCluster(
-            bin_dir, Layout(tmp_path), controllers=False, report=_quiet,
+            bin_dir, Layout(tmp_path), controllers=False, report=lines.append,
             extra_args={"kube-apiserver": [f"--secure-port={port}"]},  # last flag wins
         )
         with pytest.raises(ControlPlaneError) as caught:
             cluster.start()
     message = str(caught.value)
     assert message.startswith("kube-apiserver could not bind its port (address already in use)")
-    assert str(tmp_path / "logs") in message
+    assert str(tmp_path / "logs") in message and "\n" not in message
+    # auto-chosen ports are retried (here in vain: the extra flag pins the taken port)
+    assert sum("retrying with new ports" in line for line in lines) == 2
+    assert list((tmp_path / "runs").iterdir()) == []
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
