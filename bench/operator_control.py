@@ -190,6 +190,8 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess]) -> 
         print(f"admission @50 pods/s, 500 creates on one GPUQuota ({admitted} admitted, "
               f"{500 - admitted} refused at hard): end-to-end p50 {pct(ms, 50):.1f} ms, "
               f"p99 {pct(ms, 99):.1f} ms, max {max(ms):.1f} ms; webhook p99 bucket {hook}")
+        if os.environ.get("ONLY") == "admission":
+            return
         # 2. GPUPartition apply -> Ready, 50 nodes answering
         nodes = [f"bench-n{i:03d}" for i in range(50)]
         await asyncio.gather(*(kube.create(path("", "v1", "nodes"), node_obj(n)) for n in nodes))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -278,6 +279,11 @@ class Admission:
                 if exc.status != 409:
                     raise
                 metrics.RESERVATION_CONFLICTS.inc()
+                # another replica won: let what queued meanwhile ride along on the retry
+                # (fewer writes, so fewer conflicts), after a little jitter so two replicas
+                # do not keep colliding in lockstep
+                batch.extend(self._queues.pop(key, []))
+                await asyncio.sleep(random.uniform(0, 0.004))
             try:
                 q = self._latest[key] = await self.kube.get(url)
             except ApiError as exc:
