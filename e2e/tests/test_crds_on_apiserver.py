@@ -125,6 +125,9 @@ def test_get_prints_the_printer_columns(
 
 
 def test_get_tessera_lists_both_kinds_with_their_columns(installed: LocalCluster) -> None:
+    here = installed.kubectl("get", "tessera")  # cluster-scoped + the current namespace
+    assert here.returncode == 0, here.stderr
+    assert all(c in _header(here.stdout) for c in _printer_columns("GPUPartition"))
     result = installed.kubectl("get", "tessera", "-A")
     assert result.returncode == 0, result.stderr
     assert "gpupartition.tessera.dev/" in result.stdout
