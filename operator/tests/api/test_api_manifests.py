@@ -13,7 +13,7 @@ from tessera.api.partition import ModelID, layout_summary
 from tessera.models import model_ids
 
 ROOT = Path(__file__).resolve().parents[3]
-GOOD = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 BAD = sorted((ROOT / "examples" / "bad").glob("*.yaml"))
 
 
@@ -21,6 +21,20 @@ def _load(path: Path) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text())
     assert isinstance(data, dict)
     return data
+
+
+# The tessera resources among the examples; the rest are the core objects they need.
+GOOD = [p for p in EXAMPLES if _load(p)["apiVersion"].startswith("tessera.dev/")]
+
+
+def test_examples_bring_the_namespaces_they_use() -> None:
+    """`kubectl apply -f examples/` must work on an empty cluster."""
+    created = {
+        _load(p)["metadata"]["name"] for p in EXAMPLES if _load(p)["kind"] == "Namespace"
+    }
+    used = {_load(p)["metadata"].get("namespace") for p in GOOD} - {None}
+    assert used <= created, f"examples use namespaces no example creates: {used - created}"
+    assert {_load(p)["kind"] for p in EXAMPLES if p not in GOOD} <= {"Namespace"}
 
 
 def test_there_are_enough_examples() -> None:
