@@ -104,9 +104,17 @@ def test_utilisation_is_arithmetic(
     p = start(node, "busy", "400", "5")
     try:
         assert wait_line(p) == "done"
+        done_at = time.time()
         time.sleep(0.15)  # let a sample period close after the last kernel
         util = nv.nvmlDeviceGetUtilizationRates(dev).gpu  # last 1 s
-        assert 36 <= util <= 41, util
+        queried_at = time.time()
+        # 0.4 s of busy time ending by done_at; the window is the second before the query.
+        # Its overlap is the expected figure; the slack covers the pipe's latency and the
+        # 100 ms sampling, so a loaded machine changes the expectation, not the verdict.
+        def overlap(end: float) -> float:
+            return max(0.0, end - max(end - 0.4, queried_at - 1.0))
+        low = 100 * overlap(done_at - 0.2) - 1
+        assert low <= util <= 41, (util, low)
         samples = nv.nvmlDeviceGetProcessUtilization(dev, before_us)
         assert [s.pid for s in samples] == [p.pid]
         s = samples[0]
