@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "operator/tests"), str(REPO / "e2e")]
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "e2e")]
 
-from integration.harness import (  # noqa: E402
+from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
+from tessera.controller.kube import ApiError, Kube, load_credentials, path  # noqa: E402
+from tessera.controller.local import (  # noqa: E402
     OPERATOR_NS,
     OperatorProcess,
     RoundRobinProxy,
@@ -33,9 +35,6 @@ from integration.harness import (  # noqa: E402
     render_rbac,
     wait_until,
 )
-
-from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
-from tessera.controller.kube import ApiError, Kube, load_credentials, path  # noqa: E402
 from tessera_e2e.build import build_inputs  # noqa: E402
 from tessera_e2e.cache import default_layout  # noqa: E402
 from tessera_e2e.cluster import LocalCluster  # noqa: E402
@@ -208,7 +207,7 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess]) -> 
               f" last report -> Ready, the operator's share: p50 {pct(own, 50):.0f} ms, p99 "
               f"{pct(own, 99):.0f} ms)")
         # 3. memory with 200 nodes and 1,000 pods watched
-        leader = ops[lease_holder(cluster)]
+        leader = ops[lease_holder(cluster.kubectl)]
         assert leader.proc is not None
         before = rss_mib(leader.proc.pid)
         more = [f"bench-m{i:03d}" for i in range(150)]
@@ -237,10 +236,10 @@ def main() -> int:
         cluster.kubectl("create", "namespace", OPERATOR_NS)
         cluster.kubectl("apply", "-f", "-", input=render_rbac())
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
-        kc = operator_kubeconfig(cluster, logdir)
+        kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
         for name in ("op-a", "op-b"):
             ops[name] = OperatorProcess(kc, proxy, logdir, name).start()
-        wait_until("leader", lambda: lease_holder(cluster) in ops, 30)
+        wait_until("leader", lambda: lease_holder(cluster.kubectl) in ops, 30)
         wait_until("webhook config", lambda: cluster.kubectl(
             "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
         asyncio.run(main_async(cluster, ops))

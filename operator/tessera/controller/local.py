@@ -1,0 +1,268 @@
+"""Run the operator on a local control plane (tests, demo, benchmarks).
+
+Installs the CRDs and the chart's RBAC, gives the operator a kubeconfig with a token of its
+ServiceAccount (so it runs with exactly the chart's permissions, never as cluster-admin),
+and starts replicas behind a loopback round-robin TLS proxy that the webhook configurations
+point at (URL client config).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+OPERATOR_NS = "tessera-system"
+Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0,
+               interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def render_rbac(namespace: str = OPERATOR_NS) -> str:
+    """charts/tessera/templates/rbac.yaml with the two values it uses filled in."""
+    text = (REPO / "charts/tessera/templates/rbac.yaml").read_text()
+    values = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())
+    return (text.replace("{{ .Release.Namespace }}", namespace)
+            .replace("{{ .Values.serviceAccount.name }}", values["serviceAccount"]["name"]))
+
+
+def install(kubectl: Kubectl) -> None:
+    """CRDs (server-side apply), the operator namespace and the RBAC."""
+    for crd in sorted((REPO / "crds").glob("*.yaml")):
+        out = kubectl("apply", "--server-side", "-f", str(crd))
+        if out.returncode != 0:
+            raise RuntimeError(f"applying {crd.name}: {out.stderr.strip()}")
+    for name in ("gpupartitions.tessera.dev", "gpuquotas.tessera.dev"):
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+    kubectl("create", "namespace", OPERATOR_NS)
+    out = kubectl("apply", "-f", "-", input=render_rbac())
+    if out.returncode != 0:
+        raise RuntimeError(f"applying RBAC: {out.stderr.strip()}")
+
+
+def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path) -> Path:
+    """A kubeconfig holding a token of the operator ServiceAccount and the cluster's CA."""
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    c = admin["clusters"][0]["cluster"]
+    token = kubectl("create", "token", "tessera-operator", "-n", OPERATOR_NS,
+                    "--duration", "12h")
+    if token.returncode != 0:
+        raise RuntimeError(f"token for tessera-operator: {token.stderr.strip()}")
+    cl: dict[str, Any] = {"server": c["server"]}
+    ca = c.get("certificate-authority")
+    if ca:
+        cl["certificate-authority"] = str(Path(admin_kubeconfig).parent / ca)
+    else:
+        cl["certificate-authority-data"] = c["certificate-authority-data"]
+    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "op",
+           "clusters": [{"name": "local", "cluster": cl}],
+           "users": [{"name": "op", "user": {"token": token.stdout.strip()}}],
+           "contexts": [{"name": "op", "context": {"cluster": "local", "user": "op"}}]}
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "operator.kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return path
+
+
+class RoundRobinProxy:
+    """TLS passthrough on loopback: each new connection goes to the next live backend."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.backends: list[int] = []
+        self.connections: dict[int, int] = {}
+        self._i = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rr-proxy")
+        self._ready = threading.Event()
+
+    def start(self) -> RoundRobinProxy:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_until_complete(server.serve_forever())
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        for _ in range(max(1, len(self.backends))):
+            if not self.backends:
+                break
+            port = self.backends[self._i % len(self.backends)]
+            self._i += 1
+            try:
+                br, bw = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            self.connections[port] = self.connections.get(port, 0) + 1
+            await asyncio.gather(_pipe(r, bw), _pipe(br, w))
+            return
+        w.close()
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        dst.close()
+
+
+class OperatorProcess:
+    """One replica: ``python -m tessera.cli.operator run`` as the ServiceAccount."""
+
+    def __init__(self, kubeconfig: Path, proxy: RoundRobinProxy, logdir: Path, name: str,
+                 extra: list[str] | None = None) -> None:
+        self.name = name
+        self.webhook_port = free_port()
+        self.health_port = free_port()
+        self.log = logdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.proxy = proxy
+        self.args = [sys.executable, "-m", "tessera.cli.operator", "run",
+                     "--kubeconfig", str(kubeconfig), "--namespace", OPERATOR_NS,
+                     "--identity", name, "--webhook-host", "127.0.0.1",
+                     "--webhook-port", str(self.webhook_port),
+                     "--webhook-url", f"https://127.0.0.1:{proxy.port}",
+                     "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
+                     "--lease-duration", "6", "--lease-renew", "2",
+                     "--recount-interval", "1", "--drift-grace", "2", *(extra or [])]
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "operator"), os.environ.get("PYTHONPATH", "")])}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
+                                         env=env)
+        wait_until(f"{self.name} /healthz", self.healthy, 30)
+        if self.webhook_port not in self.proxy.backends:
+            self.proxy.backends.append(self.webhook_port)
+        return self
+
+    def healthy(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
+        try:
+            return b" 200 " in self._get("/healthz")[:100]
+        except OSError:
+            return False
+
+    def _get(self, url: str) -> bytes:
+        with socket.create_connection(("127.0.0.1", self.health_port), timeout=2) as s:
+            s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
+            chunks = []
+            while data := s.recv(65536):
+                chunks.append(data)
+        return b"".join(chunks)
+
+    def metrics(self) -> str:
+        return self._get("/metrics").decode()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def lease_holder(kubectl: Kubectl) -> str:
+    out = kubectl("get", "lease", "tessera-operator", "-n", OPERATOR_NS, "-o",
+                  "jsonpath={.spec.holderIdentity}")
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+class LocalOperators:
+    """Replicas of the operator and the proxy in front of them (demo, tests, bench).
+
+    ``LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir).setup().ensure_running()``
+    """
+
+    def __init__(self, kubectl: Kubectl, admin_kubeconfig: Path, logdir: Path,
+                 names: tuple[str, ...] = ("op-a", "op-b")) -> None:
+        self.kubectl = kubectl
+        self.admin_kubeconfig = Path(admin_kubeconfig)
+        self.logdir = logdir
+        self.names = names
+        self.proxy = RoundRobinProxy().start()
+        self.replicas: dict[str, OperatorProcess] = {}
+        self.kubeconfig = logdir / "operator.kubeconfig"
+
+    def setup(self) -> LocalOperators:
+        install(self.kubectl)
+        self.kubeconfig = operator_kubeconfig(self.kubectl, self.admin_kubeconfig, self.logdir)
+        return self
+
+    def start(self, name: str) -> OperatorProcess:
+        old = self.replicas.get(name)
+        if old is not None:
+            old.stop()
+        rep = OperatorProcess(self.kubeconfig, self.proxy, self.logdir, name).start()
+        self.replicas[name] = rep
+        return rep
+
+    def leader(self) -> OperatorProcess:
+        name = wait_until("a leader", lambda: lease_holder(self.kubectl) in self.replicas
+                          and lease_holder(self.kubectl), 30)
+        return self.replicas[str(name)]
+
+    def ensure_running(self) -> LocalOperators:
+        for name in self.names:
+            rep = self.replicas.get(name)
+            if rep is None or rep.proc is None or rep.proc.poll() is not None:
+                self.start(name)
+        self.leader()
+        wait_until("webhook configuration", lambda: self.kubectl(
+            "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
+        return self
+
+    def stop_all(self) -> None:
+        for rep in self.replicas.values():
+            rep.stop()
+
+    def uninstall_webhooks(self) -> None:
+        self.kubectl("delete", "mutatingwebhookconfiguration", "tessera-pods",
+                     "--ignore-not-found")
+        self.kubectl("delete", "validatingwebhookconfiguration", "tessera-resources",
+                     "--ignore-not-found")
