@@ -40,6 +40,8 @@ from tessera.webhooks.admission import Admission
 log = logging.getLogger("tessera.controller")
 
 GROUP, VERSION = "tessera.dev", "v1alpha1"
+RESET_FINALIZER = "tessera.dev/reset"
+"""Held on deletionPolicy=Reset partitions until their GPUs are reset (see docs)."""
 OPERATOR_KEYS = ("observedGeneration", "conditions", "selectedNodes", "selectedNodeCount",
                  "readyNodeCount", "layout")
 
@@ -266,6 +268,7 @@ class Controller:
             if body is None:
                 continue
             new, stale = aggregate(v, resolutions[v.name], olds[v.name])
+            await self._deletion_policy(body, v, new)
             wire = new.to_dict()
             want = {k: wire.get(k) for k in OPERATOR_KEYS}
             have = {k: (body.get("status") or {}).get(k) for k in OPERATOR_KEYS}
@@ -284,6 +287,39 @@ class Controller:
                     raise
                 continue
             await self._events(body, "GPUPartition", olds[v.name].conditions, new.conditions)
+
+    async def _deletion_policy(self, body: Obj, v: PartitionView,
+                               new: GPUPartitionStatus) -> None:
+        """Reset: hold a finalizer until the daemons report the GPUs reset.
+
+        Deleting sets deletionTimestamp and bumps the generation; node daemons then enact
+        MIG disabled on the partition's GPUs and report phase Ready at that generation, and
+        the partition goes once every node holding its GPUs has (or none is selected).
+        Retain (the default) never gets a finalizer: nothing to wait for, nothing written.
+        """
+        meta = body["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        has = RESET_FINALIZER in finalizers
+        deleting = meta.get("deletionTimestamp") is not None
+        reset = v.spec.deletion_policy == "Reset"
+        ready = next((c for c in new.conditions if c.type == READY), None)
+        done = ready is not None and (ready.status == "True" or ready.reason ==
+                                      "NoNodesSelected")
+        if reset and not deleting and not has:
+            finalizers.append(RESET_FINALIZER)
+        elif has and (not reset or (deleting and done)):
+            finalizers.remove(RESET_FINALIZER)
+        else:
+            return
+        try:
+            await self.kube.merge_patch(path(GROUP, VERSION, "gpupartitions", name=v.name), {
+                "metadata": {"resourceVersion": meta.get("resourceVersion"),
+                             "finalizers": finalizers}})
+            log.info("finalizer updated", extra={"partition": v.name, "finalizers": finalizers})
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+            self._dirty.set()  # a newer version is on its way
 
     async def partition_loop(self) -> None:
         while True:

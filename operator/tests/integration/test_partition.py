@@ -133,3 +133,30 @@ def test_layout_no_model_can_hold_is_rejected_with_field_and_reason(
     assert out.returncode != 0
     assert ('admission webhook "gpupartitions.tessera.dev" denied the request: spec.layout: '
             "fits no GPU model") in out.stderr, out.stderr
+
+
+def test_reset_deletion_waits_for_the_daemons_and_retain_does_not(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    n = f"{pool}-n0"
+    assert cluster.kubectl("create", "-f", "-", input=node_json(n, pool=pool)).returncode == 0
+    part = f"{pool}-reset"
+    doc = json.loads(partition_json(part, {"matchLabels": {"pool": pool}}, {"3g.40gb": 2},
+                                    deletionPolicy="Reset"))
+    doc["metadata"]["labels"] = {"test-pool": pool}
+    assert cluster.kubectl("apply", "-f", "-", input=json.dumps(doc)).returncode == 0
+    wait_until("finalizer", lambda: "tessera.dev/reset" in (kubectl_json(
+        cluster, "get", "gpupartition", part)["metadata"].get("finalizers") or []))
+    report(cluster, part, n, "Ready", 1)
+    assert cluster.kubectl("delete", "gpupartition", part, "--wait=false").returncode == 0
+    obj = kubectl_json(cluster, "get", "gpupartition", part)
+    gen = obj["metadata"]["generation"]
+    assert obj["metadata"].get("deletionTimestamp") and gen == 2
+    wait_until("reset pending", lambda: "want 2" in cond(cluster, part, "Progressing")[2])
+    report(cluster, part, n, "Ready", gen)  # the daemon reset the GPUs
+    wait_until("gone", lambda: cluster.kubectl("get", "gpupartition", part).returncode != 0)
+    retain = f"{pool}-retain"
+    assert cluster.kubectl("apply", "-f", "-", input=partition_json(
+        retain, {"matchLabels": {"pool": pool}}, None)).returncode == 0
+    assert not kubectl_json(cluster, "get", "gpupartition", retain)["metadata"].get(
+        "finalizers")
+    assert cluster.kubectl("delete", "gpupartition", retain, "--timeout=10s").returncode == 0
