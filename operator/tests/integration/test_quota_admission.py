@@ -131,3 +131,17 @@ def test_used_is_exact_after_deletes_and_finished_pods(
     import time
     time.sleep(3)  # a recount or two
     assert used(cluster, ns) == {"memory": "1Gi", "cores": 10, "pods": 1, "migInstances": {}}
+    # hard shrinks below what is used: a warning, Degraded, existing pods stay, new refused
+    out = cluster.kubectl("patch", "gpuquota", "team", "-n", ns, "--type=merge", "-p",
+                          '{"spec":{"hard":{"cores":5}}}')
+    assert out.returncode == 0, out.stderr
+    assert ("Warning: spec.hard.cores 5 is below what admitted pods use now (10): they keep "
+            "running, new pods are refused") in out.stderr, out.stderr
+    wait_until("Degraded", lambda: any(
+        c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "OverHard"
+        for c in kubectl_json(cluster, "get", "gpuquota", "team", "-n", ns)["status"][
+            "conditions"]), 20)
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "late", {
+        "tessera.dev/vgpu-memory": "10", "tessera.dev/vgpu-cores": "1"}))
+    assert "tessera.dev/vgpu-cores requested 1, used 10, hard 5" in out.stderr, out.stderr
+    assert kubectl_json(cluster, "get", "pod", "p3", "-n", ns)["metadata"]["name"] == "p3"
