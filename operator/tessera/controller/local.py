@@ -266,3 +266,46 @@ class LocalOperators:
                      "--ignore-not-found")
         self.kubectl("delete", "validatingwebhookconfiguration", "tessera-resources",
                      "--ignore-not-found")
+
+
+DEMO_NS = "tessera-demo-quota"
+
+
+def show_quota_admission(kubectl: Kubectl, say: Callable[[str], None],
+                         namespace: str = DEMO_NS) -> None:
+    """Demo step: a GPUQuota admitting pods (defaults filled) and refusing one over hard."""
+    import json
+
+    kubectl("create", "namespace", namespace)
+    wait_until("default ServiceAccount", lambda: kubectl(
+        "get", "serviceaccount", "default", "-n", namespace).returncode == 0, 60)
+    quota = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+             "metadata": {"name": "team", "namespace": namespace},
+             "spec": {"hard": {"memory": "6Gi", "cores": 100, "pods": 10},
+                      "default": {"memory": "2Gi", "cores": 25},
+                      "max": {"memory": "4Gi", "cores": 100}}}
+    out = kubectl("apply", "-f", "-", input=json.dumps(quota))
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip())
+    say(f"GPUQuota {namespace}/team: hard 6Gi / 100 cores, default 2Gi / 25 cores per GPU")
+
+    def pod(name: str, limits: dict[str, str]) -> str:
+        return json.dumps({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": name, "namespace": namespace},
+                           "spec": {"containers": [{"name": "main", "image": "busybox",
+                                                    "resources": {"limits": limits}}]}})
+
+    for name, limits in (("small", {"tessera.dev/vgpu": "1"}),
+                         ("medium", {"tessera.dev/vgpu-memory": "3072",
+                                     "tessera.dev/vgpu-cores": "50"}),
+                         ("too-big", {"tessera.dev/vgpu-memory": "2048",
+                                      "tessera.dev/vgpu-cores": "10"})):
+        out = kubectl("create", "-f", "-", input=pod(name, limits))
+        if out.returncode == 0:
+            got = kubectl("get", "pod", name, "-n", namespace, "-o",
+                          "jsonpath={.spec.containers[0].resources.limits}")
+            say(f"pod {name}: admitted, limits {got.stdout.strip()}")
+        else:
+            say(f"pod {name}: refused: {out.stderr.strip()}")
+    got = kubectl("get", "gpuquota", "team", "-n", namespace)
+    say(got.stdout.rstrip())
