@@ -6,6 +6,8 @@
 2. GPUPartition apply -> Ready with 50 nodes answering (goal p99 < 2 s);
 3. the leader's memory with 1,000 budgeted pods and 200 GPU nodes watched.
 
+Environment: REPLICAS=1 runs one replica; ONLY=admission or ONLY=partition runs one part.
+
 Named operator_control.py, not operator.py: a script named operator.py shadows the standard
 library's ``operator`` module for everything it imports.
 """
@@ -237,7 +239,7 @@ def main() -> int:
         cluster.kubectl("apply", "-f", "-", input=render_rbac())
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
-        for name in ("op-a", "op-b"):
+        for name in ("op-a", "op-b")[:int(os.environ.get("REPLICAS", "2"))]:
             ops[name] = OperatorProcess(kc, proxy, logdir, name).start()
         wait_until("leader", lambda: lease_holder(cluster.kubectl) in ops, 30)
         wait_until("webhook config", lambda: cluster.kubectl(
