@@ -324,7 +324,16 @@ class Controller:
     async def partition_loop(self) -> None:
         while True:
             await self._dirty.wait()
-            await asyncio.sleep(0.05)  # coalesce bursts (50 daemons answering at once)
+            # Trailing debounce: while daemons' reports keep arriving (50 nodes answering at
+            # once), writing status after each would only add conflicts to their patches on
+            # the same object; write once the burst pauses for 100 ms (at most 1 s late).
+            started = asyncio.get_running_loop().time()
+            while True:
+                self._dirty.clear()
+                await asyncio.sleep(0.1)
+                if (not self._dirty.is_set()
+                        or asyncio.get_running_loop().time() - started > 1.0):
+                    break
             self._dirty.clear()
             try:
                 await self.reconcile_partitions()
