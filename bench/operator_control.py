@@ -240,7 +240,10 @@ def main() -> int:
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
         for name in ("op-a", "op-b")[:int(os.environ.get("REPLICAS", "2"))]:
-            ops[name] = OperatorProcess(kc, proxy, logdir, name).start()
+            # production timings (the test harness shortens them)
+            ops[name] = OperatorProcess(kc, proxy, logdir, name, extra=[
+                "--recount-interval", "30", "--drift-grace", "10",
+                "--lease-duration", "15", "--lease-renew", "5"]).start()
         wait_until("leader", lambda: lease_holder(cluster.kubectl) in ops, 30)
         wait_until("webhook config", lambda: cluster.kubectl(
             "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
