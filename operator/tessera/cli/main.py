@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from tessera.cli.errors import CLIError
 
 # Command-group modules, each with ``register(subparsers) -> None``.
-_GROUPS = ("tessera.cli.mig", "tessera.cli.crds", "tessera.cli.dev")
+_GROUPS = ("tessera.cli.mig", "tessera.cli.crds", "tessera.cli.operator")
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -32,13 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in _GROUPS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # group not built yet in this checkout
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
@@ -48,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Handler = args.handler
         return handler(args)
     except CLIError as exc:
-        print(f"tessera: {exc}" if not str(exc).startswith("tessera") else str(exc),
-              file=sys.stderr)
+        message = str(exc)
+        print(message if message.startswith("tessera") else f"tessera: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
