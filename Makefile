@@ -65,7 +65,7 @@ test: sysdeps install lint typecheck sim hook controlplane
 unit: install
 	$(PY) -m pytest operator/tests node-daemon/tests
 
-bench: sysdeps install sim hook
+bench: sysdeps install sim hook controlplane
 	$(PY) bench/run.py
 
 clean:

@@ -28,7 +28,10 @@ sys.path[:0] = [str(REPO / "operator"), str(REPO / "e2e")]
 
 from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
 from tessera.controller.kube import ApiError, Kube, load_credentials, path  # noqa: E402
-from tessera.controller.local import (  # noqa: E402
+from tessera_e2e.build import build_inputs  # noqa: E402
+from tessera_e2e.cache import default_layout  # noqa: E402
+from tessera_e2e.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.operators import (  # noqa: E402
     OPERATOR_NS,
     OperatorProcess,
     RoundRobinProxy,
@@ -37,9 +40,6 @@ from tessera.controller.local import (  # noqa: E402
     render_rbac,
     wait_until,
 )
-from tessera_e2e.build import build_inputs  # noqa: E402
-from tessera_e2e.cache import default_layout  # noqa: E402
-from tessera_e2e.cluster import LocalCluster  # noqa: E402
 
 
 def pct(xs: list[float], p: float) -> float:

@@ -12,6 +12,7 @@ import yaml
 
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.operators import LocalOperators, show_quota_admission
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,10 +87,15 @@ def apply_examples(cluster: LocalCluster, repo: Path = REPO_ROOT) -> list[Path]:
 
 
 def run_demo(
-    cluster: LocalCluster, say: Printer = _stdout, repo: Path = REPO_ROOT, *, stays: bool
+    cluster: LocalCluster,
+    operators: LocalOperators,
+    say: Printer = _stdout,
+    repo: Path = REPO_ROOT,
+    *,
+    stays: bool,
 ) -> None:
-    """Install CRDs and examples into a started cluster and show them; when the cluster
-    `stays` running, say how to use it and how to stop it."""
+    """Install CRDs and examples into a started cluster, start the operator and show a quota
+    at work; when the cluster `stays` running, say how to use it and how to stop it."""
     say(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
     crds = install_crds(cluster, repo)
     say(f"Installed {len(crds)} CRD file(s) from crds/: all Established")
@@ -99,10 +105,16 @@ def run_demo(
     examples = apply_examples(cluster, repo)
     say(f"Applied {len(examples)} example(s): {', '.join(p.name for p in examples)}")
     say("")
+    say("Starting the tessera operator (as its ServiceAccount, webhooks on loopback) ...")
+    operators.setup().ensure_running()
+    say("Operator is leader and serving the admission webhooks.")
+    say("")
+    show_quota_admission(cluster.kubectl, say)
+    say("")
     say("$ kubectl get tessera -A")
     say(_checked(cluster, "get", "tessera", "-A").rstrip())
     say("")
-    say("No operator or GPU nodes run yet, so the status columns stay empty.")
+    say("No GPU node daemon runs yet, so GPUPartitions select no node and report no layout.")
     if not stays:
         say("Stopping the cluster now (--exit); without --exit it keeps running until Ctrl-C.")
         return
@@ -114,6 +126,12 @@ def run_demo(
 
 
 def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], None]) -> None:
-    run_demo(cluster, stays=not exit_after)
-    if not exit_after:
-        wait()
+    assert cluster.run is not None, "the cluster must be started"
+    operators = LocalOperators(cluster.kubectl, cluster.kubeconfig, cluster.run.logs,
+                               names=("operator",))
+    try:
+        run_demo(cluster, operators, stays=not exit_after)
+        if not exit_after:
+            wait()
+    finally:
+        operators.stop_all()

@@ -28,7 +28,7 @@ STOP_GRACE_S = 10.0
 KEPT_LOG_DIRS = 20
 
 
-def _die_with_parent() -> Callable[[], None]:
+def die_with_parent() -> Callable[[], None]:
     """preexec_fn: ask the kernel to SIGKILL the child when its parent thread exits."""
     libc = ctypes.CDLL(None, use_errno=True)  # resolved before fork: preexec must stay minimal
     parent = os.getpid()
@@ -130,7 +130,7 @@ class RunDirectory:
             process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None, start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         (self.path / f"{name}.pid").write_text(str(process.pid))
         return Component(name=name, process=process, log_path=log_path)

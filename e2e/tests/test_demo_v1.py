@@ -1,4 +1,5 @@
-"""`make demo` does what it says: shows the resources, its instructions work, it stops clean."""
+"""`make demo` does what it says: shows the resources and a quota at work, its instructions
+work, it stops clean."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ def _assert_shows_the_resources(out: str) -> None:
     assert "$ kubectl get tessera -A" in out
     assert "gpupartition.tessera.dev/" in out and "gpuquota.tessera.dev/" in out
     assert "SELECTED" in out and "CORES" in out  # printer columns of both kinds
+    # The operator admits within quota (defaults filled in) and refuses beyond it.
+    assert "pod small: admitted" in out and '"tessera.dev/vgpu-memory":"2048"' in out
+    assert "pod medium: admitted" in out
+    assert "pod too-big: refused" in out and 'exceeded GPUQuota "team"' in out
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_text():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_demo_exit_runs_once_non_interactively() -> None:
@@ -57,4 +73,6 @@ def test_demo_instructions_work_and_ctrl_c_stops_it() -> None:
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(30) == 130
-    assert not Path(kubeconfig).parent.exists()
+    run_dir = Path(kubeconfig).parent
+    assert not run_dir.exists()
+    assert _processes_naming(str(run_dir)) == []  # the operator went with the cluster

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tessera.controller.local import LocalOperators
+from tessera_e2e.operators import LocalOperators
 
 Operators = LocalOperators
 

@@ -1,11 +1,11 @@
-"""Test helpers over :mod:`tessera.controller.local` (the operator on a local cluster)."""
+"""Test helpers over :mod:`tessera_e2e.operators` (the operator on a local cluster)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from tessera.controller.local import (
+from tessera_e2e.operators import (
     OPERATOR_NS,
     REPO,
     LocalOperators,
@@ -15,7 +15,7 @@ from tessera.controller.local import (
     render_rbac,
     wait_until,
 )
-from tessera.controller.local import lease_holder as _lease_holder
+from tessera_e2e.operators import lease_holder as _lease_holder
 
 __all__ = ["OPERATOR_NS", "REPO", "LocalOperators", "OperatorProcess", "RoundRobinProxy",
            "kubectl_json", "lease_holder", "operator_kubeconfig", "render_rbac", "wait_until"]

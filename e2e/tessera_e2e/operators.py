@@ -22,7 +22,9 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+from tessera_e2e.processes import die_with_parent
+
+REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "tessera-system"
 Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -168,7 +170,7 @@ class OperatorProcess:
             [str(REPO / "operator"), os.environ.get("PYTHONPATH", "")])}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
-                                         env=env)
+                                         env=env, preexec_fn=die_with_parent())
         wait_until(f"{self.name} /healthz", self.healthy, 30)
         if self.webhook_port not in self.proxy.backends:
             self.proxy.backends.append(self.webhook_port)
