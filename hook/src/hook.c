@@ -65,7 +65,7 @@ EXPORT __typeof__(cuGraphLaunch) cuGraphLaunch_ptsz;
 
 /* ---- the table ---- */
 enum th_lib { LIB_CU, LIB_NVML };
-enum th_class { C_ALLOC, C_FREE, C_INFO, C_LAUNCH, C_LEGACY, C_GRAPH, C_PROC };
+enum th_class { C_ALLOC, C_FREE, C_INFO, C_LAUNCH, C_LEGACY, C_GRAPH, C_GRAPHMEM, C_PROC };
 
 enum {
 #define H(lib, name, base, ver, ptsz, cls) IDX_##name,
@@ -1433,6 +1433,47 @@ EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec ex, CUstream s)
     REAL_OR_FAIL(cuGraphLaunch_ptsz);
     spend(graph_cost(ex));
     return REAL(cuGraphLaunch_ptsz)(ex, s);
+}
+
+/* Graph memory nodes: the driver maps their memory at launch, from a per-device graph pool
+ * that nothing here sees, so none of it would be counted.  While a budget is in force they
+ * are refused, as the legacy entry points are; graphs without memory nodes pass through. */
+#define GRAPHMEM_REFUSE(what)                                                              \
+    do {                                                                                   \
+        LOG_ONCE("%s refused: graph memory nodes are not counted against the budget "      \
+                 "(use cuMemAllocAsync/cuMemFreeAsync outside the graph)", what);           \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                   \
+    } while (0)
+
+EXPORT CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps,
+                                              size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    CU_READY();
+    if (mode != MODE_OFF)
+        GRAPHMEM_REFUSE("cuGraphAddMemAllocNode");
+    REAL_OR_FAIL(cuGraphAddMemAllocNode);
+    return REAL(cuGraphAddMemAllocNode)(n, g, deps, ndeps, p);
+}
+
+EXPORT CUresult CUDAAPI cuGraphAddNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps,
+                                      size_t ndeps, CUgraphNodeParams *p)
+{
+    CU_READY();
+    if (mode != MODE_OFF && p && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        GRAPHMEM_REFUSE("cuGraphAddNode(CU_GRAPH_NODE_TYPE_MEM_ALLOC)");
+    REAL_OR_FAIL(cuGraphAddNode);
+    return REAL(cuGraphAddNode)(n, g, deps, ndeps, p);
+}
+
+EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps,
+                                         const CUgraphEdgeData *edges, size_t ndeps,
+                                         CUgraphNodeParams *p)
+{
+    CU_READY();
+    if (mode != MODE_OFF && p && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        GRAPHMEM_REFUSE("cuGraphAddNode_v2(CU_GRAPH_NODE_TYPE_MEM_ALLOC)");
+    REAL_OR_FAIL(cuGraphAddNode_v2);
+    return REAL(cuGraphAddNode_v2)(n, g, deps, edges, ndeps, p);
 }
 
 /* ====================================================================================

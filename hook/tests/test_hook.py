@@ -17,6 +17,7 @@ from tessera_hook_harness import (
     LIB,
     MIB,
     PROBE,
+    SIM_LIB,
     Container,
     iter_methods,
 )
@@ -327,3 +328,44 @@ def test_sigkill_rounds_during_alloc_and_free(container: Container, round_: int)
     r = container.probe("fill", "alloc", str(64 * MIB), timeout=30)
     assert r["got"] == GIB
     assert container.read_ledger().devices[0].used == 0
+
+
+GRAPHDRV = HOOK / "build" / "graphdrv"  # libcuda.so.1 with graph memory nodes over the simulator
+GRAPH_METHODS = ["direct", "dlsym", "dlvsym", "next", "default", "dlmopen", "libc"] + [
+    f"{k}:{v}:{f}" for k in ("gpa", "gpa1", "nest") for v in (12020, 12090) for f in (0, 2)
+]
+
+
+@pytest.mark.parametrize("method", GRAPH_METHODS)
+def test_graph_memory_nodes_refused_under_a_budget(container: Container, method: str) -> None:
+    """Graph memory nodes get device memory the count never sees: refused (801, one stderr
+    line per entry point) through every lookup path; other nodes and plain graphs still work."""
+    container.env["LD_LIBRARY_PATH"] = f"{GRAPHDRV}:{SIM_LIB}"
+    r = container.probe("-m", method, "graphmem", str(4 * GIB))
+    assert r["alloc_node"] == CUDA_ERROR_NOT_SUPPORTED
+    assert r["add_node"] == CUDA_ERROR_NOT_SUPPORTED
+    assert r["add_node_v2"] == CUDA_ERROR_NOT_SUPPORTED
+    assert r["add_kernel_node"] == 0, "non-memory nodes pass through"
+    assert r["plain"] == 0, "a graph without memory nodes instantiates and launches"
+    err = str(r["_stderr"])
+    assert err.count("cuGraphAddMemAllocNode refused") == 1
+    assert "cuGraphAddNode" in err and "MEM_ALLOC) refused" in err
+    assert container.read_ledger().devices[0].used == 0
+
+
+def test_graph_memory_nodes_pass_through_without_a_budget(container: Container) -> None:
+    container.env["LD_LIBRARY_PATH"] = f"{GRAPHDRV}:{SIM_LIB}"
+    container.mounted_budget = False
+    r = container.probe("-m", "gpa:12090:0", "graphmem", str(GIB))
+    assert r["alloc_node"] == r["add_node"] == r["add_node_v2"] == r["add_kernel_node"] == 0
+    assert "refused" not in str(r["_stderr"])
+
+
+def test_graph_memory_nodes_on_the_plain_simulator(container: Container) -> None:
+    """The simulator has no graph memory nodes: linked directly, the hook still refuses;
+    looked up, the driver has nothing to give; plain graphs work."""
+    r = container.probe("graphmem", str(4 * GIB))
+    assert r["alloc_node"] == CUDA_ERROR_NOT_SUPPORTED and r["plain"] == 0
+    assert "cuGraphAddMemAllocNode refused" in str(r["_stderr"])
+    r = container.probe("-m", "gpa:12090:0", "graphmem", str(4 * GIB))
+    assert r["alloc_node"] in (500, CUDA_ERROR_NOT_SUPPORTED) and r["plain"] == 0

@@ -62,3 +62,13 @@ def test_real_gpu_views_and_rate(gpu_container: Container) -> None:
     gpu_container.set_simple(memory=GIB, cores=30, rate=200)
     r = gpu_container.probe("launch", "400", "1")
     assert r["secs"] > 1.5
+
+
+@pytest.mark.parametrize(
+    "method", ["direct", "dlsym", "gpa:12090:0", "gpa:11040:2", "nest:12090:0"]
+)
+def test_real_gpu_graph_memory_nodes_refused(gpu_container: Container, method: str) -> None:
+    r = gpu_container.probe("-m", method, "graphmem", str(4 * GIB))
+    assert r["alloc_node"] == 801 and r["plain"] == 0
+    if method != "gpa:11040:2":  # cuGraphAddNode exists from CUDA 12.2
+        assert r["add_node"] == r["add_node_v2"] == 801 and r["add_kernel_node"] == 0

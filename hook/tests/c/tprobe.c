@@ -22,6 +22,9 @@
  *   fork PATH BYTES          the child allocates; print the child's {"err"}
  *   thread PATH BYTES        a thread without a current context allocates; print {"err"}
  *   exec OP ARGS...          re-exec with a scrubbed environment and run OP
+ *   graphmem BYTES           graph memory nodes: cuGraphAddMemAllocNode, cuGraphAddNode(_v2)
+ *                            with MEM_ALLOC and with KERNEL params, and a graph without
+ *                            memory nodes instantiated and launched; print every {"err"}
  * PATH: alloc pitch managed async pool vmm array array3d mipmap
  */
 #define _GNU_SOURCE
@@ -38,6 +41,11 @@
 
 #undef cuGetProcAddress
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+/* Graph entry points a driver (the simulator) may lack: weak, so `direct` is the address the
+ * dynamic linker bound (the preloaded hook's), or NULL. */
+#pragma weak cuGraphAddMemAllocNode
+#pragma weak cuGraphAddNode
+#pragma weak cuGraphAddNode_v2
 
 static const char *method = "direct";
 static CUdevice dev;
@@ -343,6 +351,83 @@ static int op_spin(double secs, unsigned maxblocks, unsigned seed)
     return 0;
 }
 
+/* cuGraphAddNode by METHOD: through cuGetProcAddress the version picks the signature
+ * (cuGraphAddNode from 12.2, cuGraphAddNode_v2 from 12.3); otherwise by name. */
+static CUresult add_node(int v2, CUgraphNode *n, CUgraph g, CUgraphNodeParams *p)
+{
+    const char *colon = strchr(method, ':');
+    if (colon)
+        v2 = atoi(colon + 1) >= 12030;
+    if (v2) {
+        __typeof__(&cuGraphAddNode_v2) f = R(cuGraphAddNode_v2);
+        return f ? f(n, g, NULL, NULL, 0, p) : CUDA_ERROR_NOT_FOUND;
+    }
+    __typeof__(&cuGraphAddNode) f = R(cuGraphAddNode);
+    return f ? f(n, g, NULL, 0, p) : CUDA_ERROR_NOT_FOUND;
+}
+
+static int op_graphmem(size_t bytes)
+{
+    CUfunction f = kernel();
+    CUgraph g;
+    CUgraphNode nd;
+    CUresult r = cuGraphCreate(&g, 0);
+    if (r)
+        die("cuGraphCreate", r);
+    /* a memory allocation node, three ways */
+    __typeof__(&cuGraphAddMemAllocNode) am = R(cuGraphAddMemAllocNode);
+    CUDA_MEM_ALLOC_NODE_PARAMS ap;
+    memset(&ap, 0, sizeof ap);
+    ap.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    ap.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    ap.poolProps.location.id = dev;
+    ap.bytesize = bytes;
+    CUresult e_alloc = am ? am(&nd, g, NULL, 0, &ap) : CUDA_ERROR_NOT_FOUND;
+    CUgraphNodeParams np;
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    np.alloc.poolProps = ap.poolProps;
+    np.alloc.bytesize = bytes;
+    CUresult e_node1 = add_node(0, &nd, g, &np);
+    CUresult e_node2 = add_node(1, &nd, g, &np);
+    /* any other node type passes through */
+    CUgraph g2;
+    if ((r = cuGraphCreate(&g2, 0)))
+        die("cuGraphCreate", r);
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    np.kernel.func = f;
+    np.kernel.gridDimX = np.kernel.gridDimY = np.kernel.gridDimZ = 1;
+    np.kernel.blockDimX = 32;
+    np.kernel.blockDimY = np.kernel.blockDimZ = 1;
+    CUresult e_kernel = add_node(0, &nd, g2, &np);
+    /* a graph without memory nodes: built, instantiated and launched as before */
+    CUgraph g3;
+    CUgraphExec ge = NULL;
+    CUDA_KERNEL_NODE_PARAMS kp = {.func = f, .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1,
+                                  .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1};
+    CUresult e_plain = cuGraphCreate(&g3, 0);
+    if (!e_plain)
+        e_plain = cuGraphAddKernelNode(&nd, g3, NULL, 0, &kp);
+    if (!e_plain)
+        e_plain = cuGraphInstantiateWithFlags(&ge, g3, 0);
+    for (int i = 0; i < 3 && !e_plain; i++)
+        e_plain = cuGraphLaunch(ge, NULL);
+    if (!e_plain)
+        e_plain = cuCtxSynchronize();
+    if (ge)
+        cuGraphExecDestroy(ge);
+    cuGraphDestroy(g3);
+    cuGraphDestroy(g2);
+    cuGraphDestroy(g);
+    size_t fr = 0, tot = 0;
+    cuMemGetInfo_v2(&fr, &tot);
+    printf("{\"alloc_node\": %d, \"add_node\": %d, \"add_node_v2\": %d, \"add_kernel_node\": %d, "
+           "\"plain\": %d, \"used\": %zu}\n",
+           (int)e_alloc, (int)e_node1, (int)e_node2, (int)e_kernel, (int)e_plain, tot - fr);
+    return 0;
+}
+
 struct targ { const char *path; size_t n; CUresult r; };
 static void *thread_fn(void *a_)
 {
@@ -441,6 +526,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(op, "launch") && na >= 2)
         return op_launch(atol(a[0]), (unsigned)atoi(a[1]));
+    if (!strcmp(op, "graphmem") && na >= 1)
+        return op_graphmem(strtoull(a[0], NULL, 0));
     if (!strcmp(op, "spin") && na >= 3)
         return op_spin(atof(a[0]), (unsigned)atoi(a[1]), (unsigned)atoi(a[2]));
     if (!strcmp(op, "fork") && na >= 2) {
