@@ -765,29 +765,45 @@ static void forget(uint8_t kind, uint64_t key)
 #define ENTER() (in_hook++)
 #define LEAVE() (in_hook--)
 
+/* The one counted-allocation step every path shares: reserve the bytes, call the driver,
+ * give them back if it fails, then remember the object so that its free returns them.  If
+ * the table of live objects is full, the object goes back to the driver and the caller sees
+ * OUT_OF_MEMORY: nothing is ever held uncounted.  `arg` is the path's argument struct. */
+struct counted {
+    uint8_t kind;
+    CUresult (*call)(void *arg);  /* the driver call that creates the object */
+    uint64_t (*key)(void *arg);   /* the created object's key (read after success) */
+    void (*undo)(void *arg);      /* destroy the created object */
+};
+
 static inline __attribute__((always_inline)) CUresult
-alloc_ptr(CUresult (*fn)(void *), void *arg, CUdeviceptr *dptr, uint64_t bytes, int ord)
+counted_alloc(const struct counted *c, void *arg, int ord, uint64_t bytes)
 {
     int e;
     CUresult r = reserve(ord, bytes, &e);
     if (r != CUDA_SUCCESS)
         return r;
     ENTER();
-    r = fn(arg);
+    r = c->call(arg);
     LEAVE();
     if (r != CUDA_SUCCESS) {
         unreserve(e, bytes);
         return r;
     }
-    if (remember(K_PTR, (uint64_t)*dptr, e, bytes)) {
-        REAL(cuMemFree_v2)(*dptr);
+    if (remember(c->kind, c->key(arg), e, bytes)) {
+        c->undo(arg);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
 }
 
+/* Device-pointer paths: every argument struct starts with the CUdeviceptr * it fills. */
+static uint64_t key_ptr(void *a) { return (uint64_t)**(CUdeviceptr **)a; }
+static void undo_ptr(void *a) { REAL(cuMemFree_v2)(**(CUdeviceptr **)a); }
+
 struct a_alloc { CUdeviceptr *p; size_t n; };
 static CUresult call_alloc(void *a_) { struct a_alloc *a = a_; return REAL(cuMemAlloc_v2)(a->p, a->n); }
+static const struct counted PATH_ALLOC = {K_PTR, call_alloc, key_ptr, undo_ptr};
 EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     CU_READY();
@@ -795,11 +811,12 @@ EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (!dptr)
         return REAL(cuMemAlloc_v2)(dptr, bytesize);
     struct a_alloc a = {dptr, bytesize};
-    return alloc_ptr(call_alloc, &a, dptr, bytesize, -1);
+    return counted_alloc(&PATH_ALLOC, &a, -1, bytesize);
 }
 
 struct a_managed { CUdeviceptr *p; size_t n; unsigned int f; };
 static CUresult call_managed(void *a_) { struct a_managed *a = a_; return REAL(cuMemAllocManaged)(a->p, a->n, a->f); }
+static const struct counted PATH_MANAGED = {K_PTR, call_managed, key_ptr, undo_ptr};
 EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     CU_READY();
@@ -807,36 +824,30 @@ EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
     if (!dptr)
         return REAL(cuMemAllocManaged)(dptr, bytesize, flags);
     struct a_managed a = {dptr, bytesize, flags};
-    return alloc_ptr(call_managed, &a, dptr, bytesize, -1);
+    return counted_alloc(&PATH_MANAGED, &a, -1, bytesize);
 }
 
-static CUresult alloc_async(CUresult (*fn)(void *), void *arg, CUdeviceptr *dptr, size_t n,
-                            CUresult (*freefn)(CUdeviceptr, CUstream), CUstream s)
+struct a_async {
+    CUdeviceptr *p;
+    size_t n;
+    CUstream s;
+    CUmemoryPool pool;
+    CUresult (*free)(CUdeviceptr, CUstream);  /* the matching (per-thread or not) async free */
+};
+static void undo_async(void *a_)
 {
-    int e;
-    CUresult r = reserve(-1, n, &e);
-    if (r != CUDA_SUCCESS)
-        return r;
-    ENTER();
-    r = fn(arg);
-    LEAVE();
-    if (r != CUDA_SUCCESS) {
-        unreserve(e, n);
-        return r;
-    }
-    if (remember(K_PTR, (uint64_t)*dptr, e, n)) {
-        if (freefn)
-            freefn(*dptr, s);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    struct a_async *a = a_;
+    if (a->free)
+        a->free(*a->p, a->s);
 }
-
-struct a_async { CUdeviceptr *p; size_t n; CUstream s; CUmemoryPool pool; };
 static CUresult call_async(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocAsync)(a->p, a->n, a->s); }
 static CUresult call_async_ptsz(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocAsync_ptsz)(a->p, a->n, a->s); }
 static CUresult call_pool(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocFromPoolAsync)(a->p, a->n, a->pool, a->s); }
 static CUresult call_pool_ptsz(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocFromPoolAsync_ptsz)(a->p, a->n, a->pool, a->s); }
+static const struct counted PATH_ASYNC = {K_PTR, call_async, key_ptr, undo_async};
+static const struct counted PATH_ASYNC_PTSZ = {K_PTR, call_async_ptsz, key_ptr, undo_async};
+static const struct counted PATH_POOL = {K_PTR, call_pool, key_ptr, undo_async};
+static const struct counted PATH_POOL_PTSZ = {K_PTR, call_pool_ptsz, key_ptr, undo_async};
 
 EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
@@ -844,8 +855,8 @@ EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
     REAL_OR_FAIL(cuMemAllocAsync);
     if (!dptr)
         return REAL(cuMemAllocAsync)(dptr, n, s);
-    struct a_async a = {dptr, n, s, NULL};
-    return alloc_async(call_async, &a, dptr, n, REAL(cuMemFreeAsync), s);
+    struct a_async a = {dptr, n, s, NULL, REAL(cuMemFreeAsync)};
+    return counted_alloc(&PATH_ASYNC, &a, -1, n);
 }
 EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
 {
@@ -853,8 +864,8 @@ EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstre
     REAL_OR_FAIL(cuMemAllocAsync_ptsz);
     if (!dptr)
         return REAL(cuMemAllocAsync_ptsz)(dptr, n, s);
-    struct a_async a = {dptr, n, s, NULL};
-    return alloc_async(call_async_ptsz, &a, dptr, n, REAL(cuMemFreeAsync_ptsz), s);
+    struct a_async a = {dptr, n, s, NULL, REAL(cuMemFreeAsync_ptsz)};
+    return counted_alloc(&PATH_ASYNC_PTSZ, &a, -1, n);
 }
 EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
@@ -862,8 +873,8 @@ EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUm
     REAL_OR_FAIL(cuMemAllocFromPoolAsync);
     if (!dptr)
         return REAL(cuMemAllocFromPoolAsync)(dptr, n, pool, s);
-    struct a_async a = {dptr, n, s, pool};
-    return alloc_async(call_pool, &a, dptr, n, REAL(cuMemFreeAsync), s);
+    struct a_async a = {dptr, n, s, pool, REAL(cuMemFreeAsync)};
+    return counted_alloc(&PATH_POOL, &a, -1, n);
 }
 EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
@@ -871,8 +882,8 @@ EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n
     REAL_OR_FAIL(cuMemAllocFromPoolAsync_ptsz);
     if (!dptr)
         return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, n, pool, s);
-    struct a_async a = {dptr, n, s, pool};
-    return alloc_async(call_pool_ptsz, &a, dptr, n, REAL(cuMemFreeAsync_ptsz), s);
+    struct a_async a = {dptr, n, s, pool, REAL(cuMemFreeAsync_ptsz)};
+    return counted_alloc(&PATH_POOL_PTSZ, &a, -1, n);
 }
 
 EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
@@ -948,6 +959,21 @@ EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
     return free_async(REAL(cuMemFreeAsync_ptsz), dptr, s);
 }
 
+struct a_create {
+    CUmemGenericAllocationHandle *h;
+    size_t n;
+    const CUmemAllocationProp *prop;
+    unsigned long long flags;
+};
+static CUresult call_create(void *a_) { struct a_create *a = a_; return REAL(cuMemCreate)(a->h, a->n, a->prop, a->flags); }
+static uint64_t key_create(void *a_) { return *((struct a_create *)a_)->h; }
+static void undo_create(void *a_)
+{
+    if (REAL(cuMemRelease))
+        REAL(cuMemRelease)(*((struct a_create *)a_)->h);
+}
+static const struct counted PATH_CREATE = {K_HANDLE, call_create, key_create, undo_create};
+
 EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                    const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -955,23 +981,8 @@ EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     REAL_OR_FAIL(cuMemCreate);
     if (!handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return REAL(cuMemCreate)(handle, size, prop, flags);
-    int e;
-    CUresult r = reserve(prop->location.id, size, &e);
-    if (r != CUDA_SUCCESS)
-        return r;
-    ENTER();
-    r = REAL(cuMemCreate)(handle, size, prop, flags);
-    LEAVE();
-    if (r != CUDA_SUCCESS) {
-        unreserve(e, size);
-        return r;
-    }
-    if (remember(K_HANDLE, *handle, e, size)) {
-        if (REAL(cuMemRelease))
-            REAL(cuMemRelease)(*handle);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    struct a_create a = {handle, size, prop, flags};
+    return counted_alloc(&PATH_CREATE, &a, prop->location.id, size);
 }
 
 EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -1020,6 +1031,21 @@ struct a_arr { CUarray *a; const void *d; unsigned lv; CUmipmappedArray *m; };
 static CUresult call_arr(void *x) { struct a_arr *a = x; return REAL(cuArrayCreate_v2)(a->a, a->d); }
 static CUresult call_arr3(void *x) { struct a_arr *a = x; return REAL(cuArray3DCreate_v2)(a->a, a->d); }
 static CUresult call_mip(void *x) { struct a_arr *a = x; return REAL(cuMipmappedArrayCreate)(a->m, a->d, a->lv); }
+static uint64_t key_arr(void *x) { return (uint64_t)(uintptr_t)*((struct a_arr *)x)->a; }
+static uint64_t key_mip(void *x) { return (uint64_t)(uintptr_t)*((struct a_arr *)x)->m; }
+static void undo_arr(void *x)
+{
+    if (REAL(cuArrayDestroy))
+        REAL(cuArrayDestroy)(*((struct a_arr *)x)->a);
+}
+static void undo_mip(void *x)
+{
+    if (REAL(cuMipmappedArrayDestroy))
+        REAL(cuMipmappedArrayDestroy)(*((struct a_arr *)x)->m);
+}
+static const struct counted PATH_ARRAY = {K_ARRAY, call_arr, key_arr, undo_arr};
+static const struct counted PATH_ARRAY3D = {K_ARRAY, call_arr3, key_arr, undo_arr};
+static const struct counted PATH_MIPMAP = {K_MIPMAP, call_mip, key_mip, undo_mip};
 
 EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d)
 {
@@ -1028,26 +1054,8 @@ EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPT
     if (!arr || !d)
         return REAL(cuArrayCreate_v2)(arr, d);
     struct a_arr a = {arr, d, 0, NULL};
-    uint64_t key = 0;
     uint64_t b = array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 1);
-    int e;
-    CUresult r = reserve(-1, b, &e);
-    if (r != CUDA_SUCCESS)
-        return r;
-    ENTER();
-    r = call_arr(&a);
-    LEAVE();
-    if (r != CUDA_SUCCESS) {
-        unreserve(e, b);
-        return r;
-    }
-    key = (uint64_t)(uintptr_t)*arr;
-    if (remember(K_ARRAY, key, e, b)) {
-        if (REAL(cuArrayDestroy))
-            REAL(cuArrayDestroy)(*arr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    return counted_alloc(&PATH_ARRAY, &a, -1, b);
 }
 
 EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d)
@@ -1058,23 +1066,7 @@ EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESC
         return REAL(cuArray3DCreate_v2)(arr, d);
     struct a_arr a = {arr, d, 0, NULL};
     uint64_t b = array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, 1);
-    int e;
-    CUresult r = reserve(-1, b, &e);
-    if (r != CUDA_SUCCESS)
-        return r;
-    ENTER();
-    r = call_arr3(&a);
-    LEAVE();
-    if (r != CUDA_SUCCESS) {
-        unreserve(e, b);
-        return r;
-    }
-    if (remember(K_ARRAY, (uint64_t)(uintptr_t)*arr, e, b)) {
-        if (REAL(cuArrayDestroy))
-            REAL(cuArrayDestroy)(*arr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    return counted_alloc(&PATH_ARRAY3D, &a, -1, b);
 }
 
 EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d,
@@ -1086,23 +1078,7 @@ EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_A
         return REAL(cuMipmappedArrayCreate)(m, d, levels);
     struct a_arr a = {NULL, d, levels, m};
     uint64_t b = array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, levels);
-    int e;
-    CUresult r = reserve(-1, b, &e);
-    if (r != CUDA_SUCCESS)
-        return r;
-    ENTER();
-    r = call_mip(&a);
-    LEAVE();
-    if (r != CUDA_SUCCESS) {
-        unreserve(e, b);
-        return r;
-    }
-    if (remember(K_MIPMAP, (uint64_t)(uintptr_t)*m, e, b)) {
-        if (REAL(cuMipmappedArrayDestroy))
-            REAL(cuMipmappedArrayDestroy)(*m);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
+    return counted_alloc(&PATH_MIPMAP, &a, -1, b);
 }
 
 EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray arr)
