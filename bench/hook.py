@@ -35,6 +35,7 @@ from tessera_hook_harness import (  # noqa: E402
     Container,
     build,
     missing_prerequisite,
+    node_text,
     prepare_host_mountpoints,
     sim_env,
 )
@@ -43,15 +44,6 @@ from tessera_node.budget.formats import BudgetEntry  # noqa: E402
 
 TBENCH = BUILD / "bin" / "tbench"
 TJOIN = BUILD / "bin" / "tjoin"
-SLOW_NODE = """[node]
-default_ns_per_block=100000
-[gpu]
-model=H100-80GB
-name=NVIDIA H100 80GB HBM3
-uuid=GPU-11111111-2222-3333-4444-555555555555
-memory_mib=81920
-sm_count=132
-"""
 
 
 def collected(stderr: str) -> int:
@@ -195,7 +187,8 @@ def bench_latency(tmp: Path, quick: bool) -> dict[str, float]:
 def bench_split(tmp: Path, quick: bool) -> dict[str, object]:
     tmp = tmp / "split"
     tmp.mkdir()
-    (tmp / "node.ini").write_text(SLOW_NODE)
+    # Slow kernels (100 us per block), so the split is measured on real contention.
+    (tmp / "node.ini").write_text(node_text(ns_per_block=100_000))
     a, b = Container(tmp, "a"), Container(tmp, "b")
     a.set(BudgetEntry(memory=8 * GIB, cores=30, rate=100, burst=1))
     b.set(BudgetEntry(memory=8 * GIB, cores=70, rate=100, burst=1))

@@ -18,23 +18,21 @@ BUILD = HOOK / "build"
 LIB = BUILD / "libtessera.so"
 PROBE = BUILD / "bin" / "tprobe"
 SIM_LIB = ROOT / "sim" / "build" / "lib"
-sys.path.insert(0, str(ROOT / "node-daemon"))
+sys.path[:0] = [str(ROOT / "node-daemon"), str(ROOT / "sim")]
 
 from tessera_node.budget.formats import BudgetEntry, BudgetFile  # noqa: E402
 from tessera_node.budget.ledger import LedgerView, read_ledger  # noqa: E402
+from tessera_sim.node import GPUSpec, node_description  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
-NODE = """[node]
-default_ns_per_block=1000
-[gpu]
-model=H100-80GB
-name=NVIDIA H100 80GB HBM3
-uuid=GPU-11111111-2222-3333-4444-555555555555
-memory_mib=81920
-sm_count=132
-"""
 GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def node_text(ns_per_block: int = 1000) -> str:
+    """One simulated H100, described from the model table by the simulator's own writer."""
+    return node_description([GPUSpec("H100-80GB", uuid=GPU_UUID)],
+                            default_ns_per_block=ns_per_block)
 
 
 def missing_prerequisite() -> str | None:
@@ -53,7 +51,7 @@ def build() -> None:
 def sim_env(tmp: Path) -> dict[str, str]:
     node = tmp / "node.ini"
     if not node.exists():
-        node.write_text(NODE)
+        node.write_text(node_text())
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "LD_PRELOAD", "CUDA_"))
     }
