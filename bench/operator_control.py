@@ -116,6 +116,11 @@ def histogram_p(metrics: str, q: float) -> str:
     return "n/a"
 
 
+def counter(metrics: str, name: str) -> int:
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith(name)))
+
+
 def node_obj(name: str, gpus: int = 8) -> dict[str, Any]:
     inv = [GPUInventory(index=i, uuid=f"GPU-{name}-{i}", model="H100-80GB", memory_mib=81559)
            for i in range(gpus)]
@@ -187,10 +192,14 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess]) -> 
         await asyncio.sleep(3)
         lat, admitted = await paced_creates(kube, "bench-adm", 500, 50, 100, 10)
         ms = [x * 1000 for x in lat]
-        hook = {n: histogram_p(r.metrics(), 0.99) for n, r in ops.items()}
+        scraped = {n: r.metrics() for n, r in ops.items()}
+        hook = {n: histogram_p(m, 0.99) for n, m in scraped.items()}
+        conflicts = {n: counter(m, "tessera_quota_reservation_conflicts_total")
+                     for n, m in scraped.items()}
         print(f"admission @50 pods/s, 500 creates on one GPUQuota ({admitted} admitted, "
               f"{500 - admitted} refused at hard): end-to-end p50 {pct(ms, 50):.1f} ms, "
-              f"p99 {pct(ms, 99):.1f} ms, max {max(ms):.1f} ms; webhook p99 bucket {hook}")
+              f"p99 {pct(ms, 99):.1f} ms, max {max(ms):.1f} ms; webhook p99 bucket {hook}; "
+              f"reservation conflicts {conflicts}")
         if os.environ.get("ONLY") == "admission":
             return
         # 2. GPUPartition apply -> Ready, 50 nodes answering

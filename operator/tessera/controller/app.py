@@ -168,6 +168,7 @@ async def run(opts: Options) -> None:
             ctl.quotas.clear()
 
     loop = asyncio.get_running_loop()
+    quota_watch = asyncio.create_task(adm.watch_quotas(), name="quota-cache")
     main = asyncio.create_task(elector.run(lead))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)
@@ -175,6 +176,9 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await main
     finally:
+        quota_watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await quota_watch
         await elector.release()
         for r in runners:
             await r.cleanup()

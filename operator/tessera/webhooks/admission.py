@@ -142,7 +142,13 @@ class Admission:
     """
 
     kube: Kube
+    conflict_wait_s: float = 0.02
+    """After a lost write, how long to wait for the quota watch to bring the winner's
+    version before paying a GET for it."""
     _latest: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    _cache: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    _synced: bool = False
+    _changed: asyncio.Event | None = None
     _queues: dict[tuple[str, str], list[_Pending]] = field(default_factory=dict)
     _workers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
 
@@ -165,10 +171,10 @@ class Admission:
 
     async def _pod(self, uid: str, ns: str, pod: Mapping[str, Any], dry: bool) -> Obj:
         t0 = time.perf_counter()
-        # From the watch cache: a stale copy costs one conflict and a re-read in reserve()
-        # (every write is conditional), never a wrong count.
-        quotas = (await self.kube.list(path("tessera.dev", "v1alpha1", "gpuquotas", ns),
-                                       cached=True)).get("items") or []
+        # From this replica's quota watch (or, until it has synced, the API server's watch
+        # cache): a stale copy costs one conflict and a re-read in reserve() (every write
+        # is conditional), never a wrong count.
+        quotas = await self._quotas(ns)
         t_list = time.perf_counter() - t0
         try:
             budget = budget_from_pod(pod.get("spec") or {}, policy_of(quotas))
@@ -193,6 +199,65 @@ class Admission:
                                         "listMs": round(t_list * 1000, 1),
                                         "reserveMs": round(t_reserve * 1000, 1)})
         return allow(uid, ops)
+
+    async def _quotas(self, ns: str) -> list[Obj]:
+        if not self._synced:
+            return (await self.kube.list(path("tessera.dev", "v1alpha1", "gpuquotas", ns),
+                                         cached=True)).get("items") or []
+        out = []
+        for key, q in self._cache.items():
+            if key[0] == ns:
+                known = self._latest.get(key)
+                out.append(known if known is not None and _rv(known) > _rv(q) else q)
+        return out
+
+    async def watch_quotas(self) -> None:
+        """Every replica keeps the GPUQuotas in memory: admission reads them without a LIST
+        per pod, and a reservation that lost a race learns the winner's version from the
+        watch instead of a GET.  Only a cache: every write still carries the
+        resourceVersion it was computed from."""
+        try:
+            async for typ, obj in self.kube.watch(path("tessera.dev", "v1alpha1",
+                                                       "gpuquotas")):
+                if typ == "SYNC":
+                    self._cache = {_key(q): q for q in obj.get("items") or []}
+                    self._synced = True
+                    for key, q in self._cache.items():
+                        known = self._latest.get(key)
+                        if known is not None and _rv(q) > _rv(known):
+                            self._latest[key] = q
+                elif typ == "DELETED":
+                    self._cache.pop(_key(obj), None)
+                else:
+                    key = _key(obj)
+                    self._cache[key] = obj
+                    known = self._latest.get(key)
+                    if known is not None and _rv(obj) > _rv(known):
+                        self._latest[key] = obj
+                if self._changed is not None:
+                    self._changed.set()
+                    self._changed = None
+        finally:
+            self._synced = False
+
+    async def _newer(self, key: tuple[str, str], than: int) -> Obj | None:
+        """The quota at a resourceVersion above ``than``, from the watch if it comes soon."""
+        if not self._synced:
+            return None
+        deadline = asyncio.get_running_loop().time() + self.conflict_wait_s
+        while True:
+            got = self._cache.get(key)
+            if got is not None and _rv(got) > than:
+                return got
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return None
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return None
 
     async def reserve(self, ns: str, quotas: list[Obj], usage: Usage) -> list[Violation]:
         """Add ``usage`` to every quota (CAS); on refusal give back what was taken."""
@@ -284,6 +349,10 @@ class Admission:
                 # do not keep colliding in lockstep
                 batch.extend(self._queues.pop(key, []))
                 await asyncio.sleep(random.uniform(0, 0.004))
+            newer = await self._newer(key, _rv(q))
+            if newer is not None:
+                q = self._latest[key] = newer
+                continue
             try:
                 q = self._latest[key] = await self.kube.get(url)
             except ApiError as exc:
@@ -369,6 +438,11 @@ class Admission:
                 warnings.append(f"spec.hard.{res} {fmt(limit)} is below what admitted pods use "
                                 f"now ({fmt(u)}): they keep running, new pods are refused")
         return allow(uid, warnings=warnings)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
