@@ -1652,22 +1652,29 @@ static int nvml_entry(nvmlDevice_t dev)
         ensure_budget();                            \
     } while (0)
 
+/* NVML's memory view, v1 and v2 alike: the budget is the total, the container's use is used;
+ * a device outside the budget shows nothing. */
+static void nvml_view(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
+                      unsigned long long *free_)
+{
+    uint64_t t, u;
+    if (view(nvml_entry(dev), *total, &t, &u)) {
+        *total = t;
+        *used = u;
+        *free_ = t - u;
+    } else {
+        *total = *used = *free_ = 0;
+    }
+}
+
 EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m)
 {
     NVML_READY();
     if (!REAL(nvmlDeviceGetMemoryInfo))
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo)(dev, m);
-    if (r != NVML_SUCCESS || !m || mode == MODE_OFF)
-        return r;
-    uint64_t t, u;
-    if (view(nvml_entry(dev), m->total, &t, &u)) {
-        m->total = t;
-        m->used = u;
-        m->free = t - u;
-    } else {
-        m->total = m->used = m->free = 0;
-    }
+    if (r == NVML_SUCCESS && m && mode != MODE_OFF)
+        nvml_view(dev, &m->total, &m->used, &m->free);
     return r;
 }
 
@@ -1677,16 +1684,9 @@ EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMem
     if (!REAL(nvmlDeviceGetMemoryInfo_v2))
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo_v2)(dev, m);
-    if (r != NVML_SUCCESS || !m || mode == MODE_OFF)
-        return r;
-    uint64_t t, u;
-    if (view(nvml_entry(dev), m->total, &t, &u)) {
-        m->total = t;
-        m->used = u;
+    if (r == NVML_SUCCESS && m && mode != MODE_OFF) {
+        nvml_view(dev, &m->total, &m->used, &m->free);
         m->reserved = 0;
-        m->free = t - u;
-    } else {
-        m->total = m->used = m->free = m->reserved = 0;
     }
     return r;
 }

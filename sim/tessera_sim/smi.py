@@ -414,13 +414,18 @@ def mig_cgi(gpus: list[int], spec: str, with_ci: bool) -> int:
                 try:
                     create_ci(i, gi, info.id, default_ci(gi, p), None)
                 except nv.NVMLError as e:
-                    print(
-                        f"Unable to create a compute instance on GPU {i:>2} GPU instance ID "
-                        f"{info.id:>2} using profile {p.name}: {err_text(e)}"
-                    )
-                    print(f"Failed to create compute instances: {err_text(e)}")
-                    return int(e.value)
+                    return ci_create_failed(i, info.id, p.name, e)
     return 0
+
+
+def ci_create_failed(gpu: int, gi_id: int, profile: str, e: nv.NVMLError) -> int:
+    """Print nvidia-smi's two lines for a failed compute-instance creation; its exit status."""
+    print(
+        f"Unable to create a compute instance on GPU {gpu:>2} GPU instance ID "
+        f"{gi_id:>2} using profile {profile}: {err_text(e)}"
+    )
+    print(f"Failed to create compute instances: {err_text(e)}")
+    return int(e.value)
 
 
 def mig_cci(gpus: list[int], spec: str | None, gi_spec: str | None) -> int:
@@ -443,12 +448,7 @@ def mig_cci(gpus: list[int], spec: str | None, gi_spec: str | None) -> int:
                 try:
                     create_ci(i, gi, gi_info.id, cp, start)
                 except nv.NVMLError as e:
-                    print(
-                        f"Unable to create a compute instance on GPU {i:>2} GPU instance ID "
-                        f"{gi_info.id:>2} using profile {ptoken or cp.name}: {err_text(e)}"
-                    )
-                    print(f"Failed to create compute instances: {err_text(e)}")
-                    return int(e.value)
+                    return ci_create_failed(i, gi_info.id, ptoken or cp.name, e)
     return 0
 
 
