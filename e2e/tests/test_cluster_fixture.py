@@ -24,6 +24,8 @@ def test_client_and_server_report_the_pinned_version(cluster: LocalCluster) -> N
 
 def test_namespace_gets_a_default_service_account(cluster: LocalCluster, namespace: str) -> None:
     cluster.wait_for_service_account(namespace)
+    got = cluster.kubectl("get", "serviceaccount", "default", "-n", namespace)
+    assert got.returncode == 0, got.stderr
 
 
 def test_deleted_namespace_goes_away(cluster: LocalCluster) -> None:
@@ -36,6 +38,8 @@ def test_deleted_namespace_goes_away(cluster: LocalCluster) -> None:
 def test_scheduler_considers_pods(cluster: LocalCluster, namespace: str) -> None:
     """No nodes exist, so a working scheduler marks the pod Unschedulable."""
     cluster.wait_for_service_account(namespace)
+    got = cluster.kubectl("get", "serviceaccount", "default", "-n", namespace)
+    assert got.returncode == 0, got.stderr
     pod = cluster.kubectl("run", "p", "-n", namespace, "--image=busybox", "--restart=Never")
     assert pod.returncode == 0, pod.stderr
     jsonpath = '{.status.conditions[?(@.type=="PodScheduled")].reason}'

@@ -149,8 +149,10 @@ def test_everything_the_crd_pattern_admits_parses(text: str) -> None:
 
 @given(st.text(max_size=12))
 def test_parser_never_crashes(text: str) -> None:
+    """Any text either parses to a finite value or is refused with QuantityError."""
     with contextlib.suppress(QuantityError):
-        parse_quantity(text)
+        value, _ = parse_quantity(text)
+        assert value.is_finite()
 
 
 def test_quantity_type_compares_by_value_keeps_spelling() -> None:
