@@ -8,10 +8,14 @@ all count the same number.
 Where a container asks for several GPUs, the memory/cores are split evenly over them; a
 core total above 100 % per share is refused because one share cannot exceed its GPU.
 
-A pod's usage is the sum over all its budgeted containers, init containers included: the
-budget annotation (the only record admission leaves) does not say which containers run
-one after another, and admission and recount must count the same way.  This overcounts
-pods whose init containers ask for GPUs, never undercounts.
+A pod's usage follows Kubernetes' effective-request rule (``resource.PodRequests``, KEP-753
+sidecars), per resource: app containers and sidecar init containers (``restartPolicy:
+Always``) run together and add up; a regular init container runs alone with the sidecars
+declared before it; the pod holds the larger of the two, resource by resource
+(:func:`effective_usage`, the one place the rule lives).  Admission classifies containers
+from the spec it admits; recount reads the budget annotation and classifies its containers
+by name from the pod's own spec (a name the spec does not declare counts as an app
+container, so a malformed pod is overcounted, never undercounted).
 
 A container that asks for shares must end up with a memory total (its own or the quota's
 default): a budget without a memory limit would be no budget.  Missing cores without a
@@ -23,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tessera.api import budget as api_budget
 from tessera.api import resources
@@ -81,9 +85,44 @@ class Usage:
     def __hash__(self) -> int:
         return hash((self.memory_mib, self.cores, self.pods, tuple(sorted(_nz(self.mig).items()))))
 
+    def peak(self, other: Usage) -> Usage:
+        """Resource by resource, the larger of the two (each MIG profile on its own)."""
+        mig = {k: max(self.mig.get(k, 0), other.mig.get(k, 0)) for k in {*self.mig, *other.mig}}
+        return Usage(max(self.memory_mib, other.memory_mib), max(self.cores, other.cores),
+                     max(self.pods, other.pods), _nz(mig))
+
 
 def _nz(m: Mapping[str, int]) -> dict[str, int]:
     return {k: v for k, v in m.items() if v}
+
+
+ContainerKind = Literal["app", "sidecar", "init"]
+"""How a container runs: with the pod (``app``: ``spec.containers``), alongside it
+(``sidecar``: an init container with ``restartPolicy: Always``), or alone before it
+(``init``: a regular init container)."""
+
+
+def effective_usage(containers: Iterable[tuple[ContainerKind, Usage]]) -> Usage:
+    """A pod's quota usage from its budgeted containers, init containers in declaration order.
+
+    Kubernetes' effective request, per resource: app containers and all sidecars together,
+    or a regular init container with the sidecars declared before it, whichever is larger;
+    plus one pod when any container is given.  Only the order of init containers relative
+    to each other matters (app containers may come anywhere).
+    """
+    running = Usage()  # app containers + every sidecar: they hold their budgets together
+    sidecars = Usage()  # sidecars declared so far: what a regular init container runs with
+    init_peak = Usage()
+    pods = 0
+    for kind, usage in containers:
+        pods = 1
+        if kind == "init":
+            init_peak = init_peak.peak(sidecars + usage)
+            continue
+        running = running + usage
+        if kind == "sidecar":
+            sidecars = sidecars + usage
+    return running.peak(init_peak) + Usage(pods=pods)
 
 
 @dataclass(frozen=True)
@@ -129,6 +168,8 @@ class ContainerBudget:
     mig: Mapping[str, int] = field(default_factory=dict)
     filled: Mapping[str, int] = field(default_factory=dict)
     """Resources the webhook adds to this container's limits (name -> value)."""
+    kind: ContainerKind = "app"
+    """How it runs next to the pod's other containers (for the pod's quota usage)."""
 
     def usage(self) -> Usage:
         return Usage(self.memory_mib, self.cores, 0, _nz(self.mig))
@@ -151,12 +192,8 @@ class Budget:
         return any(c.gpus or c.mig for c in self.containers)
 
     def usage(self) -> Usage:
-        if not self.requests_anything:
-            return Usage()
-        total = Usage(pods=1)
-        for c in self.containers:
-            total = total + c.usage()
-        return total
+        """The pod's quota usage (:func:`effective_usage` over the budgeted containers)."""
+        return effective_usage((c.kind, c.usage()) for c in self.containers if c.gpus or c.mig)
 
     def to_api(self) -> api_budget.PodBudget:
         return api_budget.PodBudget(
@@ -167,18 +204,46 @@ class Budget:
         return self.to_api().to_annotation()
 
 
-def usage_of(budget: api_budget.PodBudget) -> Usage:
-    """Totals back from the per-share annotation (exact: MiB are rounded back up)."""
-    total = Usage(pods=1) if budget.containers else Usage()
-    for c in budget.containers.values():
-        total = total + Usage(-(-c.memory_bytes * c.shares // api_budget.MIB),
-                              round(c.cores * c.shares), 0, dict(c.mig))
-    return total
+def container_usage(c: api_budget.ContainerBudget) -> Usage:
+    """One container's totals back from its per-share budget (exact: MiB rounded back up)."""
+    return Usage(-(-c.memory_bytes * c.shares // api_budget.MIB), round(c.cores * c.shares), 0,
+                 _nz(c.mig))
 
 
-def parse_budget_annotation(raw: str) -> Usage:
-    """Usage recorded in ``tessera.dev/budget``; ValueError when unreadable."""
-    return usage_of(api_budget.parse_budget(raw))
+def container_kinds(spec: Mapping[str, Any]) -> dict[str, ContainerKind]:
+    """Init containers of a pod spec by name, in declaration order, as sidecar or init.
+
+    App containers are not listed (absent means ``app``); a name declared both as an init
+    and an app container (which Kubernetes refuses) is treated as an app container.
+    """
+    apps = {str(c.get("name", "")) for c in spec.get("containers") or []
+            if isinstance(c, Mapping)}
+    kinds: dict[str, ContainerKind] = {}
+    for c in spec.get("initContainers") or []:
+        if not isinstance(c, Mapping):
+            continue
+        name = str(c.get("name", ""))
+        if name not in apps and name not in kinds:
+            kinds[name] = "sidecar" if c.get("restartPolicy") == "Always" else "init"
+    return kinds
+
+
+def usage_of(budget: api_budget.PodBudget, spec: Mapping[str, Any] | None = None) -> Usage:
+    """The pod's quota usage from its budget annotation and (for init containers) its spec.
+
+    ``spec`` says which containers are init containers, sidecars, and in what order; without
+    it (or for names it does not declare) every container counts as an app container.
+    """
+    kinds = container_kinds(spec or {})
+    ordered = [n for n in kinds if n in budget.containers]
+    ordered += [n for n in budget.containers if n not in kinds]
+    return effective_usage((kinds.get(n, "app"), container_usage(budget.containers[n]))
+                           for n in ordered)
+
+
+def parse_budget_annotation(raw: str, spec: Mapping[str, Any] | None = None) -> Usage:
+    """Usage recorded in ``tessera.dev/budget`` (see :func:`usage_of`); ValueError if unreadable."""
+    return usage_of(api_budget.parse_budget(raw), spec)
 
 
 def _int_resource(container: str, res: str, value: Any) -> int:
@@ -192,7 +257,8 @@ def _int_resource(container: str, res: str, value: Any) -> int:
     return n
 
 
-def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy) -> ContainerBudget:
+def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy,
+                      kind: ContainerKind = "app") -> ContainerBudget:
     name = str(c.get("name", ""))
     res = c.get("resources") or {}
     asked: dict[str, Any] = {**(res.get("requests") or {}), **(res.get("limits") or {})}
@@ -218,7 +284,7 @@ def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy) -> ContainerBud
         if memory or cores:
             raise BudgetError(f"container {name!r}: {RES_VGPU} is 0 but it asks for GPU "
                               f"memory or cores")
-        return ContainerBudget(name=name, mig=mig)
+        return ContainerBudget(name=name, mig=mig, kind=kind)
     if memory is None:
         if policy.default_memory_mib is None:
             where = f'GPUQuota "{policy.quota}"' if policy.quota else "no GPUQuota"
@@ -235,7 +301,7 @@ def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy) -> ContainerBud
     if memory == 0:
         raise BudgetError(f"container {name!r}: {RES_MEMORY} must be at least 1 (MiB)")
     return ContainerBudget(name=name, gpus=gpus, memory_mib=memory, cores=cores, mig=mig,
-                           filled=filled)
+                           filled=filled, kind=kind)
 
 
 def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()) -> Budget:
@@ -243,10 +309,12 @@ def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()
 
     Raises BudgetError for requests that are wrong on their own or exceed the per-pod max.
     """
-    containers = [_container_budget(c, policy) for c in
-                  [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]]
-    budget = Budget(tuple(containers), policy.quota, policy.weight)
-    total = budget.usage()
+    kinds = container_kinds(spec)
+    inits = [_container_budget(c, policy, kinds.get(str(c.get("name", "")), "app"))
+             for c in spec.get("initContainers") or []]
+    apps = [_container_budget(c, policy) for c in spec.get("containers") or []]
+    budget = Budget((*inits, *apps), policy.quota, policy.weight)
+    total = budget.usage()  # the effective usage: what the pod holds at its peak
     where = f'GPUQuota "{policy.quota}" max' if policy.quota else "max"
     if policy.max_memory_mib is not None and total.memory_mib > policy.max_memory_mib:
         raise BudgetError(f"pod asks for {RES_MEMORY} {mib_quantity(total.memory_mib)} in "
@@ -314,12 +382,15 @@ def pod_counts(pod: Mapping[str, Any]) -> bool:
 
 
 def pod_usage(pod: Mapping[str, Any]) -> Usage:
-    """The usage recorded on an admitted pod (zero when the annotation is unreadable)."""
+    """The usage recorded on an admitted pod (zero when the annotation is unreadable).
+
+    Its containers are classified by name from the pod's own spec, as admission did.
+    """
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_BUDGET)
     if raw is None:
         return Usage()
     try:
-        return parse_budget_annotation(raw)
+        return parse_budget_annotation(raw, pod.get("spec") or {})
     except (ValueError, TypeError, KeyError):
         return Usage()
 

@@ -79,10 +79,11 @@ def test_max_is_per_pod_total_over_containers() -> None:
         budget_from_pod(pod({RES_CORES: "100"}, {RES_CORES: "100"}, {RES_CORES: "100"}), POLICY)
 
 
-def test_init_containers_are_summed_like_admission_records_them() -> None:
+def test_regular_init_container_is_not_summed_with_the_app_containers() -> None:
+    """Per resource, the larger of the init container and the apps (test_quota_init_containers)."""
     b = budget_from_pod(pod({RES_MEMORY: "1000", RES_CORES: "10"},
                             init=({RES_MEMORY: "4000", RES_CORES: "5"},)), POLICY)
-    assert b.usage() == Usage(5000, 15, 1)
+    assert b.usage() == Usage(4000, 10, 1)
 
 
 def test_memory_is_mandatory_without_default_and_cores_default_to_whole_share() -> None:
