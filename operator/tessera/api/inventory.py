@@ -15,6 +15,9 @@ Annotation ``tessera.dev/gpus`` -- a JSON list, one object per GPU::
     [{"index": 0, "uuid": "GPU-…", "model": "H100-80GB", "memoryMiB": 81559,
       "migMode": "enabled" | "disabled" | "unsupported",
       "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-…"}]}]
+
+What the daemon did for each GPUPartition travels the same way, in a second annotation on
+the same Node (see :mod:`tessera.api.node_report`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tessera.api.node_report import ANNOTATION_PARTITION_STATUS, ReportError, parse_reports
+from tessera.api.partition import NodePartitionStatus
 from tessera.models import get_model
 
 LABEL_PRODUCT = "tessera.dev/gpu.product"
@@ -74,6 +79,16 @@ class NodeInventory(_Model):
     gpus: tuple[GPUInventory, ...] = ()
     error: str | None = None
     """Why the annotation could not be read; the node then offers no GPUs."""
+    reports: dict[str, NodePartitionStatus] = Field(default_factory=dict)
+    """The daemon's report per GPUPartition name (``tessera.dev/partition-status``)."""
+    report_error: str | None = None
+    """Why that annotation could not be read; every partition then sees the node Failed."""
+
+    def report(self, partition: str) -> NodePartitionStatus | None:
+        """This node's report for ``partition`` (None when the daemon has not written one)."""
+        if self.report_error is not None:
+            return NodePartitionStatus(phase="Failed", message=self.report_error)
+        return self.reports.get(partition)
 
     def gpu(self, index: int) -> GPUInventory | None:
         for g in self.gpus:
@@ -133,6 +148,14 @@ def from_node(node: Mapping[str, Any]) -> NodeInventory:
             gpus = parse_gpus(raw)
         except InventoryError as exc:
             error = str(exc)
+    reports: dict[str, NodePartitionStatus] = {}
+    report_error: str | None = None
+    raw_reports = annotations.get(ANNOTATION_PARTITION_STATUS)
+    if raw_reports is not None:
+        try:
+            reports = parse_reports(raw_reports)
+        except ReportError as exc:
+            report_error = str(exc)
     return NodeInventory(
         name=name,
         labels=dict(labels),
@@ -141,6 +164,8 @@ def from_node(node: Mapping[str, Any]) -> NodeInventory:
         mig_capable=labels.get(LABEL_MIG_CAPABLE, "false").lower() == "true",
         gpus=gpus,
         error=error,
+        reports=reports,
+        report_error=report_error,
     )
 
 

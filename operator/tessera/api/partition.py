@@ -1,9 +1,9 @@
 """GPUPartition (cluster-scoped): which nodes and GPUs get which MIG layout.
 
-Status ownership is split so writers never conflict: the operator owns ``selectedNodes``,
-the counts, ``layout`` and ``conditions``; each node daemon merge-patches only
-``status.nodes.<its node name>``.  ``nodes`` is a map, not a list, precisely so that such a
-merge patch touches one key and needs no read-modify-write.
+The operator is the only writer of the status.  Node daemons report on their own Node
+objects (:mod:`tessera.api.node_report`) and the operator copies the selected nodes' reports
+into ``status.nodes.<node>``: one writer per object, so fifty daemons answering a layout
+change at once never conflict.  ``nodes`` is a map keyed by node name.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class GPUStatus(ApiModel):
 
 
 class NodePartitionStatus(ApiModel):
-    """What one node daemon reports for this partition; only that daemon writes it."""
+    """What one node daemon reports for this partition (copied from its Node's report)."""
 
     phase: NodePhase = "Pending"
     """Pending, Applying, WaitingForIdle, Ready or Failed."""
@@ -194,7 +194,7 @@ class NodePartitionStatus(ApiModel):
 
 
 class GPUPartitionStatus(ApiModel):
-    """Observed state: the operator writes the top-level fields, each node daemon its nodes key."""
+    """Observed state, written by the operator alone."""
 
     observed_generation: int | None = Field(default=None, ge=0)
     """metadata.generation the operator last reconciled."""
@@ -209,7 +209,7 @@ class GPUPartitionStatus(ApiModel):
     layout: str | None = None
     """Layout summary such as 1x3g.40gb+4x1g.10gb (printer column)."""
     nodes: dict[str, NodePartitionStatus] = Field(default_factory=dict)
-    """Per-node reports keyed by node name (each node daemon writes its own key)."""
+    """Per-node reports keyed by node name, copied from the selected nodes' daemons."""
 
 
 class GPUPartition(ApiModel):

@@ -42,8 +42,9 @@ log = logging.getLogger("tessera.controller")
 GROUP, VERSION = "tessera.dev", "v1alpha1"
 RESET_FINALIZER = "tessera.dev/reset"
 """Held on deletionPolicy=Reset partitions until their GPUs are reset (see docs)."""
-OPERATOR_KEYS = ("observedGeneration", "conditions", "selectedNodes", "selectedNodeCount",
-                 "readyNodeCount", "layout")
+STATUS_KEYS = ("observedGeneration", "conditions", "selectedNodes", "selectedNodeCount",
+               "readyNodeCount", "layout", "nodes")
+"""All of a GPUPartition's status: the operator is its only writer."""
 
 
 def _conditions(raw: Any) -> list[Condition]:
@@ -249,12 +250,10 @@ class Controller:
                                                                "error": str(exc)})
                 continue
             entries: dict[str, NodePartitionStatus] = {}
-            for node, raw in (status.get("nodes") or {}).items():
-                try:
-                    entries[node] = NodePartitionStatus.model_validate(raw)
-                except ValidationError:
-                    entries[node] = NodePartitionStatus(phase="Pending",
-                                                        message="unreadable node entry")
+            for node, inv in self.nodes.items():
+                entry = inv.report(name)
+                if entry is not None:
+                    entries[node] = entry
             views.append(PartitionView(name, spec, int(meta.get("generation") or 1),
                                        str(meta.get("creationTimestamp") or ""), entries))
             olds[name] = GPUPartitionStatus(conditions=_conditions(status.get("conditions")))
@@ -267,17 +266,18 @@ class Controller:
             body = self.partitions.get(v.name)
             if body is None:
                 continue
-            new, stale = aggregate(v, resolutions[v.name], olds[v.name])
+            new = aggregate(v, resolutions[v.name], olds[v.name])
             await self._deletion_policy(body, v, new)
             wire = new.to_dict()
-            want = {k: wire.get(k) for k in OPERATOR_KEYS}
-            have = {k: (body.get("status") or {}).get(k) for k in OPERATOR_KEYS}
+            stored = body.get("status") or {}
+            want = {k: wire.get(k) for k in STATUS_KEYS}
+            have = {k: stored.get(k) for k in STATUS_KEYS}
             have["conditions"] = _dump_conditions(olds[v.name].conditions)
-            if want == have and not stale:
+            if want == have:
                 continue
-            patch: dict[str, Any] = {"status": {**want, "nodes": {n: None for n in stale}}}
-            if not stale:
-                del patch["status"]["nodes"]
+            # a merge patch merges maps: reports of deselected nodes must be nulled
+            gone = {n: None for n in stored.get("nodes") or {} if n not in new.nodes}
+            patch = {"status": {**want, "nodes": {**(want["nodes"] or {}), **gone}}}
             try:
                 await self.kube.merge_patch(
                     path(GROUP, VERSION, "gpupartitions", name=v.name) + "/status", patch)
@@ -324,13 +324,13 @@ class Controller:
     async def partition_loop(self) -> None:
         while True:
             await self._dirty.wait()
-            # Trailing debounce: while daemons' reports keep arriving (50 nodes answering at
-            # once), writing status after each would only add conflicts to their patches on
-            # the same object; write once the burst pauses for 100 ms (at most 1 s late).
+            # Trailing debounce: when a layout changes, every selected node's report arrives
+            # within a short burst; write each partition's status once the burst pauses for
+            # 50 ms (at most 1 s late) instead of once per report.
             started = asyncio.get_running_loop().time()
             while True:
                 self._dirty.clear()
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
                 if (not self._dirty.is_set()
                         or asyncio.get_running_loop().time() - started > 1.0):
                     break

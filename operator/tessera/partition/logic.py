@@ -11,6 +11,10 @@ while any selected node has no report, or reports Pending/Applying/WaitingForIdl
 an older generation.  It is Degraded, naming the nodes and reasons, for GPUs lost to an older
 partition, GPUs whose model cannot hold the layout, unreadable node inventories, and nodes
 that report Failed.
+
+Reports come from the node daemons' ``tessera.dev/partition-status`` annotations on their
+Nodes (:mod:`tessera.api.node_report`); the operator alone writes the partition's status,
+``status.nodes`` included: the reports of the selected nodes, nothing else.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class PartitionView:
     created: str = ""
     """metadata.creationTimestamp (RFC 3339 sorts as text)."""
     nodes: Mapping[str, NodePartitionStatus] = field(default_factory=dict)
+    """The daemons' reports for this partition, by node (any node, selected or not)."""
 
 
 @dataclass(frozen=True)
@@ -184,11 +189,12 @@ def _names(items: Sequence[str]) -> str:
 
 
 def aggregate(p: PartitionView, res: Resolution, old: GPUPartitionStatus | None,
-              now: datetime | None = None) -> tuple[GPUPartitionStatus, list[str]]:
-    """The operator's part of the status, and the node entries to remove (deselected).
+              now: datetime | None = None) -> GPUPartitionStatus:
+    """The partition's whole status: counts, conditions and the selected nodes' reports.
 
     Only nodes holding at least one claimed GPU are expected to report; a node that lost
-    every GPU to problems is Degraded, not Progressing.
+    every GPU to problems is Degraded, not Progressing.  Reports of nodes the partition no
+    longer selects are left out (the caller removes them from the stored status).
     """
     old = old or GPUPartitionStatus()
     gen = p.generation
@@ -200,6 +206,9 @@ def aggregate(p: PartitionView, res: Resolution, old: GPUPartitionStatus | None,
         entry = p.nodes.get(name)
         if entry is None:
             waiting.append(f"{name} (no report)")
+        elif entry.phase == "Failed" and entry.observed_generation is None:
+            # an unreadable report carries no generation: waiting would never end
+            problems.append(NodeProblem(name, "NodeFailed", entry.message or "failed"))
         elif entry.observed_generation != gen:
             waiting.append(f"{name} (generation {entry.observed_generation}, want {gen})")
         elif entry.phase == "Ready":
@@ -209,7 +218,6 @@ def aggregate(p: PartitionView, res: Resolution, old: GPUPartitionStatus | None,
         else:
             detail = f": {entry.message}" if entry.message else ""
             waiting.append(f"{name} ({entry.phase}{detail})")
-    stale = sorted(set(p.nodes) - set(res.selected))
     conds = list(old.conditions)
     if problems:
         reasons = sorted({pr.reason for pr in problems})
@@ -248,8 +256,8 @@ def aggregate(p: PartitionView, res: Resolution, old: GPUPartitionStatus | None,
         observed_generation=gen, conditions=conds, selected_nodes=list(res.selected),
         selected_node_count=len(res.selected), ready_node_count=len(ready),
         layout=layout_summary(p.spec.layout),
-        nodes={k: v for k, v in p.nodes.items() if k not in stale})
-    return status, stale
+        nodes={k: p.nodes[k] for k in res.selected if k in p.nodes})
+    return status
 
 
 def transitions(old: Sequence[Condition], new: Sequence[Condition]) -> list[Condition]:

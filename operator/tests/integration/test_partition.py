@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from tessera.api.inventory import GPUInventory, node_labels, to_annotation
+from tessera.api.node_report import ANNOTATION_PARTITION_STATUS, parse_reports
+from tessera.api.node_report import to_annotation as to_report_annotation
+from tessera.api.partition import NodePartitionStatus
 
 from .conftest import Operators
 from .harness import kubectl_json, wait_until
@@ -35,12 +38,18 @@ def partition_json(name: str, selector: dict[str, Any], profiles: dict[str, int]
 
 
 def report(cluster: Any, part: str, node: str, phase: str, gen: int, msg: str = "") -> None:
-    """Write status.nodes.<node> as that node's daemon would."""
-    entry: dict[str, Any] = {"phase": phase, "observedGeneration": gen}
-    if msg:
-        entry["message"] = msg
-    out = cluster.kubectl("patch", "gpupartition", part, "--subresource=status", "--type=merge",
-                          "-p", json.dumps({"status": {"nodes": {node: entry}}}))
+    """Write this node's report for ``part`` as its daemon would: into the
+    ``tessera.dev/partition-status`` annotation of its own Node (other partitions' entries
+    kept), with the Node's resourceVersion as precondition."""
+    obj = kubectl_json(cluster, "get", "node", node)
+    meta = obj["metadata"]
+    reports = parse_reports((meta.get("annotations") or {}).get(
+        ANNOTATION_PARTITION_STATUS, "{}"))
+    reports[part] = NodePartitionStatus(phase=phase, observed_generation=gen,  # type: ignore[arg-type]
+                                        message=msg or None)
+    out = cluster.kubectl("patch", "node", node, "--type=merge", "-p", json.dumps({
+        "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {
+            ANNOTATION_PARTITION_STATUS: to_report_annotation(reports)}}}))
     assert out.returncode == 0, out.stderr
 
 
@@ -87,6 +96,8 @@ def test_ready_after_every_node_reports_and_deselection(
     assert out.returncode == 0, out.stderr
     st = kubectl_json(cluster, "get", "gpupartition", part)["status"]
     assert st["readyNodeCount"] == 3 and st["layout"] == "2x3g.40gb"
+    # the operator copied each daemon's report from its Node into status.nodes
+    assert {n: e["phase"] for n, e in st["nodes"].items()} == dict.fromkeys(nodes, "Ready")
     # a node leaves the pool: deselected, its entry removed, still Ready
     out = cluster.kubectl("label", "node", nodes[0], f"pool={pool}-other", "--overwrite")
     assert out.returncode == 0

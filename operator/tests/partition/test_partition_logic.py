@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from tessera.api.conditions import get_condition
 from tessera.api.inventory import GPUInventory, from_node, node_labels, to_annotation
-from tessera.api.partition import GPUPartitionSpec, NodePartitionStatus
+from tessera.api.node_report import ANNOTATION_PARTITION_STATUS
+from tessera.api.node_report import to_annotation as to_report_annotation
+from tessera.api.partition import (
+    GPUPartitionSpec,
+    GPUStatus,
+    MigInstanceStatus,
+    NodePartitionStatus,
+)
 from tessera.partition import PartitionView, aggregate, resolve, spec_errors, transitions
 
 
@@ -75,7 +83,7 @@ def entry(phase: str, gen: int = 1, msg: str | None = None) -> NodePartitionStat
 
 
 def conds(p: PartitionView, nodes: list[Any]) -> dict[str, tuple[str, str, str]]:
-    st, _ = aggregate(p, resolve([p], nodes)[p.name], None)
+    st = aggregate(p, resolve([p], nodes)[p.name], None)
     return {c.type: (c.status, c.reason, c.message) for c in st.conditions}
 
 
@@ -102,8 +110,8 @@ def test_failed_node_degrades_naming_node_and_reason() -> None:
 
 def test_no_nodes_selected_and_deselected_entries_removed() -> None:
     p = pv("p", spec(None, {"matchLabels": {"pool": "none"}}), nodes={"a": entry("Ready")})
-    st, stale = aggregate(p, resolve([p], [node("a")])["p"], None)
-    assert stale == ["a"] and st.nodes == {}
+    st = aggregate(p, resolve([p], [node("a")])["p"], None)
+    assert st.nodes == {}
     assert st.selected_node_count == 0
     assert next(c for c in st.conditions if c.type == "Ready").reason == "NoNodesSelected"
 
@@ -112,12 +120,12 @@ def test_conditions_are_stable_when_nothing_changes() -> None:
     """Re-aggregating an unchanged partition gives the same status: no write, no churn."""
     nodes = [node("a")]
     p = pv("p", spec(None), nodes={"a": entry("Applying")})
-    st1, _ = aggregate(p, resolve([p], nodes)["p"], None)
-    st2, _ = aggregate(p, resolve([p], nodes)["p"], st1)
+    st1 = aggregate(p, resolve([p], nodes)["p"], None)
+    st2 = aggregate(p, resolve([p], nodes)["p"], st1)
     assert st1 == st2
     assert transitions(st1.conditions, st2.conditions) == []
     p2 = pv("p", spec(None), nodes={"a": entry("Ready")})
-    st3, _ = aggregate(p2, resolve([p2], nodes)["p"], st2)
+    st3 = aggregate(p2, resolve([p2], nodes)["p"], st2)
     changed = {c.type for c in transitions(st2.conditions, st3.conditions)}
     assert changed == {"Ready", "Progressing"}
     ready = get_condition(st3.conditions, "Ready")
@@ -143,3 +151,41 @@ def test_spec_errors_only_for_layouts_no_candidate_model_holds(s: GPUPartitionSp
     assert bool(errs) == bad
     if errs:
         assert errs[0][0] == "spec.layout" and "fits no GPU model" in errs[0][1]
+
+
+def test_status_nodes_are_the_selected_nodes_reports_only() -> None:
+    """The operator copies reports of selected nodes into status.nodes, nothing else."""
+    p = pv("p", spec(None, {"matchLabels": {"pool": "x"}}),
+           nodes={"a": entry("Ready"), "b": entry("Applying"), "c": entry("Ready")})
+    nodes = [node("a", pool="x"), node("b", pool="x"), node("c", pool="y")]
+    st = aggregate(p, resolve([p], nodes)["p"], None)
+    assert st.nodes == {"a": entry("Ready"), "b": entry("Applying")}
+    assert st.selected_nodes == ["a", "b"] and st.ready_node_count == 1
+
+
+def test_node_reports_round_trip_through_the_node_annotation() -> None:
+    reports = {"p": NodePartitionStatus(phase="Ready", observed_generation=3, gpus=[
+        GPUStatus(index=0, mig_enabled=True, instances=[
+            MigInstanceStatus(profile="3g.40gb", start=4, uuid="MIG-x")])])}
+    raw = to_report_annotation(reports)
+    inv = from_node({"metadata": {"name": "a", "labels": {}, "annotations": {
+        "tessera.dev/gpus": "[]", ANNOTATION_PARTITION_STATUS: raw}}})
+    assert inv.report("p") == reports["p"] and inv.report("q") is None
+    assert inv.report_error is None
+
+
+def test_an_unreadable_report_fails_the_node_instead_of_waiting_forever() -> None:
+    bad_entry = json.dumps({"p": {"phase": "Done"}, "q": {"phase": "Ready"}})
+    inv = from_node({"metadata": {"name": "a", "annotations": {
+        ANNOTATION_PARTITION_STATUS: bad_entry}}})
+    p_report, q_report = inv.report("p"), inv.report("q")
+    assert p_report is not None and p_report.phase == "Failed"
+    assert "unreadable report (phase" in (p_report.message or "")
+    assert q_report is not None and q_report.phase == "Ready"
+    broken = from_node({"metadata": {"name": "a", "annotations": {
+        ANNOTATION_PARTITION_STATUS: "[1]"}}})
+    any_report = broken.report("whatever")
+    assert any_report is not None and any_report.phase == "Failed"
+    assert "must be a JSON object" in (any_report.message or "")
+    c = conds(pv("p", spec(None), nodes={"a": any_report}), [node("a")])
+    assert c["Degraded"][:2] == ("True", "NodeFailed")
