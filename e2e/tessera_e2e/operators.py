@@ -47,16 +47,18 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0,
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def render_rbac(namespace: str = OPERATOR_NS) -> str:
-    """charts/tessera/templates/rbac.yaml with the two values it uses filled in."""
-    text = (REPO / "charts/tessera/templates/rbac.yaml").read_text()
+def render_chart(namespace: str = OPERATOR_NS) -> str:
+    """charts/tessera/templates/*.yaml (RBAC, pod budget protection) with the two values
+    they use filled in, as one multi-document YAML."""
     values = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())
-    return (text.replace("{{ .Release.Namespace }}", namespace)
-            .replace("{{ .Values.serviceAccount.name }}", values["serviceAccount"]["name"]))
+    docs = [(t.read_text().replace("{{ .Release.Namespace }}", namespace)
+             .replace("{{ .Values.serviceAccount.name }}", values["serviceAccount"]["name"]))
+            for t in sorted((REPO / "charts/tessera/templates").glob("*.yaml"))]
+    return "\n---\n".join(docs)
 
 
 def install(kubectl: Kubectl) -> None:
-    """CRDs (server-side apply), the operator namespace and the RBAC."""
+    """CRDs (server-side apply), the operator namespace and the chart (RBAC, policies)."""
     for crd in sorted((REPO / "crds").glob("*.yaml")):
         out = kubectl("apply", "--server-side", "-f", str(crd))
         if out.returncode != 0:
@@ -64,9 +66,9 @@ def install(kubectl: Kubectl) -> None:
     for name in ("gpupartitions.tessera.dev", "gpuquotas.tessera.dev"):
         kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
     kubectl("create", "namespace", OPERATOR_NS)
-    out = kubectl("apply", "-f", "-", input=render_rbac())
+    out = kubectl("apply", "-f", "-", input=render_chart())
     if out.returncode != 0:
-        raise RuntimeError(f"applying RBAC: {out.stderr.strip()}")
+        raise RuntimeError(f"applying the chart: {out.stderr.strip()}")
 
 
 def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path) -> Path:

@@ -6,7 +6,12 @@ from prometheus_client import Counter, Gauge, Histogram
 
 ADMISSION_SECONDS = Histogram(
     "tessera_admission_seconds", "Time to answer one admission review.", ["webhook", "result"],
-    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+    buckets=(0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1,
+             2.5))
+QUOTA_WRITE_SECONDS = Histogram(
+    "tessera_quota_write_seconds",
+    "One GPUQuota status write by admission (API server round trip), conflicts included.",
+    buckets=(0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1))
 RESERVATION_CONFLICTS = Counter(
     "tessera_quota_reservation_conflicts_total",
     "GPUQuota status writes that lost a resourceVersion race and were retried.")

@@ -333,6 +333,7 @@ class Admission:
                 results.append([])
             if cur == used and q.get("status", {}).get("used") is not None:
                 return results
+            sent = time.perf_counter()
             try:
                 self._latest[key] = await self.kube.merge_patch(url + "/status",
                                                                 used_patch(q, cur))
@@ -344,11 +345,13 @@ class Admission:
                 if exc.status != 409:
                     raise
                 metrics.RESERVATION_CONFLICTS.inc()
-                # another replica won: let what queued meanwhile ride along on the retry
-                # (fewer writes, so fewer conflicts), after a little jitter so two replicas
-                # do not keep colliding in lockstep
-                batch.extend(self._queues.pop(key, []))
-                await asyncio.sleep(random.uniform(0, 0.004))
+            finally:
+                metrics.QUOTA_WRITE_SECONDS.observe(time.perf_counter() - sent)
+            # another replica won: let what queued meanwhile ride along on the retry
+            # (fewer writes, so fewer conflicts), after a little jitter so two replicas
+            # do not keep colliding in lockstep
+            batch.extend(self._queues.pop(key, []))
+            await asyncio.sleep(random.uniform(0, 0.004))
             newer = await self._newer(key, _rv(q))
             if newer is not None:
                 q = self._latest[key] = newer

@@ -12,13 +12,13 @@ from tessera_e2e.operators import (
     OperatorProcess,
     RoundRobinProxy,
     operator_kubeconfig,
-    render_rbac,
+    render_chart,
     wait_until,
 )
 from tessera_e2e.operators import lease_holder as _lease_holder
 
 __all__ = ["OPERATOR_NS", "REPO", "LocalOperators", "OperatorProcess", "RoundRobinProxy",
-           "kubectl_json", "lease_holder", "operator_kubeconfig", "render_rbac", "wait_until"]
+           "kubectl_json", "lease_holder", "operator_kubeconfig", "render_chart", "wait_until"]
 
 
 def kubectl_json(cluster: Any, *args: str) -> Any:

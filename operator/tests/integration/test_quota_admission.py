@@ -145,3 +145,40 @@ def test_used_is_exact_after_deletes_and_finished_pods(
         "tessera.dev/vgpu-memory": "10", "tessera.dev/vgpu-cores": "1"}))
     assert "tessera.dev/vgpu-cores requested 1, used 10, hard 5" in out.stderr, out.stderr
     assert kubectl_json(cluster, "get", "pod", "p3", "-n", ns)["metadata"]["name"] == "p3"
+
+
+def test_admitted_budget_metadata_cannot_be_edited_or_removed(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """A pod owner cannot raise a running pod's budget or hide it from the quota count."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns))
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "a", {
+        "tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}))
+    assert out.returncode == 0, out.stderr
+    before = kubectl_json(cluster, "get", "pod", "a", "-n", ns)["metadata"]
+    raised = json.dumps({"version": 1, "containers": {"main": {
+        "shares": 1, "memoryBytes": 80 * 2**30, "cores": 100}}})
+    for args, says in (
+            (["annotate", "--overwrite", "pod", "a", f"tessera.dev/budget={raised}"],
+             "metadata.annotations[tessera.dev/budget] is the budget tessera admitted"),
+            (["annotate", "pod", "a", "tessera.dev/budget-"],
+             "metadata.annotations[tessera.dev/budget] is the budget tessera admitted"),
+            (["label", "pod", "a", "tessera.dev/budgeted-"],
+             "metadata.labels[tessera.dev/budgeted] is set by tessera's admission"),
+            (["annotate", "pod", "a", "tessera.dev/released=true"],
+             "metadata.annotations[tessera.dev/released] is written by the tessera operator")):
+        out = cluster.kubectl(*args, "-n", ns)
+        assert out.returncode != 0, args
+        assert "ValidatingAdmissionPolicy 'tessera-pod-budget'" in out.stderr, out.stderr
+        assert says in out.stderr, out.stderr
+    after = kubectl_json(cluster, "get", "pod", "a", "-n", ns)["metadata"]
+    assert after["annotations"] == before["annotations"]
+    assert after["labels"] == before["labels"]
+    # everything else on the pod stays the owner's to change
+    out = cluster.kubectl("annotate", "pod", "a", "team.example/owner=alice", "-n", ns)
+    assert out.returncode == 0, out.stderr
+    # and a plain pod cannot be given a budget after admission either
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "plain", None))
+    assert out.returncode == 0, out.stderr
+    out = cluster.kubectl("label", "pod", "plain", "tessera.dev/budgeted=true", "-n", ns)
+    assert out.returncode != 0 and "tessera-pod-budget" in out.stderr, out.stderr
