@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from typing import Any
 from urllib.parse import urlparse
 
@@ -17,6 +18,15 @@ def _run(args: argparse.Namespace) -> int:
         u = urlparse(args.webhook_url)
         if u.scheme != "https" or not u.hostname:
             raise CLIError(f"--webhook-url must be https://HOST[:PORT], got {args.webhook_url!r}")
+    advertise = args.advertise_url
+    if advertise is None and os.environ.get("POD_IP"):
+        host = os.environ["POD_IP"]
+        host = f"[{host}]" if ":" in host else host
+        advertise = f"https://{host}:{args.webhook_port}"
+    if advertise is not None:
+        u = urlparse(advertise)
+        if u.scheme != "https" or not u.hostname:
+            raise CLIError(f"--advertise-url must be https://HOST:PORT, got {advertise!r}")
     if args.lease_duration <= 2 * args.lease_renew:
         raise CLIError("--lease-duration must be more than twice --lease-renew")
     opts = Options(
@@ -25,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
         service_name=args.service_name, health_host=args.health_host,
         health_port=args.health_port, lease_duration_s=args.lease_duration,
         lease_renew_s=args.lease_renew, recount_interval_s=args.recount_interval,
-        drift_grace_s=args.drift_grace)
+        drift_grace_s=args.drift_grace, advertise_url=advertise)
     if args.identity:
         opts.identity = args.identity
     setup_logging()
@@ -46,6 +56,9 @@ def register(subparsers: Any) -> None:
     r.add_argument("--webhook-port", type=int, default=9443)
     r.add_argument("--webhook-url", help="https base URL the API server calls (local "
                    "clusters); default: Service client config")
+    r.add_argument("--advertise-url", help="https URL of this replica's webhook port that "
+                   "the other replicas hand reservations to while it leads (default: "
+                   "https://$POD_IP:WEBHOOK_PORT when POD_IP is set; none: no hand-over)")
     r.add_argument("--service-name", default="tessera-webhook")
     r.add_argument("--health-host", default="0.0.0.0")
     r.add_argument("--health-port", type=int, default=8080, help="/healthz and /metrics")

@@ -30,6 +30,7 @@ from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.certs import ensure_secret
 from tessera.webhooks.config import ClientConfig, apply_configurations
+from tessera.webhooks.forwarding import Forwarder, token_from_key
 
 log = logging.getLogger("tessera.operator")
 
@@ -53,6 +54,8 @@ class Options:
     lease_renew_s: float = 5.0
     recount_interval_s: float = 30.0
     drift_grace_s: float = 10.0
+    advertise_url: str | None = None
+    """Where the other replicas reach this one to hand it reservations while it leads."""
 
 
 class _JsonFormatter(logging.Formatter):
@@ -124,15 +127,19 @@ async def run(opts: Options) -> None:
     _, crt, key = cert.write(certdir)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(crt, key)
-    adm = Admission(kube)
+    token = token_from_key(cert.key_pem)
+    elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
+                            opts.lease_duration_s, opts.lease_renew_s,
+                            endpoint=opts.advertise_url)
+    forwarder = Forwarder(token, cert.ca_pem, lambda: elector.leader_endpoint)
+    adm = Admission(kube, forwarder)
     ctl = Controller(kube, adm, opts.recount_interval_s, opts.drift_grace_s)
     cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
           ClientConfig(cert.ca_pem, service_name=opts.service_name,
                        service_namespace=opts.namespace))
-    elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
-                            opts.lease_duration_s, opts.lease_renew_s)
     runners = [
-        await server.start(server.webhook_app(adm), opts.webhook_host, opts.webhook_port, tls),
+        await server.start(server.webhook_app(adm, token), opts.webhook_host,
+                           opts.webhook_port, tls),
         await server.start(server.health_app(lambda: True), opts.health_host, opts.health_port),
     ]
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
@@ -180,6 +187,7 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await quota_watch
         await elector.release()
+        await forwarder.close()
         for r in runners:
             await r.cleanup()
         await kube.close()

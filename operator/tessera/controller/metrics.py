@@ -25,3 +25,7 @@ WATCHED = Gauge("tessera_watched_objects", "Objects in the operator's caches.", 
 RESERVATION_BATCH = Histogram(
     "tessera_quota_reservation_batch_size", "Reservations written in one GPUQuota update.",
     buckets=(1, 2, 4, 8, 16, 32, 64))
+FORWARDED = Counter(
+    "tessera_quota_reservations_forwarded_total",
+    "Reservations a non-leader replica handed to the leader (forwarded) or, the leader being "
+    "unreachable, made itself (fallback).", ["outcome"])

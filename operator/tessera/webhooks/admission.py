@@ -45,6 +45,7 @@ from tessera.quota.objects import (
     view_of,
 )
 from tessera.quota.units import mib_quantity
+from tessera.webhooks.forwarding import Forwarder
 
 log = logging.getLogger("tessera.admission")
 
@@ -142,6 +143,8 @@ class Admission:
     """
 
     kube: Kube
+    forwarder: Forwarder | None = None
+    """Hands reservations to the leader (see :mod:`tessera.webhooks.forwarding`)."""
     conflict_wait_s: float = 0.02
     """After a lost write, how long to wait for the quota watch to bring the winner's
     version before paying a GET for it."""
@@ -188,7 +191,7 @@ class Admission:
             return deny(uid, deny_message(violations))
         t1 = time.perf_counter()
         if not dry:
-            refused = await self.reserve(ns, quotas, usage)
+            refused = await self._reserve_anywhere(ns, quotas, usage)
             if refused:
                 return deny(uid, deny_message(refused))
         t_reserve = time.perf_counter() - t1
@@ -258,6 +261,19 @@ class Admission:
                 await asyncio.wait_for(self._changed.wait(), left)
             except TimeoutError:
                 return None
+
+    async def _reserve_anywhere(self, ns: str, quotas: list[Obj], usage: Usage
+                                ) -> list[Violation]:
+        """At the leader when there is one to hand to, else here."""
+        if self.forwarder is not None:
+            answer = await self.forwarder.reserve(ns, usage)
+            if answer is not None:
+                return answer
+        return await self.reserve(ns, quotas, usage)
+
+    async def reserve_forwarded(self, ns: str, usage: Usage) -> list[Violation]:
+        """A reservation another replica handed over: against this replica's quota copies."""
+        return await self.reserve(ns, await self._quotas(ns), usage)
 
     async def reserve(self, ns: str, quotas: list[Obj], usage: Usage) -> list[Violation]:
         """Add ``usage`` to every quota (CAS); on refusal give back what was taken."""

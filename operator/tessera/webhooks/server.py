@@ -13,6 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
+from tessera.webhooks.forwarding import (
+    RESERVE_PATH,
+    authorized,
+    usage_from_wire,
+    violation_to_wire,
+)
 
 log = logging.getLogger("tessera.webhooks")
 
@@ -38,8 +44,30 @@ def _endpoint(review: Review, what: str) -> Callable[[web.Request], Awaitable[we
     return handle
 
 
-def webhook_app(adm: Admission) -> web.Application:
+def _reservations(adm: Admission, token: str
+                  ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Reservations handed over by the other replicas (see tessera.webhooks.forwarding)."""
+    async def handle(request: web.Request) -> web.Response:
+        if not authorized(request.headers.get("Authorization"), token):
+            return web.Response(status=403, text="not a tessera replica")
+        try:
+            body = await request.json()
+            ns = body["namespace"]
+            usage = usage_from_wire(body["usage"])
+            if not isinstance(ns, str) or not ns:
+                raise ValueError("namespace must be a name")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return web.Response(status=400, text=f"bad reservation: {exc}")
+        refused = await adm.reserve_forwarded(ns, usage)
+        return web.json_response({"refused": [violation_to_wire(v) for v in refused]})
+    return handle
+
+
+def webhook_app(adm: Admission, token: str | None = None) -> web.Application:
+    """The admission endpoints, and the reservation endpoint when a replica token is set."""
     app = web.Application()
+    if token is not None:
+        app.router.add_post(RESERVE_PATH, _reservations(adm, token))
     app.router.add_post(POD_PATH, _endpoint(adm.review_pod, "pod"))
     app.router.add_post(PARTITION_PATH, _endpoint(adm.review_partition, "gpupartition"))
     app.router.add_post(QUOTA_PATH, _endpoint(adm.review_quota, "gpuquota"))

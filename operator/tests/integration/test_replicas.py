@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -32,6 +35,14 @@ def _create_many(cluster: Any, ns: str, n: int, limits: dict[str, str],
         return list(pool.map(one, range(n)))
 
 
+FORWARDED = 'tessera_quota_reservations_forwarded_total{outcome="forwarded"}'
+
+
+def _counter(rep: Any, sample: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in rep.metrics().splitlines()
+               if line.startswith(sample))
+
+
 def _pods(cluster: Any, ns: str) -> int:
     return len(kubectl_json(cluster, "get", "pods", "-n", ns, "-l",
                             "tessera.dev/budgeted=true")["items"])
@@ -42,6 +53,9 @@ def test_fifty_concurrent_pods_through_two_replicas_exactly_ten_admitted(
     ns = namespace
     setup_ns(cluster, ns, quota(ns, hard={"cores": 100, "memory": "100Gi"}))
     before = dict(ops.proxy.connections)
+    leader = ops.leader()
+    follower = next(r for r in ops.replicas.values() if r is not leader)
+    handed = _counter(follower, FORWARDED)
     results = _create_many(cluster, ns, 50, {"tessera.dev/vgpu-memory": "1024",
                                               "tessera.dev/vgpu-cores": "10"})
     assert sum(results) == 10
@@ -51,6 +65,27 @@ def test_fifty_concurrent_pods_through_two_replicas_exactly_ten_admitted(
     served = {p: ops.proxy.connections.get(p, 0) - before.get(p, 0)
               for p in ops.proxy.backends}
     assert sum(1 for v in served.values() if v > 0) == 2, served
+    # the follower admitted some of them and handed those reservations to the leader
+    assert _counter(follower, FORWARDED) > handed
+    assert _counter(follower, 'tessera_quota_reservations_forwarded_total{outcome="fallback"}'
+                    ) == 0
+
+
+def test_reservation_hand_over_refuses_callers_without_the_replica_token(
+        ops: Operators) -> None:
+    """The internal endpoint frees or takes quota: only a replica may call it."""
+    rep = ops.leader()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    body = json.dumps({"namespace": "default", "usage": {
+        "memoryMiB": 0, "cores": 0, "pods": 0, "mig": {}}}).encode()
+    for headers, status in (({}, 403), ({"Authorization": "Bearer guess"}, 403)):
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{rep.webhook_port}/internal/reservations", data=body,
+            headers={"Content-Type": "application/json", **headers}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, context=ctx, timeout=5)
+        assert err.value.code == status
 
 
 def test_replica_killed_mid_burst_nothing_lost_or_doubled(

@@ -1,0 +1,128 @@
+"""Reservations go to the leader, so replicas do not race each other on one GPUQuota.
+
+Every replica can reserve correctly on its own (each write carries the resourceVersion it was
+computed from), but two replicas writing the same quota keep losing each other's races: each
+lost race costs a re-read and a second write, and those land in the p99 of admission.  So a
+replica that is not the leader hands its reservation to the leader, whose one writer per quota
+group-commits what both replicas admit.  This is only an optimisation: when the leader cannot
+be reached the replica reserves itself, with the same conditional write.
+
+The leader advertises where it listens in its Lease (annotation ``tessera.dev/endpoint``).
+Callers prove they are a replica with a token derived from the webhook serving key, which
+only holders of the ``tessera-webhook-tls`` Secret have.  The TLS chain is checked against
+the Secret's CA; the host name is not (the leader is reached by pod IP, which the serving
+certificate cannot list in advance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from tessera.controller import metrics
+from tessera.quota.arith import Usage, Violation
+
+log = logging.getLogger("tessera.forwarding")
+
+RESERVE_PATH = "/internal/reservations"
+ENDPOINT_ANNOTATION = "tessera.dev/endpoint"
+CONNECT_TIMEOUT_S = 0.25
+ANSWER_TIMEOUT_S = 8.0
+"""Below the pod webhook's 10 s timeout, so a slow leader still leaves time to answer."""
+
+
+def token_from_key(key_pem: bytes) -> str:
+    """The shared secret of the replicas: a hash of the webhook serving key they all hold."""
+    return hashlib.sha256(b"tessera-reservations\0" + key_pem).hexdigest()
+
+
+def authorized(header: str | None, token: str) -> bool:
+    return header is not None and hmac.compare_digest(header, f"Bearer {token}")
+
+
+def usage_to_wire(u: Usage) -> dict[str, Any]:
+    return {"memoryMiB": u.memory_mib, "cores": u.cores, "pods": u.pods, "mig": dict(u.mig)}
+
+
+def usage_from_wire(raw: Mapping[str, Any]) -> Usage:
+    """Strict: a replica sends exactly what usage_to_wire wrote; anything else is refused."""
+    mig = raw.get("mig", {})
+    if not isinstance(mig, Mapping):
+        raise ValueError("mig must be an object of profile counts")
+    values = [raw.get("memoryMiB"), raw.get("cores"), raw.get("pods"), *mig.values()]
+    if not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError("usage must be non-negative integers")
+    return Usage(int(raw["memoryMiB"]), int(raw["cores"]), int(raw["pods"]),
+                 {str(k): int(v) for k, v in mig.items()})
+
+
+def violation_to_wire(v: Violation) -> dict[str, str]:
+    return {"quota": v.quota, "resource": v.resource, "requested": v.requested,
+            "used": v.used, "hard": v.hard, "reason": v.reason}
+
+
+def violation_from_wire(raw: Mapping[str, Any]) -> Violation:
+    return Violation(str(raw["quota"]), str(raw["resource"]), str(raw["requested"]),
+                     str(raw["used"]), str(raw["hard"]), str(raw.get("reason", "exceeded")))
+
+
+@dataclass
+class Forwarder:
+    """The client side: hands one pod's reservation to the leader."""
+
+    token: str
+    ca_pem: bytes
+    leader_endpoint: Callable[[], str | None]
+    """The leader's base URL, or None while this replica leads or no leader is known."""
+    _session: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            ctx = ssl.create_default_context(cadata=self.ca_pem.decode())
+            ctx.check_hostname = False
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def reserve(self, ns: str, usage: Usage) -> list[Violation] | None:
+        """The leader's answer ([] = reserved), or None: reserve here instead.
+
+        None also after a failure once the request was sent (the leader died mid-call): the
+        leader may have written the reservation, so reserving again can count the pod twice;
+        that overcount is what the periodic recount heals, while refusing would turn a
+        failover into failed pod creates.
+        """
+        base = self.leader_endpoint()
+        if base is None:
+            return None
+        try:
+            async with self._client().post(
+                    base.rstrip("/") + RESERVE_PATH,
+                    json={"namespace": ns, "usage": usage_to_wire(usage)},
+                    headers={"Authorization": f"Bearer {self.token}"},
+                    timeout=aiohttp.ClientTimeout(total=ANSWER_TIMEOUT_S,
+                                                  sock_connect=CONNECT_TIMEOUT_S)) as r:
+                if r.status != 200:
+                    raise aiohttp.ClientResponseError(r.request_info, r.history,
+                                                      status=r.status, message=await r.text())
+                body = await r.json()
+            refused = [violation_from_wire(v) for v in body["refused"]]
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError,
+                TypeError) as exc:
+            metrics.FORWARDED.labels("fallback").inc()
+            log.warning("leader did not take the reservation; reserving here",
+                        extra={"leader": base, "error": str(exc)[:200]})
+            return None
+        metrics.FORWARDED.labels("forwarded").inc()
+        return refused
