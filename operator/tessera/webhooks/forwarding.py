@@ -33,7 +33,11 @@ log = logging.getLogger("tessera.forwarding")
 
 RESERVE_PATH = "/internal/reservations"
 ENDPOINT_ANNOTATION = "tessera.dev/endpoint"
-CONNECT_TIMEOUT_S = 0.25
+CONNECT_TIMEOUT_S = 1.0
+"""A leader that cannot be reached this fast is treated as gone: reserve here instead."""
+CONNECTIONS = 8
+"""Kept-alive connections to the leader: a burst of admissions queues for these instead of
+opening one TLS connection each (50 handshakes at once stalled a loaded leader)."""
 ANSWER_TIMEOUT_S = 8.0
 """Below the pod webhook's 10 s timeout, so a slow leader still leaves time to answer."""
 
@@ -88,7 +92,8 @@ class Forwarder:
         if self._session is None or self._session.closed:
             ctx = ssl.create_default_context(cadata=self.ca_pem.decode())
             ctx.check_hostname = False
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ctx, limit=CONNECTIONS))
         return self._session
 
     async def close(self) -> None:
