@@ -19,6 +19,7 @@ Nodes (:mod:`tessera.api.node_report`); the operator alone writes the partition'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +40,8 @@ from tessera.models import MODELS
 
 MAX_NAMES = 8
 """Nodes named in one condition message before '… and N more' (messages stay readable)."""
+NODE_DETAIL_BUDGET = 256 * 1024
+"""Bytes of node reports copied with their GPU detail into one partition's status."""
 
 
 @dataclass(frozen=True)
@@ -256,8 +259,23 @@ def aggregate(p: PartitionView, res: Resolution, old: GPUPartitionStatus | None,
         observed_generation=gen, conditions=conds, selected_nodes=list(res.selected),
         selected_node_count=len(res.selected), ready_node_count=len(ready),
         layout=layout_summary(p.spec.layout),
-        nodes={k: p.nodes[k] for k in res.selected if k in p.nodes})
+        nodes=bounded_reports({k: p.nodes[k] for k in res.selected if k in p.nodes}))
     return status
+
+
+def bounded_reports(reports: dict[str, NodePartitionStatus],
+                    budget: int = NODE_DETAIL_BUDGET) -> dict[str, NodePartitionStatus]:
+    """The selected nodes' reports, without their per-GPU detail once that gets too big.
+
+    etcd refuses objects over 1.5 MiB, and a node of 8 GPUs with seven 1g instances each
+    reports about 6 KB: 250 such nodes in one partition would make its status unwritable.
+    Past ``budget`` bytes the entries keep phase, generation and message, and the detail
+    stays where the daemons wrote it, in each Node's ``tessera.dev/partition-status``.
+    """
+    size = sum(len(json.dumps(r.to_dict(), separators=(",", ":"))) for r in reports.values())
+    if size <= budget:
+        return reports
+    return {k: r.model_copy(update={"gpus": []}) for k, r in reports.items()}
 
 
 def transitions(old: Sequence[Condition], new: Sequence[Condition]) -> list[Condition]:

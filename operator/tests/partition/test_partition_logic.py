@@ -18,6 +18,7 @@ from tessera.api.partition import (
     NodePartitionStatus,
 )
 from tessera.partition import PartitionView, aggregate, resolve, spec_errors, transitions
+from tessera.partition.logic import bounded_reports
 
 
 def node(name: str, model: str = "H100-80GB", n: int = 2, **labels: str) -> Any:
@@ -189,3 +190,30 @@ def test_an_unreadable_report_fails_the_node_instead_of_waiting_forever() -> Non
     assert "must be a JSON object" in (any_report.message or "")
     c = conds(pv("p", spec(None), nodes={"a": any_report}), [node("a")])
     assert c["Degraded"][:2] == ("True", "NodeFailed")
+
+
+def _full_report(node: str) -> NodePartitionStatus:
+    """8 GPUs with seven 1g instances each, as a daemon reports them (about 6 KB)."""
+    return NodePartitionStatus(phase="Ready", observed_generation=1, gpus=[
+        GPUStatus(index=i, uuid=f"GPU-{node}-{i}", model="H100-80GB", mig_enabled=True,
+                  instances=[MigInstanceStatus(profile="1g.10gb", start=j, size=1, gi_id=j,
+                                               ci_id=0, uuid=f"MIG-{node}-{i}-{j}")
+                             for j in range(7)]) for i in range(8)])
+
+
+def test_large_partitions_keep_status_under_the_etcd_object_limit() -> None:
+    """250 full reports would be ~1.5 MB (etcd's limit): past the budget the entries keep
+    phase/generation/message and drop the GPU detail, which stays on the Nodes."""
+    small = {f"n{i}": _full_report(f"n{i}") for i in range(10)}
+    assert bounded_reports(small) == small
+    big = {f"n{i:03d}": _full_report(f"n{i:03d}") for i in range(250)}
+    full_size = sum(len(json.dumps(r.to_dict())) for r in big.values())
+    assert full_size > 1_400_000
+    out = bounded_reports(big)
+    assert set(out) == set(big)
+    assert all(r.gpus == [] and r.phase == "Ready" and r.observed_generation == 1
+               for r in out.values())
+    assert sum(len(json.dumps(r.to_dict())) for r in out.values()) < 20_000
+    p = pv("p", spec(None), nodes=big)
+    st = aggregate(p, resolve([p], [node(n) for n in big])["p"], None)
+    assert st.ready_node_count == 250 and st.nodes == out
