@@ -23,7 +23,7 @@ from tessera.api.conditions import DEGRADED, READY, Condition, set_condition
 from tessera.api.inventory import LABEL_PRODUCT, NodeInventory, from_node
 from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
 from tessera.controller import metrics
-from tessera.controller.kube import ApiError, Kube, Obj, path
+from tessera.controller.kube import ApiError, Kube, Obj, merge_diff, path
 from tessera.partition import PartitionView, aggregate, resolve, transitions
 from tessera.quota.arith import (
     ANNOTATION_RELEASED,
@@ -271,13 +271,14 @@ class Controller:
             wire = new.to_dict()
             stored = body.get("status") or {}
             want = {k: wire.get(k) for k in STATUS_KEYS}
-            have = {k: stored.get(k) for k in STATUS_KEYS}
+            have = {k: stored.get(k) for k in STATUS_KEYS if k in stored}
             have["conditions"] = _dump_conditions(olds[v.name].conditions)
-            if want == have:
+            # a merge patch merges objects: deselected nodes, and fields a node's report
+            # no longer has (a cleared message), must be nulled explicitly
+            diff = merge_diff(have, want)
+            if diff == {}:
                 continue
-            # a merge patch merges maps: reports of deselected nodes must be nulled
-            gone = {n: None for n in stored.get("nodes") or {} if n not in new.nodes}
-            patch = {"status": {**want, "nodes": {**(want["nodes"] or {}), **gone}}}
+            patch = {"status": diff}
             try:
                 await self.kube.merge_patch(
                     path(GROUP, VERSION, "gpupartitions", name=v.name) + "/status", patch)

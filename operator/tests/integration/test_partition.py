@@ -110,6 +110,11 @@ def test_ready_after_every_node_reports_and_deselection(
     wait_until("Degraded", lambda: cond(cluster, part, "Degraded")[0] == "True")
     _, reason, message = cond(cluster, part, "Degraded")
     assert reason == "NodeFailed" and f"{nodes[1]}: GPU 1 has running processes" in message
+    # the node recovers: its entry loses the old message (no stale field, no rewrite loop)
+    report(cluster, part, nodes[1], "Ready", 1)
+    wait_until("recovered", lambda: cond(cluster, part, "Degraded")[0] == "False")
+    entry = kubectl_json(cluster, "get", "gpupartition", part)["status"]["nodes"][nodes[1]]
+    assert entry["phase"] == "Ready" and "message" not in entry, entry
     # a spec change is a new generation: Ready waits for fresh reports
     cluster.kubectl("patch", "gpupartition", part, "--type=merge", "-p",
                     '{"spec":{"layout":{"profiles":[{"name":"7g.80gb","count":1}]}}}')
