@@ -33,13 +33,13 @@ log = logging.getLogger("tessera.forwarding")
 
 RESERVE_PATH = "/internal/reservations"
 ENDPOINT_ANNOTATION = "tessera.dev/endpoint"
-CONNECT_TIMEOUT_S = 1.0
+CONNECT_TIMEOUT_S = 2.0
 """A leader that cannot be reached this fast is treated as gone: reserve here instead."""
 CONNECTIONS = 8
 """Kept-alive connections to the leader: a burst of admissions queues for these instead of
 opening one TLS connection each (50 handshakes at once stalled a loaded leader)."""
-ANSWER_TIMEOUT_S = 8.0
-"""Below the pod webhook's 10 s timeout, so a slow leader still leaves time to answer."""
+ANSWER_TIMEOUT_S = 5.0
+"""Half the pod webhook's 10 s timeout: after a hung leader there is time to reserve here."""
 
 
 def token_from_key(key_pem: bytes) -> str:
