@@ -260,13 +260,16 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess]) -> 
         writes = q("tessera_quota_write_seconds")
         forwarded = {n: counter(m, 'tessera_quota_reservations_forwarded_total{outcome="forw')
                      for n, m in scraped.items()}
+        others = {n: counter(m, 'tessera_status_writes_total{kind="gpuquota"')
+                  for n, m in scraped.items()}
         conflicts = {n: counter(m, "tessera_quota_reservation_conflicts_total")
                      for n, m in scraped.items()}
         print(f"admission @50 pods/s, 500 creates on one GPUQuota ({admitted} admitted, "
               f"{500 - admitted} refused at hard): end-to-end p50 {pct(lat_ms, 50):.1f} ms, "
               f"p99 {pct(lat_ms, 99):.1f} ms, max {max(lat_ms):.1f} ms; the webhook's own "
               f"answer time ({len(scraped)} replicas together) {hook}; its GPUQuota writes "
-              f"{writes}; reservation conflicts {conflicts}; handed to the leader {forwarded}")
+              f"{writes}; reservation conflicts {conflicts}; handed to the leader {forwarded}; "
+              f"other GPUQuota status writes {others}")
         print(f"  baseline, same run: 500 plain pods @50/s (no tessera resource, no webhook): "
               f"p50 {pct(base_ms, 50):.1f} ms, p99 {pct(base_ms, 99):.1f} ms; tessera adds at "
               f"p50 {pct(lat_ms, 50) - pct(base_ms, 50):.1f} ms, p99 "

@@ -72,6 +72,8 @@ class Controller:
     partitions: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[tuple[str, str], Obj] = field(default_factory=dict)
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    _quota_dirty: set[tuple[str, str]] = field(default_factory=set)
+    _quota_wake: asyncio.Event = field(default_factory=asyncio.Event)
     _drift: DriftTracker = field(default_factory=DriftTracker)
 
     def __post_init__(self) -> None:
@@ -105,16 +107,50 @@ class Controller:
         metrics.WATCHED.labels("node").set(len(self.nodes))
         self._dirty.set()
 
-    async def on_quota(self, typ: str | None, body: Mapping[str, Any]) -> None:
-        meta = body["metadata"]
-        key = (str(meta["namespace"]), str(meta["name"]))
-        if typ == "DELETED":
-            self.quotas.pop(key, None)
-            self._drift.forget("/".join(key))
-            return
-        self.quotas[key] = dict(body)
+    def on_quota(self, typ: str, body: Obj) -> None:
+        """A quota watch event (SYNC carries the whole list): remember it, mark it dirty."""
+        if typ == "SYNC":
+            items = {(str(q["metadata"]["namespace"]), str(q["metadata"]["name"])): q
+                     for q in body.get("items") or []}
+            for key in set(self.quotas) - set(items):
+                self._drift.forget("/".join(key))
+            self.quotas = items
+            self._quota_dirty.update(items)
+        else:
+            meta = body["metadata"]
+            key = (str(meta["namespace"]), str(meta["name"]))
+            if typ == "DELETED":
+                self.quotas.pop(key, None)
+                self._drift.forget("/".join(key))
+                self._quota_dirty.discard(key)
+            else:
+                self.quotas[key] = body
+                self._quota_dirty.add(key)
         metrics.WATCHED.labels("gpuquota").set(len(self.quotas))
-        await self.reconcile_quota(dict(body))
+        self._quota_wake.set()
+
+    def forget_quota_work(self) -> None:
+        """Leadership lost: whatever was dirty is the next leader's to reconcile."""
+        self._quota_dirty.clear()
+        self._quota_wake.clear()
+
+    async def quota_loop(self) -> None:
+        """Reconcile each dirty quota from its newest copy (level-triggered, one at a time)."""
+        while True:
+            await self._quota_wake.wait()
+            self._quota_wake.clear()
+            while self._quota_dirty:
+                key = self._quota_dirty.pop()
+                q = self.quotas.get(key)
+                if q is None:
+                    continue
+                try:
+                    await self.reconcile_quota(q)
+                except (ApiError, OSError, TimeoutError) as exc:
+                    log.warning("quota reconcile failed", extra={"quota": "/".join(key),
+                                                                 "error": str(exc)})
+                    self._quota_dirty.add(key)
+                    await asyncio.sleep(1.0)
 
     async def on_pod(self, typ: str, pod: Obj) -> None:
         """Give a pod's budget back once: when it finishes, or when it is deleted unfinished."""

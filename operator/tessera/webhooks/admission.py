@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -152,6 +152,7 @@ class Admission:
     _cache: dict[tuple[str, str], Obj] = field(default_factory=dict)
     _synced: bool = False
     _changed: asyncio.Event | None = None
+    _listener: Callable[[str, Obj], None] | None = None
     _queues: dict[tuple[str, str], list[_Pending]] = field(default_factory=dict)
     _workers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
 
@@ -214,6 +215,17 @@ class Admission:
                 out.append(known if known is not None and _rv(known) > _rv(q) else q)
         return out
 
+    def subscribe(self, listener: Callable[[str, Obj], None] | None) -> None:
+        """Pass this replica's quota watch events on (the leader's controller listens).
+
+        One watch serves admission and reconciliation: a second one through kopf cost the
+        leader's event loop enough per reservation to show in admission's p99.  A new
+        listener first gets a SYNC with every quota known now.
+        """
+        self._listener = listener
+        if listener is not None and self._synced:
+            listener("SYNC", {"items": list(self._cache.values())})
+
     async def watch_quotas(self) -> None:
         """Every replica keeps the GPUQuotas in memory: admission reads them without a LIST
         per pod, and a reservation that lost a race learns the winner's version from the
@@ -240,6 +252,8 @@ class Admission:
                 if self._changed is not None:
                     self._changed.set()
                     self._changed = None
+                if self._listener is not None:
+                    self._listener(typ, obj)
         finally:
             self._synced = False
 
