@@ -253,7 +253,10 @@ class Admission:
                     self._changed.set()
                     self._changed = None
                 if self._listener is not None:
-                    self._listener(typ, obj)
+                    try:
+                        self._listener(typ, obj)
+                    except Exception:  # the admission cache must outlive a listener bug
+                        log.exception("quota listener failed", extra={"event": typ})
         finally:
             self._synced = False
 
