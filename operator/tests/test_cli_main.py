@@ -32,3 +32,16 @@ def test_installed_entry_point_exits_2_on_bad_input() -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--webhook-url", "http://127.0.0.1:9443"], "--webhook-url must be https://HOST[:PORT]"),
+    (["--advertise-url", "10.0.0.7:9443"], "--advertise-url must be https://HOST:PORT"),
+    (["--lease-duration", "4", "--lease-renew", "2"],
+     "--lease-duration must be more than twice --lease-renew"),
+])
+def test_operator_run_refuses_bad_flags_before_starting(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operator", "run", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err
