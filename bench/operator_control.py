@@ -38,7 +38,7 @@ from tessera.api.partition import (  # noqa: E402
     MigInstanceStatus,
     NodePartitionStatus,
 )
-from tessera.controller.kube import ApiError, Kube, load_credentials, path  # noqa: E402
+from tessera.kube.client import ApiError, Kube, load_credentials, path  # noqa: E402
 from tessera.mig import catalog  # noqa: E402
 from tessera_e2e.build import build_inputs  # noqa: E402
 from tessera_e2e.cache import default_layout  # noqa: E402

@@ -97,11 +97,18 @@ def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Pat
 
 
 class RoundRobinProxy:
-    """TLS passthrough on loopback: each new connection goes to the next live backend."""
+    """TLS passthrough on loopback: each new connection goes to the next live backend.
+
+    Like a Service's endpoints, a replica is routed to while it runs: ``route`` when it is
+    up, ``drop`` when it stops or is killed.  (A dropped replica's port is free again, and
+    the next process to bind it may be anything; a proxy that kept it handed the API
+    server's requests to that process, which answered with EOF.)
+    """
 
     def __init__(self) -> None:
         self.port = free_port()
-        self.backends: list[int] = []
+        self.backends: dict[str, int] = {}
+        """Replica name -> its webhook port, for the replicas running now."""
         self.connections: dict[int, int] = {}
         self._i = 0
         self._loop = asyncio.new_event_loop()
@@ -113,6 +120,14 @@ class RoundRobinProxy:
         self._ready.wait(5)
         return self
 
+    def route(self, name: str, port: int) -> None:
+        self.backends = {**self.backends, name: port}
+
+    def drop(self, name: str, port: int) -> None:
+        """Stop routing to replica ``name`` if ``port`` is still where it is routed."""
+        if self.backends.get(name) == port:
+            self.backends = {k: v for k, v in self.backends.items() if k != name}
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         server = self._loop.run_until_complete(
@@ -121,10 +136,9 @@ class RoundRobinProxy:
         self._loop.run_until_complete(server.serve_forever())
 
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        for _ in range(max(1, len(self.backends))):
-            if not self.backends:
-                break
-            port = self.backends[self._i % len(self.backends)]
+        ports = list(self.backends.values())  # one snapshot: the dict is replaced, not edited
+        for _ in range(len(ports)):
+            port = ports[self._i % len(ports)]
             self._i += 1
             try:
                 br, bw = await asyncio.open_connection("127.0.0.1", port)
@@ -175,8 +189,7 @@ class OperatorProcess:
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                          env=env, preexec_fn=die_with_parent())
         wait_until(f"{self.name} /healthz", self.healthy, 30)
-        if self.webhook_port not in self.proxy.backends:
-            self.proxy.backends.append(self.webhook_port)
+        self.proxy.route(self.name, self.webhook_port)
         return self
 
     def healthy(self) -> bool:
@@ -199,11 +212,13 @@ class OperatorProcess:
         return self._get("/metrics").decode()
 
     def kill(self) -> None:
+        self.proxy.drop(self.name, self.webhook_port)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self) -> None:
+        self.proxy.drop(self.name, self.webhook_port)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -15,7 +15,17 @@ from tessera.api.conditions import (
     set_condition,
 )
 from tessera.api.manifest import ManifestError, load_manifest
-from tessera.api.meta import API_VERSION, GROUP, VERSION, ObjectMeta
+from tessera.api.meta import ObjectMeta
+from tessera.api.names import (
+    ANNOTATION_BUDGET,
+    API_VERSION,
+    GROUP,
+    MIG_PREFIX,
+    VERSION,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
+)
 from tessera.api.partition import (
     GPUFilter,
     GPUPartition,
@@ -34,22 +44,13 @@ from tessera.api.quota import (
     PodBudgetLimits,
     QuotaHard,
     QuotaUsage,
-    quota_summary,
 )
-from tessera.api.resources import (
-    BUDGET_ANNOTATION,
-    MIG_PREFIX,
-    VGPU,
-    VGPU_CORES,
-    VGPU_MEMORY,
-    mig_resource_name,
-    profile_from_resource,
-)
+from tessera.api.resources import mig_resource_name, profile_from_resource
 from tessera.api.selector import LabelSelector, LabelSelectorRequirement
 
 __all__ = [
+    "ANNOTATION_BUDGET",
     "API_VERSION",
-    "BUDGET_ANNOTATION",
     "DEGRADED",
     "GROUP",
     "MIG_PREFIX",
@@ -90,7 +91,6 @@ __all__ = [
     "parse_budget",
     "parse_quantity",
     "profile_from_resource",
-    "quota_summary",
     "set_condition",
     "to_bytes",
 ]

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from tessera.api import partition, quota
-from tessera.api.meta import CATEGORY, GROUP, VERSION, ApiModel
+from tessera.api.meta import ApiModel
+from tessera.api.names import CATEGORY, GROUP, VERSION
 
 JSON = dict[str, Any]
 

@@ -28,14 +28,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tessera.api.node_report import ANNOTATION_PARTITION_STATUS, ReportError, parse_reports
+from tessera.api.names import (
+    ANNOTATION_GPUS,
+    ANNOTATION_PARTITION_STATUS,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_PRODUCT,
+    LABEL_MIG_CAPABLE,
+)
+from tessera.api.node_report import ReportError, parse_reports
 from tessera.api.partition import NodePartitionStatus
 from tessera.models import get_model
-
-LABEL_PRODUCT = "tessera.dev/gpu.product"
-LABEL_COUNT = "tessera.dev/gpu.count"
-LABEL_MIG_CAPABLE = "tessera.dev/mig.capable"
-ANNOTATION_GPUS = "tessera.dev/gpus"
 
 MigMode = Literal["enabled", "disabled", "unsupported"]
 
@@ -135,7 +137,7 @@ def from_node(node: Mapping[str, Any]) -> NodeInventory:
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     name = str(meta.get("name", ""))
     try:
-        count = int(labels.get(LABEL_COUNT, "0"))
+        count = int(labels.get(LABEL_GPU_COUNT, "0"))
     except ValueError:
         count = 0
     error: str | None = None
@@ -159,7 +161,7 @@ def from_node(node: Mapping[str, Any]) -> NodeInventory:
     return NodeInventory(
         name=name,
         labels=dict(labels),
-        product=labels.get(LABEL_PRODUCT),
+        product=labels.get(LABEL_GPU_PRODUCT),
         count=count,
         mig_capable=labels.get(LABEL_MIG_CAPABLE, "false").lower() == "true",
         gpus=gpus,
@@ -178,7 +180,7 @@ def to_annotation(gpus: tuple[GPUInventory, ...] | list[GPUInventory]) -> str:
 def node_labels(gpus: tuple[GPUInventory, ...] | list[GPUInventory]) -> dict[str, str]:
     """The selection labels that go with an inventory (what a node daemon writes)."""
     capable = bool(gpus) and all(get_model(g.model).mig_capable for g in gpus)
-    labels = {LABEL_COUNT: str(len(gpus)), LABEL_MIG_CAPABLE: "true" if capable else "false"}
+    labels = {LABEL_GPU_COUNT: str(len(gpus)), LABEL_MIG_CAPABLE: "true" if capable else "false"}
     if gpus:
-        labels[LABEL_PRODUCT] = gpus[0].model
+        labels[LABEL_GPU_PRODUCT] = gpus[0].model
     return labels

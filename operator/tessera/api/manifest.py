@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from tessera.api.meta import API_VERSION, FieldPathError
+from tessera.api.meta import FieldPathError
+from tessera.api.names import API_VERSION
 from tessera.api.partition import GPUPartition
 from tessera.api.quota import GPUQuota
 

@@ -1,4 +1,4 @@
-"""What every tessera API type shares: group/version, model config, ObjectMeta, field paths.
+"""What every tessera API type shares: model config, ObjectMeta, field paths.
 
 Kept apart from the kinds so that conditions, budgets and the CRD generator depend on one
 small module and never on each other.
@@ -10,11 +10,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-
-GROUP = "tessera.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-CATEGORY = "tessera"
 
 
 class ApiModel(BaseModel):

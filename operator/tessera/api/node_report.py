@@ -28,9 +28,8 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from tessera.api.names import ANNOTATION_PARTITION_STATUS
 from tessera.api.partition import NodePartitionStatus
-
-ANNOTATION_PARTITION_STATUS = "tessera.dev/partition-status"
 
 
 class ReportError(ValueError):

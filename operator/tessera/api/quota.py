@@ -17,7 +17,7 @@ from tessera.api.conditions import Condition
 from tessera.api.crdtools import cel, list_map
 from tessera.api.meta import ApiModel, FieldPathError, ObjectMeta
 from tessera.api.profile import ProfileName
-from tessera.api.quantity import Quantity, format_bytes
+from tessera.api.quantity import Quantity
 
 KIND = "GPUQuota"
 PLURAL = "gpuquotas"
@@ -141,23 +141,6 @@ class QuotaSummary(ApiModel):
     """GPU memory used/hard, e.g. 32Gi/320Gi."""
     pods: str | None = None
     """GPU pods used/hard."""
-
-
-def quota_summary(hard: QuotaHard | None, used: QuotaUsage) -> QuotaSummary:
-    """``used/hard`` per resource, ``used`` alone where there is no hard limit."""
-
-    def pair(used_text: str, hard_text: str | None) -> str:
-        return used_text if hard_text is None else f"{used_text}/{hard_text}"
-
-    hard = hard or QuotaHard()
-    return QuotaSummary(
-        cores=pair(str(used.cores), None if hard.cores is None else str(hard.cores)),
-        memory=pair(
-            format_bytes(used.memory.to_bytes()),
-            None if hard.memory is None else format_bytes(hard.memory.to_bytes()),
-        ),
-        pods=pair(str(used.pods), None if hard.pods is None else str(hard.pods)),
-    )
 
 
 class GPUQuotaStatus(ApiModel):

@@ -1,27 +1,16 @@
-"""Pod-facing names: the extended resources a container asks for and the budget annotation.
+"""The extended resources a container asks for: MIG profile <-> resource name.
 
-Defined once so that the webhook, the device plugin, the node daemon and the docs cannot
-drift.  Memory and cores are totals per container (split evenly over its shares) so that
-the scheduler, ResourceQuota and GPUQuota all count the same number.
+The names themselves are in :mod:`tessera.api.names`.  Memory and cores are totals per
+container (split evenly over its shares) so that the scheduler, ResourceQuota and GPUQuota
+all count the same number.
 """
 
 from __future__ import annotations
 
 import re
 
-from tessera.api.meta import GROUP
+from tessera.api.names import MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.api.profile import PROFILE_NAME_PATTERN
-
-VGPU = f"{GROUP}/vgpu"
-"""N shares, each on a different GPU or MIG instance (advertised by the device plugin)."""
-VGPU_MEMORY = f"{GROUP}/vgpu-memory"
-"""GPU memory in MiB, in total for the container."""
-VGPU_CORES = f"{GROUP}/vgpu-cores"
-"""Percent of one GPU's SMs, in total for the container (150 = one and a half GPUs)."""
-MIG_PREFIX = f"{GROUP}/mig-"
-"""Prefix of whole-MIG-instance resources, e.g. ``tessera.dev/mig-1g.10gb.me``."""
-BUDGET_ANNOTATION = f"{GROUP}/budget"
-"""Pod annotation (JSON) recording the admitted budget; the node daemon reads only this."""
 
 _PROFILE_RE = re.compile(PROFILE_NAME_PATTERN)
 _BASE_RE = re.compile(r"^([1-8]c\.)?[1-8]g\.[1-9][0-9]{0,3}gb")

@@ -9,10 +9,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tessera.cli.errors import CLIError
+from tessera.controller.settings import DEFAULTS as D
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tessera.controller.app import Options, run, setup_logging
+    from tessera.controller.app import run
+    from tessera.controller.settings import Options
+    from tessera.kube.logs import setup_logging
 
     if args.webhook_url is not None:
         u = urlparse(args.webhook_url)
@@ -38,7 +41,7 @@ def _run(args: argparse.Namespace) -> int:
         drift_grace_s=args.drift_grace, advertise_url=advertise)
     if args.identity:
         opts.identity = args.identity
-    setup_logging()
+    setup_logging(quiet=("kopf", "aiohttp.access"))
     asyncio.run(run(opts))
     return 0
 
@@ -49,23 +52,25 @@ def register(subparsers: Any) -> None:
     sub.required = True
     r = sub.add_parser("run", help="serve webhooks; reconcile while holding the leader Lease")
     r.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
-    r.add_argument("--namespace", default="tessera-system",
+    r.add_argument("--namespace", default=D.namespace,
                    help="namespace of the Lease and the certificate Secret")
     r.add_argument("--identity", help="leader-election identity (default host-pid)")
-    r.add_argument("--webhook-host", default="0.0.0.0")
-    r.add_argument("--webhook-port", type=int, default=9443)
+    r.add_argument("--webhook-host", default=D.webhook_host)
+    r.add_argument("--webhook-port", type=int, default=D.webhook_port)
     r.add_argument("--webhook-url", help="https base URL the API server calls (local "
                    "clusters); default: Service client config")
     r.add_argument("--advertise-url", help="https URL of this replica's webhook port that "
                    "the other replicas hand reservations to while it leads (default: "
                    "https://$POD_IP:WEBHOOK_PORT when POD_IP is set; none: no hand-over)")
-    r.add_argument("--service-name", default="tessera-webhook")
-    r.add_argument("--health-host", default="0.0.0.0")
-    r.add_argument("--health-port", type=int, default=8080, help="/healthz and /metrics")
-    r.add_argument("--lease-duration", type=int, default=15, help="seconds")
-    r.add_argument("--lease-renew", type=float, default=5.0, help="seconds")
-    r.add_argument("--recount-interval", type=float, default=30.0, help="seconds")
-    r.add_argument("--drift-grace", type=float, default=10.0,
+    r.add_argument("--service-name", default=D.service_name)
+    r.add_argument("--health-host", default=D.health_host)
+    r.add_argument("--health-port", type=int, default=D.health_port,
+                   help="/healthz and /metrics")
+    r.add_argument("--lease-duration", type=int, default=D.lease_duration_s, help="seconds")
+    r.add_argument("--lease-renew", type=float, default=D.lease_renew_s, help="seconds")
+    r.add_argument("--recount-interval", type=float, default=D.recount_interval_s,
+                   help="seconds")
+    r.add_argument("--drift-grace", type=float, default=D.drift_grace_s,
                    help="seconds a usage difference must persist before recount heals it")
     r.set_defaults(handler=_run)
 

@@ -14,66 +14,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import socket
 import ssl
-import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kopf
 
-from tessera.controller.kube import Credentials, Kube, load_credentials
+from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
 from tessera.controller.leader import LeaderElector
-from tessera.controller.reconcile import GROUP, VERSION, Controller, json_log_record
+from tessera.controller.reconcile import Controller
+from tessera.controller.settings import Options
+from tessera.kube.client import Credentials, Kube, load_credentials
+from tessera.reservations.forwarding import Forwarder, token_from_key
+from tessera.reservations.store import QuotaStore
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.certs import ensure_secret
 from tessera.webhooks.config import ClientConfig, apply_configurations
-from tessera.webhooks.forwarding import Forwarder, token_from_key
 
 log = logging.getLogger("tessera.operator")
-
-
-@dataclass
-class Options:
-    kubeconfig: str | None = None
-    namespace: str = "tessera-system"
-    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    webhook_host: str = "0.0.0.0"
-    webhook_port: int = 9443
-    webhook_url: str | None = None
-    """URL client config (local cluster): the API server calls this base URL."""
-    service_name: str = "tessera-webhook"
-    cert_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
-    secret_name: str = "tessera-webhook-tls"
-    health_host: str = "0.0.0.0"
-    health_port: int = 8080
-    lease_name: str = "tessera-operator"
-    lease_duration_s: int = 15
-    lease_renew_s: float = 5.0
-    recount_interval_s: float = 30.0
-    drift_grace_s: float = 10.0
-    advertise_url: str | None = None
-    """Where the other replicas reach this one to hand it reservations while it leads."""
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json_log_record(record)
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("kopf").setLevel(logging.WARNING)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
@@ -89,11 +50,11 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
         settings.posting.enabled = False
         settings.scanning.disabled = True
         settings.peering.standalone = True
-        settings.persistence.finalizer = "tessera.dev/finalizer"
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix="tessera.dev", v1=False)
+            prefix=GROUP, v1=False)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="tessera.dev", key="last-handled", v1=False)
+            prefix=GROUP, key="last-handled", v1=False)
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
 
@@ -104,7 +65,7 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
                                    private_key_path=creds.key_path, scheme="Bearer"
                                    if creds.token else None)
 
-    @kopf.on.event(GROUP, VERSION, "gpupartitions", registry=reg)
+    @kopf.on.event(GROUP, VERSION, GPUPARTITIONS, registry=reg)
     async def partition_event(type: str | None, body: Any, **_: Any) -> None:
         ctl.on_partition(type, _plain(body))
 
@@ -131,8 +92,9 @@ async def run(opts: Options) -> None:
                             opts.lease_duration_s, opts.lease_renew_s,
                             endpoint=opts.advertise_url)
     forwarder = Forwarder(token, cert.ca_pem, lambda: elector.leader_endpoint)
-    adm = Admission(kube, forwarder)
-    ctl = Controller(kube, adm, opts.recount_interval_s, opts.drift_grace_s)
+    store = QuotaStore(kube)
+    adm = Admission(kube, store, forwarder)
+    ctl = Controller(kube, store, opts.recount_interval_s, opts.drift_grace_s)
     cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
           ClientConfig(cert.ca_pem, service_name=opts.service_name,
                        service_namespace=opts.namespace))
@@ -162,13 +124,13 @@ async def run(opts: Options) -> None:
             asyncio.create_task(ctl.recount_loop(), name="recount"),
             asyncio.create_task(ctl.quota_loop(), name="quotas"),
         ]
-        adm.subscribe(ctl.on_quota)
+        store.subscribe(ctl.on_quota)
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()
         finally:
-            adm.subscribe(None)
+            store.subscribe(None)
             stop.set()
             for t in tasks:
                 t.cancel()
@@ -178,7 +140,7 @@ async def run(opts: Options) -> None:
             ctl.forget_quota_work()
 
     loop = asyncio.get_running_loop()
-    quota_watch = asyncio.create_task(adm.watch_quotas(), name="quota-cache")
+    quota_watch = asyncio.create_task(store.watch(), name="quota-cache")
     main = asyncio.create_task(elector.run(lead))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)

@@ -16,9 +16,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.controller import metrics
-from tessera.controller.kube import ApiError, Kube, Obj, path
-from tessera.webhooks.forwarding import ENDPOINT_ANNOTATION
+from tessera import metrics
+from tessera.api.names import ANNOTATION_LEADER_ENDPOINT
+from tessera.kube.client import ApiError, Kube, Obj, path
 
 log = logging.getLogger("tessera.leader")
 
@@ -69,9 +69,9 @@ class LeaderElector:
 
     def _annotations(self, lease: Obj | None) -> dict[str, str]:
         out = dict(((lease or {}).get("metadata") or {}).get("annotations") or {})
-        out.pop(ENDPOINT_ANNOTATION, None)
+        out.pop(ANNOTATION_LEADER_ENDPOINT, None)
         if self.endpoint:
-            out[ENDPOINT_ANNOTATION] = self.endpoint
+            out[ANNOTATION_LEADER_ENDPOINT] = self.endpoint
         return out
 
     async def try_acquire_or_renew(self) -> bool:
@@ -101,7 +101,7 @@ class LeaderElector:
         expired = renewed is None or now > renewed + dt.timedelta(seconds=duration)
         if holder not in (self.identity, None, "") and not expired:
             self.leader_endpoint = ((lease["metadata"].get("annotations") or {})
-                                    .get(ENDPOINT_ANNOTATION) or None)
+                                    .get(ANNOTATION_LEADER_ENDPOINT) or None)
             return False
         self.leader_endpoint = None
         lease["spec"] = self._spec(lease, now)

@@ -9,39 +9,39 @@ by the next one or by the periodic pass.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from tessera.api.conditions import DEGRADED, READY, Condition, set_condition
-from tessera.api.inventory import LABEL_PRODUCT, NodeInventory, from_node
-from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
-from tessera.controller import metrics
-from tessera.controller.kube import ApiError, Kube, Obj, merge_diff, path
-from tessera.partition import PartitionView, aggregate, resolve, transitions
-from tessera.quota.arith import (
+from tessera import metrics
+from tessera.api.conditions import DEGRADED, PROGRESSING, READY, Condition
+from tessera.api.inventory import NodeInventory, from_node
+from tessera.api.names import (
     ANNOTATION_RELEASED,
+    API_VERSION,
+    FINALIZER_RESET,
+    GPUPARTITIONS,
+    GPUQUOTAS,
+    GROUP,
     LABEL_BUDGETED,
-    TERMINAL_PHASES,
-    DriftTracker,
-    pod_usage,
-    recount,
+    LABEL_GPU_PRODUCT,
+    VERSION,
 )
+from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
+from tessera.kube.client import ApiError, Kube, Obj, path
+from tessera.kube.events import post_event
+from tessera.kube.merge import merge_diff
+from tessera.partition import PartitionView, aggregate, resolve, transitions
+from tessera.quota.arith import TERMINAL_PHASES, DriftTracker, pod_usage, recount
 from tessera.quota.objects import limits_of, summary, used_of, used_patch
-from tessera.quota.units import mib_quantity
-from tessera.webhooks.admission import Admission
+from tessera.quota.status import quota_conditions
+from tessera.reservations.store import QuotaStore
 
 log = logging.getLogger("tessera.controller")
 
-GROUP, VERSION = "tessera.dev", "v1alpha1"
-RESET_FINALIZER = "tessera.dev/reset"
-"""Held on deletionPolicy=Reset partitions until their GPUs are reset (see docs)."""
 STATUS_KEYS = ("observedGeneration", "conditions", "selectedNodes", "selectedNodeCount",
                "readyNodeCount", "layout", "nodes")
 """All of a GPUPartition's status: the operator is its only writer."""
@@ -64,7 +64,7 @@ def _dump_conditions(conds: list[Condition]) -> list[dict[str, Any]]:
 @dataclass
 class Controller:
     kube: Kube
-    admission: Admission
+    store: QuotaStore
     recount_interval_s: float = 30.0
     drift_grace_s: float = 10.0
     component: str = "tessera-operator"
@@ -185,7 +185,7 @@ class Controller:
             return
         for qns, name in list(self.quotas):
             if qns == ns:
-                await self.admission.release(ns, name, usage)
+                await self.store.release(ns, name, usage)
         metrics.RELEASES.inc()
         log.info("budget released", extra={"namespace": ns, "pod": meta.get("name")})
 
@@ -197,29 +197,7 @@ class Controller:
         limits = limits_of(q.get("spec") or {})
         used = used_of(status)
         old = _conditions(status.get("conditions"))
-        conds = list(old)
-        if used is None:
-            conds = set_condition(conds, READY, "False", "Counting",
-                                  "usage not counted yet", gen)
-        else:
-            conds = set_condition(conds, READY, "True", "Counted",
-                                  "usage is counted and enforced at admission", gen)
-        over = []
-        if used is not None:
-            for res, lim, u, fmt in (("memory", limits.memory_mib, used.memory_mib, mib_quantity),
-                                     ("cores", limits.cores, used.cores, str),
-                                     ("pods", limits.pods, used.pods, str)):
-                if lim is not None and u > lim:
-                    over.append(f"{res} used {fmt(u)} > hard {fmt(lim)}")
-            for prof, lim in sorted(limits.mig.items()):
-                if used.mig.get(prof, 0) > lim:
-                    over.append(f"mig {prof} used {used.mig[prof]} > hard {lim}")
-        if over:
-            conds = set_condition(conds, DEGRADED, "True", "OverHard",
-                                  "; ".join(over) + ": existing pods keep running, new GPU "
-                                  "pods are refused until usage drops", gen)
-        else:
-            conds = set_condition(conds, DEGRADED, "False", "WithinHard", "", gen)
+        conds = quota_conditions(old, limits, used, gen)
         new: dict[str, Any] = {"observedGeneration": gen, "conditions": _dump_conditions(conds)}
         if used is not None:
             new["summary"] = summary(limits, used)
@@ -227,7 +205,7 @@ class Controller:
         current["conditions"] = _dump_conditions(old)
         if current == new:
             return
-        url = path(GROUP, VERSION, "gpuquotas", meta["namespace"], meta["name"])
+        url = path(GROUP, VERSION, GPUQUOTAS, meta["namespace"], meta["name"])
         try:
             await self.kube.merge_patch(url + "/status", {
                 "metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": new})
@@ -241,7 +219,7 @@ class Controller:
     async def recount_once(self) -> None:
         """Heal ``status.used`` towards the pods' budgets, never racing a reservation."""
         for ns, name in list(self.quotas):
-            url = path(GROUP, VERSION, "gpuquotas", ns, name)
+            url = path(GROUP, VERSION, GPUQUOTAS, ns, name)
             try:
                 q = await self.kube.get(url)
                 pods = (await self.kube.list(path("", "v1", "pods", ns),
@@ -317,7 +295,7 @@ class Controller:
             patch = {"status": diff}
             try:
                 await self.kube.merge_patch(
-                    path(GROUP, VERSION, "gpupartitions", name=v.name) + "/status", patch)
+                    path(GROUP, VERSION, GPUPARTITIONS, name=v.name) + "/status", patch)
                 metrics.STATUS_WRITES.labels("gpupartition", "reconcile").inc()
             except ApiError as exc:
                 if exc.status != 404:
@@ -336,20 +314,20 @@ class Controller:
         """
         meta = body["metadata"]
         finalizers = list(meta.get("finalizers") or [])
-        has = RESET_FINALIZER in finalizers
+        has = FINALIZER_RESET in finalizers
         deleting = meta.get("deletionTimestamp") is not None
         reset = v.spec.deletion_policy == "Reset"
         ready = next((c for c in new.conditions if c.type == READY), None)
         done = ready is not None and (ready.status == "True" or ready.reason ==
                                       "NoNodesSelected")
         if reset and not deleting and not has:
-            finalizers.append(RESET_FINALIZER)
+            finalizers.append(FINALIZER_RESET)
         elif has and (not reset or (deleting and done)):
-            finalizers.remove(RESET_FINALIZER)
+            finalizers.remove(FINALIZER_RESET)
         else:
             return
         try:
-            await self.kube.merge_patch(path(GROUP, VERSION, "gpupartitions", name=v.name), {
+            await self.kube.merge_patch(path(GROUP, VERSION, GPUPARTITIONS, name=v.name), {
                 "metadata": {"resourceVersion": meta.get("resourceVersion"),
                              "finalizers": finalizers}})
             log.info("finalizer updated", extra={"partition": v.name, "finalizers": finalizers})
@@ -382,7 +360,7 @@ class Controller:
     # -- watches (server-side filtered) -----------------------------------------------------
 
     async def watch_nodes(self) -> None:
-        async for typ, obj in self.kube.watch(path("", "v1", "nodes"), LABEL_PRODUCT):
+        async for typ, obj in self.kube.watch(path("", "v1", "nodes"), LABEL_GPU_PRODUCT):
             if typ == "SYNC":
                 self.on_node_sync(obj.get("items") or [])
             else:
@@ -403,40 +381,12 @@ class Controller:
 
     async def _events(self, obj: Mapping[str, Any], kind: str, old: list[Condition],
                       new: list[Condition]) -> None:
-        meta = obj["metadata"]
-        ns = meta.get("namespace") or "default"
         for c in transitions(old, new):
-            if c.type == "Progressing" and c.status == "False" and not old:
+            if c.type == PROGRESSING and c.status == "False" and not old:
                 continue
             warning = (c.type == DEGRADED and c.status == "True") or (
                 c.type == READY and c.status == "False" and c.reason not in (
                     "Applying", "Counting"))
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            body = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
-                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind,
-                                   "name": meta["name"], "namespace": meta.get("namespace"),
-                                   "uid": meta.get("uid"),
-                                   "resourceVersion": meta.get("resourceVersion")},
-                "reason": c.reason, "message": f"{c.type}={c.status}: {c.message}"[:1000],
-                "type": "Warning" if warning else "Normal",
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-                "source": {"component": self.component},
-                "reportingComponent": self.component, "reportingInstance": self.component,
-            }
-            try:
-                await self.kube.create(path("", "v1", "events", ns), body)
-            except (ApiError, OSError) as exc:
-                log.warning("event not posted", extra={"error": str(exc)})
-
-
-def json_log_record(record: logging.LogRecord) -> str:
-    """One JSON object per line: time, level, logger, message and any ``extra`` fields."""
-    skip = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-    out: dict[str, Any] = {"ts": round(time.time(), 3), "level": record.levelname,
-                           "logger": record.name, "msg": record.getMessage()}
-    out.update({k: v for k, v in vars(record).items() if k not in skip})
-    if record.exc_info:
-        out["exc"] = logging.Formatter().formatException(record.exc_info)
-    return json.dumps(out, default=str)
+            await post_event(self.kube, obj, API_VERSION, kind, c.reason,
+                             f"{c.type}={c.status}: {c.message}",
+                             "Warning" if warning else "Normal", self.component)

@@ -27,6 +27,7 @@ from functools import lru_cache
 
 from tessera.api.conditions import DEGRADED, PROGRESSING, READY, Condition, set_condition
 from tessera.api.inventory import NodeInventory
+from tessera.api.names import LABEL_GPU_PRODUCT
 from tessera.api.partition import (
     GPUPartitionSpec,
     GPUPartitionStatus,
@@ -125,7 +126,7 @@ def spec_errors(spec: GPUPartitionSpec) -> list[tuple[str, str]]:
         candidates = list(spec.gpus.models)
         where = "spec.gpus.models"
     else:
-        product = (spec.node_selector.match_labels or {}).get("tessera.dev/gpu.product")
+        product = (spec.node_selector.match_labels or {}).get(LABEL_GPU_PRODUCT)
         candidates = [product] if product else [m.id for m in MODELS if m.mig_capable]
         where = "the node selector" if product else "any GPU model tessera knows"
     known = {m.id for m in MODELS}

@@ -2,8 +2,8 @@
 
 Units: GPU memory in whole MiB, cores in percent of one GPU's SMs (150 = one and a half
 GPUs), pods and MIG instances as counts.  Every value a pod asks for is a *total* for its
-container (DESIGN.md "What a pod asks for"), so the scheduler, ResourceQuota and GPUQuota
-all count the same number.
+container (``docs/operator.md``, "What a pod asks for"), so the scheduler, ResourceQuota and
+GPUQuota all count the same number.
 
 Where a container asks for several GPUs, the memory/cores are split evenly over them; a
 core total above 100 % per share is refused because one share cannot exceed its GPU.
@@ -30,21 +30,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tessera.api import budget as api_budget
-from tessera.api import resources
+from tessera.api.names import (
+    ANNOTATION_BUDGET,
+    ANNOTATION_RELEASED,
+    MIG_PREFIX,
+    PREFIX,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
+)
 from tessera.api.resources import mig_resource_name, profile_from_resource
 from tessera.quota.units import count, mib_quantity
 
-ANNOTATION_BUDGET = resources.BUDGET_ANNOTATION
-RES_VGPU = resources.VGPU
-RES_MEMORY = resources.VGPU_MEMORY
-RES_CORES = resources.VGPU_CORES
-RES_MIG_PREFIX = resources.MIG_PREFIX
-PREFIX = "tessera.dev/"
 RES_PODS = "pods"
-LABEL_BUDGETED = "tessera.dev/budgeted"
-"""Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
-ANNOTATION_RELEASED = "tessera.dev/released"
-"""Set by the operator on a finished pod once its usage was released (never twice)."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -265,41 +263,41 @@ def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy,
     values = {k: _int_resource(name, k, v) for k, v in asked.items() if k.startswith(PREFIX)}
     mig: dict[str, int] = {}
     for k, v in values.items():
-        if k in (RES_VGPU, RES_MEMORY, RES_CORES):
+        if k in (VGPU, VGPU_MEMORY, VGPU_CORES):
             continue
         profile = profile_from_resource(k)
         if profile is None:
             raise BudgetError(f"container {name!r}: unknown resource {k} (tessera offers "
-                              f"{RES_VGPU}, {RES_MEMORY}, {RES_CORES}, {RES_MIG_PREFIX}<profile>)")
+                              f"{VGPU}, {VGPU_MEMORY}, {VGPU_CORES}, {MIG_PREFIX}<profile>)")
         if v:
             mig[profile] = v
     filled: dict[str, int] = {}
-    gpus = values.get(RES_VGPU)
-    memory = values.get(RES_MEMORY)
-    cores = values.get(RES_CORES)
+    gpus = values.get(VGPU)
+    memory = values.get(VGPU_MEMORY)
+    cores = values.get(VGPU_CORES)
     if gpus is None and (memory or cores):
-        gpus = filled[RES_VGPU] = 1
+        gpus = filled[VGPU] = 1
     gpus = gpus or 0
     if gpus == 0:
         if memory or cores:
-            raise BudgetError(f"container {name!r}: {RES_VGPU} is 0 but it asks for GPU "
+            raise BudgetError(f"container {name!r}: {VGPU} is 0 but it asks for GPU "
                               f"memory or cores")
         return ContainerBudget(name=name, mig=mig, kind=kind)
     if memory is None:
         if policy.default_memory_mib is None:
             where = f'GPUQuota "{policy.quota}"' if policy.quota else "no GPUQuota"
-            raise BudgetError(f"container {name!r} asks for {RES_VGPU} without {RES_MEMORY} "
-                              f"and {where} sets no default memory: add {RES_MEMORY} (MiB, "
+            raise BudgetError(f"container {name!r} asks for {VGPU} without {VGPU_MEMORY} "
+                              f"and {where} sets no default memory: add {VGPU_MEMORY} (MiB, "
                               f"total) to its limits")
-        memory = filled[RES_MEMORY] = policy.default_memory_mib * gpus
+        memory = filled[VGPU_MEMORY] = policy.default_memory_mib * gpus
     if cores is None:
         per_share = 100 if policy.default_cores is None else min(policy.default_cores, 100)
-        cores = filled[RES_CORES] = per_share * gpus
+        cores = filled[VGPU_CORES] = per_share * gpus
     if cores > 100 * gpus:
-        raise BudgetError(f"container {name!r}: {RES_CORES} {cores} over {gpus} GPU "
+        raise BudgetError(f"container {name!r}: {VGPU_CORES} {cores} over {gpus} GPU "
                           f"share(s) is more than 100 per share")
     if memory == 0:
-        raise BudgetError(f"container {name!r}: {RES_MEMORY} must be at least 1 (MiB)")
+        raise BudgetError(f"container {name!r}: {VGPU_MEMORY} must be at least 1 (MiB)")
     return ContainerBudget(name=name, gpus=gpus, memory_mib=memory, cores=cores, mig=mig,
                            filled=filled, kind=kind)
 
@@ -317,10 +315,10 @@ def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()
     total = budget.usage()  # the effective usage: what the pod holds at its peak
     where = f'GPUQuota "{policy.quota}" max' if policy.quota else "max"
     if policy.max_memory_mib is not None and total.memory_mib > policy.max_memory_mib:
-        raise BudgetError(f"pod asks for {RES_MEMORY} {mib_quantity(total.memory_mib)} in "
+        raise BudgetError(f"pod asks for {VGPU_MEMORY} {mib_quantity(total.memory_mib)} in "
                           f"total, over the per-pod {where} {mib_quantity(policy.max_memory_mib)}")
     if policy.max_cores is not None and total.cores > policy.max_cores:
-        raise BudgetError(f"pod asks for {RES_CORES} {total.cores} in total, over the per-pod "
+        raise BudgetError(f"pod asks for {VGPU_CORES} {total.cores} in total, over the per-pod "
                           f"{where} {policy.max_cores}")
     return budget
 
@@ -349,8 +347,8 @@ def check_fit(request: Usage, quotas: Iterable[QuotaView]) -> list[Violation]:
     for q in sorted(quotas, key=lambda q: q.name):
         h, u = q.hard, q.used
         checks: list[tuple[str, int | None, int, int, bool]] = [
-            (RES_MEMORY, h.memory_mib, request.memory_mib, u.memory_mib, True),
-            (RES_CORES, h.cores, request.cores, u.cores, False),
+            (VGPU_MEMORY, h.memory_mib, request.memory_mib, u.memory_mib, True),
+            (VGPU_CORES, h.cores, request.cores, u.cores, False),
             (RES_PODS, h.pods, request.pods, u.pods, False),
         ]
         for profile, mig_limit in sorted(h.mig.items()):

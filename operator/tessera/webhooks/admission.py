@@ -1,34 +1,40 @@
 """What the webhooks decide: budgets + quota reservation for pods, checks for the CRs.
 
-Reservation follows Kubernetes' ResourceQuota admission: read the quota, check the request
-against ``hard``, write the new ``used`` with the read ``resourceVersion`` as precondition,
-and on a conflict (another replica or request won) read again and re-check.  So concurrent
-creates through any number of replicas can never push ``used`` past ``hard``.  A pod must
-fit every GPUQuota of its namespace; if a later quota refuses, the earlier reservations are
-given back.  A server-side dry run checks everything and reserves nothing.
+A pod must fit every GPUQuota of its namespace; its reservation is written by
+:class:`tessera.reservations.store.QuotaStore` (at the leader, when another replica leads:
+:mod:`tessera.reservations.forwarding`).  A server-side dry run checks everything and
+reserves nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
+import base64
+import json
 import logging
-import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from tessera.api.inventory import LABEL_PRODUCT, from_node
+from tessera import metrics
+from tessera.api.inventory import from_node
+from tessera.api.names import (
+    ANNOTATION_BUDGET,
+    GPUPARTITIONS,
+    GPUQUOTAS,
+    GROUP,
+    LABEL_BUDGETED,
+    LABEL_GPU_PRODUCT,
+    PREFIX,
+    VERSION,
+)
 from tessera.api.partition import GPUPartitionSpec
 from tessera.api.quota import GPUQuotaSpec
-from tessera.controller import metrics
-from tessera.controller.kube import ApiError, Kube, Obj, path
+from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.partition import PartitionView, resolve, spec_errors
 from tessera.quota.arith import (
-    ANNOTATION_BUDGET,
-    LABEL_BUDGETED,
     BudgetError,
     Usage,
     Violation,
@@ -36,22 +42,12 @@ from tessera.quota.arith import (
     check_fit,
     deny_message,
 )
-from tessera.quota.objects import (
-    carries_policy,
-    limits_of,
-    policy_of,
-    used_of,
-    used_patch,
-    view_of,
-)
-from tessera.quota.units import mib_quantity
-from tessera.webhooks.forwarding import Forwarder
+from tessera.quota.objects import carries_policy, limits_of, policy_of, used_of, view_of
+from tessera.quota.status import over_hard
+from tessera.reservations.forwarding import Forwarder
+from tessera.reservations.store import QuotaStore
 
 log = logging.getLogger("tessera.admission")
-
-MAX_ATTEMPTS = 50
-"""Conflict retries per quota; each loser re-reads, so this bounds contention, not work."""
-
 
 def _esc(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
@@ -61,8 +57,6 @@ def allow(uid: str, patch: list[dict[str, Any]] | None = None,
           warnings: list[str] | None = None) -> Obj:
     out: Obj = {"uid": uid, "allowed": True}
     if patch:
-        import base64
-        import json
         out["patchType"] = "JSONPatch"
         out["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     if warnings:
@@ -114,7 +108,7 @@ def fill_patch(spec: Mapping[str, Any], filled: Mapping[str, Mapping[str, int]]
             for section in ("limits", "requests"):
                 have = res.get(section)
                 if section == "requests" and not any(
-                        k.startswith("tessera.dev/") for k in (have or {})):
+                        k.startswith(PREFIX) for k in (have or {})):
                     continue
                 if not have:
                     ops.append({"op": "add", "path": f"{base}/{section}", "value": values})
@@ -125,36 +119,13 @@ def fill_patch(spec: Mapping[str, Any], filled: Mapping[str, Mapping[str, int]]
 
 
 @dataclass
-class _Pending:
-    usage: Usage
-    add: bool
-    fut: asyncio.Future[list[Violation] | None]
-
-
-@dataclass
 class Admission:
-    """Pod and CR admission.
-
-    Within one replica, reservations on the same quota are group-committed: requests that
-    arrive while a write is in flight are checked one after another (first come, first
-    served) against the newest copy this replica knows and written as one update.  Only
-    writes by other replicas (or releases/recount) cost a conflict and a re-read.  The
-    resourceVersion precondition, not the batching, is what makes reservations correct.
-    """
+    """Pod and CR admission (every replica serves it)."""
 
     kube: Kube
+    store: QuotaStore
     forwarder: Forwarder | None = None
-    """Hands reservations to the leader (see :mod:`tessera.webhooks.forwarding`)."""
-    conflict_wait_s: float = 0.02
-    """After a lost write, how long to wait for the quota watch to bring the winner's
-    version before paying a GET for it."""
-    _latest: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    _cache: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    _synced: bool = False
-    _changed: asyncio.Event | None = None
-    _listener: Callable[[str, Obj], None] | None = None
-    _queues: dict[tuple[str, str], list[_Pending]] = field(default_factory=dict)
-    _workers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+    """Hands reservations to the leader (see :mod:`tessera.reservations.forwarding`)."""
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -175,10 +146,7 @@ class Admission:
 
     async def _pod(self, uid: str, ns: str, pod: Mapping[str, Any], dry: bool) -> Obj:
         t0 = time.perf_counter()
-        # From this replica's quota watch (or, until it has synced, the API server's watch
-        # cache): a stale copy costs one conflict and a re-read in reserve() (every write
-        # is conditional), never a wrong count.
-        quotas = await self._quotas(ns)
+        quotas = await self.store.quotas(ns)
         t_list = time.perf_counter() - t0
         try:
             budget = budget_from_pod(pod.get("spec") or {}, policy_of(quotas))
@@ -204,81 +172,6 @@ class Admission:
                                         "reserveMs": round(t_reserve * 1000, 1)})
         return allow(uid, ops)
 
-    async def _quotas(self, ns: str) -> list[Obj]:
-        if not self._synced:
-            return (await self.kube.list(path("tessera.dev", "v1alpha1", "gpuquotas", ns),
-                                         cached=True)).get("items") or []
-        out = []
-        for key, q in self._cache.items():
-            if key[0] == ns:
-                known = self._latest.get(key)
-                out.append(known if known is not None and _rv(known) > _rv(q) else q)
-        return out
-
-    def subscribe(self, listener: Callable[[str, Obj], None] | None) -> None:
-        """Pass this replica's quota watch events on (the leader's controller listens).
-
-        One watch serves admission and reconciliation: a second one through kopf cost the
-        leader's event loop enough per reservation to show in admission's p99.  A new
-        listener first gets a SYNC with every quota known now.
-        """
-        self._listener = listener
-        if listener is not None and self._synced:
-            listener("SYNC", {"items": list(self._cache.values())})
-
-    async def watch_quotas(self) -> None:
-        """Every replica keeps the GPUQuotas in memory: admission reads them without a LIST
-        per pod, and a reservation that lost a race learns the winner's version from the
-        watch instead of a GET.  Only a cache: every write still carries the
-        resourceVersion it was computed from."""
-        try:
-            async for typ, obj in self.kube.watch(path("tessera.dev", "v1alpha1",
-                                                       "gpuquotas")):
-                if typ == "SYNC":
-                    self._cache = {_key(q): q for q in obj.get("items") or []}
-                    self._synced = True
-                    for key, q in self._cache.items():
-                        known = self._latest.get(key)
-                        if known is not None and _rv(q) > _rv(known):
-                            self._latest[key] = q
-                elif typ == "DELETED":
-                    self._cache.pop(_key(obj), None)
-                else:
-                    key = _key(obj)
-                    self._cache[key] = obj
-                    known = self._latest.get(key)
-                    if known is not None and _rv(obj) > _rv(known):
-                        self._latest[key] = obj
-                if self._changed is not None:
-                    self._changed.set()
-                    self._changed = None
-                if self._listener is not None:
-                    try:
-                        self._listener(typ, obj)
-                    except Exception:  # the admission cache must outlive a listener bug
-                        log.exception("quota listener failed", extra={"event": typ})
-        finally:
-            self._synced = False
-
-    async def _newer(self, key: tuple[str, str], than: int) -> Obj | None:
-        """The quota at a resourceVersion above ``than``, from the watch if it comes soon."""
-        if not self._synced:
-            return None
-        deadline = asyncio.get_running_loop().time() + self.conflict_wait_s
-        while True:
-            got = self._cache.get(key)
-            if got is not None and _rv(got) > than:
-                return got
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return None
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                return None
-
     async def _reserve_anywhere(self, ns: str, quotas: list[Obj], usage: Usage
                                 ) -> list[Violation]:
         """At the leader when there is one to hand to, else here."""
@@ -286,119 +179,7 @@ class Admission:
             answer = await self.forwarder.reserve(ns, usage)
             if answer is not None:
                 return answer
-        return await self.reserve(ns, quotas, usage)
-
-    async def reserve_forwarded(self, ns: str, usage: Usage) -> list[Violation]:
-        """A reservation another replica handed over: against this replica's quota copies."""
-        return await self.reserve(ns, await self._quotas(ns), usage)
-
-    async def reserve(self, ns: str, quotas: list[Obj], usage: Usage) -> list[Violation]:
-        """Add ``usage`` to every quota (CAS); on refusal give back what was taken."""
-        done: list[str] = []
-        for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
-            refused = await self._cas(ns, q, usage, add=True)
-            if refused is None:  # quota vanished meanwhile: nothing to count against
-                continue
-            if refused:
-                for name in done:
-                    await self.release(ns, name, usage)
-                return refused
-            done.append(str(q["metadata"]["name"]))
-        return []
-
-    async def release(self, ns: str, name: str, usage: Usage) -> None:
-        try:
-            q = await self.kube.get(path("tessera.dev", "v1alpha1", "gpuquotas", ns, name))
-        except ApiError as exc:
-            if exc.status == 404:
-                return
-            raise
-        await self._cas(ns, q, usage, add=False)
-
-    async def _cas(self, ns: str, q: Obj, usage: Usage, add: bool) -> list[Violation] | None:
-        """Queue one reservation (or release) on quota ``q``; [] = done, None = no quota."""
-        key = (ns, str(q["metadata"]["name"]))
-        known = self._latest.get(key)
-        if known is None or _rv(q) > _rv(known):
-            self._latest[key] = q
-        fut: asyncio.Future[list[Violation] | None] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, []).append(_Pending(usage, add, fut))
-        worker = self._workers.get(key)
-        if worker is None or worker.done():
-            self._workers[key] = asyncio.create_task(self._drain(key))
-        return await fut
-
-    async def _drain(self, key: tuple[str, str]) -> None:
-        """Group commit: everything queued while a write was in flight goes in one write."""
-        while self._queues.get(key):
-            batch = self._queues.pop(key)
-            metrics.RESERVATION_BATCH.observe(len(batch))
-            try:
-                results = await self._write_batch(key, batch)
-            except Exception as exc:
-                for p in batch:
-                    if not p.fut.done():
-                        p.fut.set_exception(exc)
-                continue
-            for p, r in zip(batch, results, strict=True):
-                if not p.fut.done():
-                    p.fut.set_result(r)
-
-    async def _write_batch(self, key: tuple[str, str], batch: list[_Pending]
-                           ) -> list[list[Violation] | None]:
-        ns, name = key
-        url = path("tessera.dev", "v1alpha1", "gpuquotas", ns, name)
-        q = self._latest[key]
-        for _ in range(MAX_ATTEMPTS):
-            view = view_of(q)
-            used = used_of(q.get("status")) or Usage()
-            cur = used
-            results: list[list[Violation] | None] = []
-            for p in batch:  # first come, first served
-                if p.add:
-                    refused = check_fit(p.usage, [replace(view, used=cur)])
-                    if refused:
-                        results.append(refused)
-                        continue
-                    cur = cur + p.usage
-                else:
-                    cur = cur - p.usage
-                results.append([])
-            if cur == used and q.get("status", {}).get("used") is not None:
-                return results
-            sent = time.perf_counter()
-            try:
-                self._latest[key] = await self.kube.merge_patch(url + "/status",
-                                                                used_patch(q, cur))
-                return results
-            except ApiError as exc:
-                if exc.status == 404:
-                    self._latest.pop(key, None)
-                    return [None] * len(batch)
-                if exc.status != 409:
-                    raise
-                metrics.RESERVATION_CONFLICTS.inc()
-            finally:
-                metrics.QUOTA_WRITE_SECONDS.observe(time.perf_counter() - sent)
-            # another replica won: let what queued meanwhile ride along on the retry
-            # (fewer writes, so fewer conflicts), after a little jitter so two replicas
-            # do not keep colliding in lockstep
-            batch.extend(self._queues.pop(key, []))
-            await asyncio.sleep(random.uniform(0, 0.004))
-            newer = await self._newer(key, _rv(q))
-            if newer is not None:
-                q = self._latest[key] = newer
-                continue
-            try:
-                q = self._latest[key] = await self.kube.get(url)
-            except ApiError as exc:
-                if exc.status == 404:
-                    self._latest.pop(key, None)
-                    return [None] * len(batch)
-                raise
-        busy = Violation(name, "", "", "", "", reason=(
-            f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))
-        return [[busy] for _ in batch]
+        return await self.store.reserve(ns, quotas, usage)
 
     # -- GPUPartition ---------------------------------------------------------------------
 
@@ -423,9 +204,9 @@ class Admission:
                                   spec: GPUPartitionSpec) -> list[str]:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name"))
-        nodes = (await self.kube.list(path("", "v1", "nodes"), LABEL_PRODUCT, cached=True)
+        nodes = (await self.kube.list(path("", "v1", "nodes"), LABEL_GPU_PRODUCT, cached=True)
                  ).get("items") or []
-        parts = (await self.kube.list(path("tessera.dev", "v1alpha1", "gpupartitions"),
+        parts = (await self.kube.list(path(GROUP, VERSION, GPUPARTITIONS),
                                       cached=True)).get("items") or []
         views = [PartitionView(name, spec, 1, str(meta.get("creationTimestamp") or "~"))]
         for p in parts:
@@ -457,7 +238,7 @@ class Admission:
             return deny(uid, _pydantic_message("spec", exc), 422)
         warnings: list[str] = []
         others = [q for q in (await self.kube.list(
-            path("tessera.dev", "v1alpha1", "gpuquotas", ns), cached=True)).get("items") or []
+            path(GROUP, VERSION, GPUQUOTAS, ns), cached=True)).get("items") or []
             if q["metadata"]["name"] != name]
         if carries_policy(raw_spec):
             holder = next((q for q in others if carries_policy(q.get("spec") or {})), None)
@@ -466,28 +247,10 @@ class Admission:
                                  f"or weight, and gpuquota/{holder['metadata']['name']} does",
                             422)
         used = used_of(obj.get("status")) or Usage()
-        hard = limits_of(raw_spec)
-        for res, limit, u, fmt in (("memory", hard.memory_mib, used.memory_mib, mib_quantity),
-                                   ("cores", hard.cores, used.cores, str),
-                                   ("pods", hard.pods, used.pods, str)):
-            if limit is not None and u > limit:
-                warnings.append(f"spec.hard.{res} {fmt(limit)} is below what admitted pods use "
-                                f"now ({fmt(u)}): they keep running, new pods are refused")
+        for res, u, limit in over_hard(limits_of(raw_spec), used):
+            warnings.append(f"spec.hard.{res} {limit} is below what admitted pods use now "
+                            f"({u}): they keep running, new pods are refused")
         return allow(uid, warnings=warnings)
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace")), str(meta.get("name"))
-
-
-def _rv(obj: Mapping[str, Any]) -> int:
-    """resourceVersion as a number, only to pick the newer of two copies of one object
-    (a wrong pick costs a conflict and a re-read, never a wrong count)."""
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def _pydantic_message(prefix: str, exc: ValidationError) -> str:

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera.controller.kube import ApiError, Kube, path
+from tessera.kube.client import ApiError, Kube, path
 
 log = logging.getLogger("tessera.certs")
 

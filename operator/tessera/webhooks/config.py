@@ -12,8 +12,16 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.controller.kube import Kube, path
-from tessera.quota.arith import ANNOTATION_BUDGET, LABEL_BUDGETED
+from tessera.api.names import (
+    ANNOTATION_BUDGET,
+    GPUPARTITIONS,
+    GPUQUOTAS,
+    GROUP,
+    LABEL_BUDGETED,
+    PREFIX,
+    VERSION,
+)
+from tessera.kube.client import Kube, path
 
 MUTATING_NAME = "tessera-pods"
 VALIDATING_NAME = "tessera-resources"
@@ -43,7 +51,7 @@ class ClientConfig:
 
 
 def _containers_ask(field: str) -> str:
-    has_res = (f"c.resources.{kind}.exists(k, k.startsWith('tessera.dev/'))"
+    has_res = (f"c.resources.{kind}.exists(k, k.startsWith('{PREFIX}'))"
                for kind in ("limits", "requests"))
     guard = " || ".join(f"(has(c.resources.{kind}) && {e})"
                         for kind, e in zip(("limits", "requests"), has_res, strict=True))
@@ -65,7 +73,7 @@ def mutating(cc: ClientConfig) -> dict[str, Any]:
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": MUTATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
         "webhooks": [{
-            "name": "pods.tessera.dev",
+            "name": f"pods.{GROUP}",
             "clientConfig": cc.for_path(POD_PATH),
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                        "resources": ["pods"], "scope": "Namespaced"}],
@@ -85,7 +93,7 @@ def validating(cc: ClientConfig) -> dict[str, Any]:
         return {
             "name": name,
             "clientConfig": cc.for_path(p),
-            "rules": [{"apiGroups": ["tessera.dev"], "apiVersions": ["v1alpha1"],
+            "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION],
                        "operations": ["CREATE", "UPDATE"], "resources": [plural],
                        "scope": scope}],
             # The CRD schema and its CEL rules still hold while the operator is down, so a
@@ -99,9 +107,8 @@ def validating(cc: ClientConfig) -> dict[str, Any]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": VALIDATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
-        "webhooks": [hook("gpupartitions.tessera.dev", "gpupartitions", PARTITION_PATH,
-                          "Cluster"),
-                     hook("gpuquotas.tessera.dev", "gpuquotas", QUOTA_PATH, "Namespaced")],
+        "webhooks": [hook(f"{GPUPARTITIONS}.{GROUP}", GPUPARTITIONS, PARTITION_PATH, "Cluster"),
+                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced")],
     }
 
 

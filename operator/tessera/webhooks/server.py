@@ -11,14 +11,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tessera.webhooks.admission import Admission
-from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
-from tessera.webhooks.forwarding import (
+from tessera.reservations.forwarding import (
     RESERVE_PATH,
     authorized,
     usage_from_wire,
     violation_to_wire,
 )
+from tessera.webhooks.admission import Admission
+from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
 
 log = logging.getLogger("tessera.webhooks")
 
@@ -46,7 +46,7 @@ def _endpoint(review: Review, what: str) -> Callable[[web.Request], Awaitable[we
 
 def _reservations(adm: Admission, token: str
                   ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Reservations handed over by the other replicas (see tessera.webhooks.forwarding)."""
+    """Reservations handed over by the other replicas (see tessera.reservations.forwarding)."""
     async def handle(request: web.Request) -> web.Response:
         if not authorized(request.headers.get("Authorization"), token):
             return web.Response(status=403, text="not a tessera replica")
@@ -58,7 +58,7 @@ def _reservations(adm: Admission, token: str
                 raise ValueError("namespace must be a name")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return web.Response(status=400, text=f"bad reservation: {exc}")
-        refused = await adm.reserve_forwarded(ns, usage)
+        refused = await adm.store.reserve_in(ns, usage)
         return web.json_response({"refused": [violation_to_wire(v) for v in refused]})
     return handle
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api import (
-    BUDGET_ANNOTATION,
+    ANNOTATION_BUDGET,
     VGPU,
     VGPU_CORES,
     VGPU_MEMORY,
@@ -30,7 +30,7 @@ RESOURCE_RE = re.compile(r"^[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?
 def test_names() -> None:
     assert (VGPU, VGPU_MEMORY, VGPU_CORES) == (
         "tessera.dev/vgpu", "tessera.dev/vgpu-memory", "tessera.dev/vgpu-cores")
-    assert BUDGET_ANNOTATION == "tessera.dev/budget"
+    assert ANNOTATION_BUDGET == "tessera.dev/budget"
     assert mig_resource_name("1g.10gb+me") == "tessera.dev/mig-1g.10gb.me"
     assert mig_resource_name("1g.24gb-me") == "tessera.dev/mig-1g.24gb-me"
     assert profile_from_resource("tessera.dev/mig-1g.10gb.me.all") == "1g.10gb+me.all"

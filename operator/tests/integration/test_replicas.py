@@ -64,7 +64,7 @@ def test_fifty_concurrent_pods_through_two_replicas_exactly_ten_admitted(
     assert used(cluster, ns) == {"memory": "10Gi", "cores": 100, "pods": 10,
                                  "migInstances": {}}
     served = {p: ops.proxy.connections.get(p, 0) - before.get(p, 0)
-              for p in ops.proxy.backends}
+              for p in ops.proxy.backends.values()}
     assert sum(1 for v in served.values() if v > 0) == 2, served
     # the follower admitted some of them and handed (nearly all) those reservations to the
     # leader; a fallback is still correct, and happens when a loaded leader is slow to connect
@@ -109,6 +109,23 @@ def test_replica_killed_mid_burst_nothing_lost_or_doubled(
                                  f"{admitted // 2}Gi", "cores": admitted * 10,
                                  "pods": admitted, "migInstances": {}}
     assert sum(results) == admitted  # every create that succeeded is a pod, no more
+
+
+def test_restarted_replicas_are_routed_to_and_their_old_ports_are_not(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """The harness measures the operator, not its proxy: after restarts, requests only go
+    to the replicas running now (a stale port can be taken by another process, which then
+    answers the API server's requests with EOF)."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"cores": 1000, "memory": "100Gi"}))
+    for name in [*ops.names, *ops.names]:
+        ops.start(name)
+    ops.ensure_running()
+    live = {r.webhook_port for r in ops.replicas.values() if r.proc and r.proc.poll() is None}
+    assert set(ops.proxy.backends.values()) == live and len(live) == len(ops.names)
+    results = _create_many(cluster, ns, 30, {"tessera.dev/vgpu-memory": "256",
+                                              "tessera.dev/vgpu-cores": "10"})
+    assert all(results)
 
 
 def test_leader_failover_within_lease_duration(cluster: Any, ops: Operators) -> None:

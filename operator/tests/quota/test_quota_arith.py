@@ -22,9 +22,9 @@ from tessera.quota import (
 from tessera.quota.arith import (
     ANNOTATION_BUDGET,
     ANNOTATION_RELEASED,
-    RES_CORES,
-    RES_MEMORY,
-    RES_VGPU,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
     BudgetError,
     parse_budget_annotation,
 )
@@ -43,17 +43,17 @@ POLICY = QuotaPolicy(quota="team", default_memory_mib=1024, default_cores=25,
 
 
 def test_defaults_fill_missing_memory_and_cores_per_share() -> None:
-    b = budget_from_pod(pod({RES_VGPU: "2"}), POLICY)
+    b = budget_from_pod(pod({VGPU: "2"}), POLICY)
     c = b.containers[0]
     assert (c.gpus, c.memory_mib, c.cores) == (2, 2048, 50)
-    assert c.filled == {RES_MEMORY: 2048, RES_CORES: 50}
+    assert c.filled == {VGPU_MEMORY: 2048, VGPU_CORES: 50}
     assert b.usage() == Usage(2048, 50, 1)
 
 
 def test_memory_without_vgpu_implies_one_share() -> None:
-    c = budget_from_pod(pod({RES_MEMORY: "3000"}), POLICY).containers[0]
+    c = budget_from_pod(pod({VGPU_MEMORY: "3000"}), POLICY).containers[0]
     assert (c.gpus, c.memory_mib, c.cores) == (1, 3000, 25)
-    assert c.filled == {RES_VGPU: 1, RES_CORES: 25}
+    assert c.filled == {VGPU: 1, VGPU_CORES: 25}
 
 
 def test_no_tessera_resources_is_no_budget() -> None:
@@ -62,11 +62,11 @@ def test_no_tessera_resources_is_no_budget() -> None:
 
 
 @pytest.mark.parametrize(("limits", "needle"), [
-    ({RES_VGPU: "1", RES_CORES: "150"}, "more than 100 per share"),
-    ({RES_VGPU: "0", RES_MEMORY: "10"}, "vgpu is 0"),
-    ({RES_VGPU: "1.5"}, "whole number"),
+    ({VGPU: "1", VGPU_CORES: "150"}, "more than 100 per share"),
+    ({VGPU: "0", VGPU_MEMORY: "10"}, "vgpu is 0"),
+    ({VGPU: "1.5"}, "whole number"),
     ({"tessera.dev/vgpu-mem": "1"}, "unknown resource"),
-    ({RES_VGPU: "1", RES_MEMORY: "9000"}, 'over the per-pod GPUQuota "team" max 9000'),
+    ({VGPU: "1", VGPU_MEMORY: "9000"}, 'over the per-pod GPUQuota "team" max 9000'),
 ])
 def test_bad_requests_are_refused_with_reason(limits: dict[str, str], needle: str) -> None:
     with pytest.raises(BudgetError) as exc:
@@ -76,20 +76,20 @@ def test_bad_requests_are_refused_with_reason(limits: dict[str, str], needle: st
 
 def test_max_is_per_pod_total_over_containers() -> None:
     with pytest.raises(BudgetError, match="vgpu-cores 300 in total"):
-        budget_from_pod(pod({RES_CORES: "100"}, {RES_CORES: "100"}, {RES_CORES: "100"}), POLICY)
+        budget_from_pod(pod({VGPU_CORES: "100"}, {VGPU_CORES: "100"}, {VGPU_CORES: "100"}), POLICY)
 
 
 def test_regular_init_container_is_not_summed_with_the_app_containers() -> None:
     """Per resource, the larger of the init container and the apps (test_quota_init_containers)."""
-    b = budget_from_pod(pod({RES_MEMORY: "1000", RES_CORES: "10"},
-                            init=({RES_MEMORY: "4000", RES_CORES: "5"},)), POLICY)
+    b = budget_from_pod(pod({VGPU_MEMORY: "1000", VGPU_CORES: "10"},
+                            init=({VGPU_MEMORY: "4000", VGPU_CORES: "5"},)), POLICY)
     assert b.usage() == Usage(4000, 10, 1)
 
 
 def test_memory_is_mandatory_without_default_and_cores_default_to_whole_share() -> None:
     with pytest.raises(BudgetError, match="sets no default memory"):
-        budget_from_pod(pod({RES_VGPU: "1"}), QuotaPolicy())
-    c = budget_from_pod(pod({RES_VGPU: "2", RES_MEMORY: "10"}), QuotaPolicy()).containers[0]
+        budget_from_pod(pod({VGPU: "1"}), QuotaPolicy())
+    c = budget_from_pod(pod({VGPU: "2", VGPU_MEMORY: "10"}), QuotaPolicy()).containers[0]
     assert c.cores == 200
 
 
@@ -103,7 +103,7 @@ def test_mig_profiles_counted_with_their_profile_name() -> None:
                 min_size=1, max_size=4))
 def test_annotation_round_trip_is_exact(containers: list[tuple[int, int, int]]) -> None:
     """Per-share values in the annotation always give back the admitted totals."""
-    b = budget_from_pod(pod(*({RES_VGPU: str(n), RES_MEMORY: str(m), RES_CORES: str(c * n)}
+    b = budget_from_pod(pod(*({VGPU: str(n), VGPU_MEMORY: str(m), VGPU_CORES: str(c * n)}
                               for n, m, c in containers)), QuotaPolicy())
     assert parse_budget_annotation(b.annotation()) == b.usage()
 
@@ -119,7 +119,7 @@ def test_every_quota_must_fit() -> None:
     a = QuotaView("a", Limits(pods=5), Usage(pods=5))
     b = QuotaView("b", Limits(cores=100), Usage(cores=60))
     v = check_fit(Usage(0, 50, 1), [b, a])
-    assert [(x.quota, x.resource) for x in v] == [("a", "pods"), ("b", RES_CORES)]
+    assert [(x.quota, x.resource) for x in v] == [("a", "pods"), ("b", VGPU_CORES)]
 
 
 def test_units() -> None:
@@ -182,16 +182,16 @@ def _admitted(name: str, limits: dict[str, str], phase: str = "Running") -> dict
 
 
 def test_recount_skips_released_and_unbudgeted_pods() -> None:
-    released = _admitted("b", {RES_MEMORY: "200", RES_CORES: "20"}, phase="Succeeded")
+    released = _admitted("b", {VGPU_MEMORY: "200", VGPU_CORES: "20"}, phase="Succeeded")
     released["metadata"]["annotations"][ANNOTATION_RELEASED] = "true"
-    pods = [_admitted("a", {RES_MEMORY: "100", RES_CORES: "10"}),
+    pods = [_admitted("a", {VGPU_MEMORY: "100", VGPU_CORES: "10"}),
             released,
-            _admitted("c", {RES_MEMORY: "300", RES_CORES: "30"}, phase="Pending"),
+            _admitted("c", {VGPU_MEMORY: "300", VGPU_CORES: "30"}, phase="Pending"),
             {"metadata": {"name": "d"}, "status": {"phase": "Running"}},
             {"metadata": {"name": "e", "annotations": {ANNOTATION_BUDGET: "{bad"}}}]
     assert recount(pods) == Usage(400, 40, 2)
     # finished but not yet released: still held, so recount and release never both subtract
-    assert recount([_admitted("f", {RES_MEMORY: "5"}, phase="Failed")]) == Usage(5, 25, 1)
+    assert recount([_admitted("f", {VGPU_MEMORY: "5"}, phase="Failed")]) == Usage(5, 25, 1)
 
 
 def test_drift_heals_only_when_stable_for_grace_at_same_resource_version() -> None:

@@ -18,9 +18,9 @@ from tessera.api.budget import parse_budget
 from tessera.quota import QuotaPolicy, Usage, budget_from_pod, recount
 from tessera.quota.arith import (
     ANNOTATION_BUDGET,
-    RES_CORES,
-    RES_MEMORY,
-    RES_VGPU,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
     BudgetError,
     effective_usage,
     pod_usage,
@@ -33,7 +33,7 @@ POLICY = QuotaPolicy(quota="team", default_memory_mib=1024, default_cores=25,
 
 def gpu(memory: int, cores: int, shares: int = 1, **mig: int) -> dict[str, str]:
     """Limits for one container: memory MiB and cores in total, MIG counts by profile."""
-    limits = {RES_VGPU: str(shares), RES_MEMORY: str(memory), RES_CORES: str(cores)}
+    limits = {VGPU: str(shares), VGPU_MEMORY: str(memory), VGPU_CORES: str(cores)}
     limits.update({f"tessera.dev/mig-{p.replace('_', '.')}": str(n) for p, n in mig.items()})
     return limits
 
@@ -174,9 +174,9 @@ def limits(draw: st.DrawFn) -> dict[str, str]:
     out: dict[str, str] = {}
     if draw(st.booleans()):
         n = draw(st.integers(1, 3))
-        out[RES_VGPU] = str(n)
-        out[RES_MEMORY] = str(draw(st.integers(1, 100_000)))
-        out[RES_CORES] = str(draw(st.integers(0, 100 * n)))
+        out[VGPU] = str(n)
+        out[VGPU_MEMORY] = str(draw(st.integers(1, 100_000)))
+        out[VGPU_CORES] = str(draw(st.integers(0, 100 * n)))
     for p, n in draw(st.dictionaries(st.sampled_from(PROFILES), st.integers(0, 4),
                                      max_size=3)).items():
         out[f"tessera.dev/mig-{p}"] = str(n)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.quota.arith import Usage, Violation
-from tessera.webhooks.forwarding import (
+from tessera.reservations.forwarding import (
     authorized,
     token_from_key,
     usage_from_wire,

@@ -7,7 +7,8 @@ replica that is not the leader hands its reservation to the leader, whose one wr
 group-commits what both replicas admit.  This is only an optimisation: when the leader cannot
 be reached the replica reserves itself, with the same conditional write.
 
-The leader advertises where it listens in its Lease (annotation ``tessera.dev/endpoint``).
+The leader advertises where it listens in its Lease (annotation
+``tessera.api.names.ANNOTATION_LEADER_ENDPOINT``).
 Callers prove they are a replica with a token derived from the webhook serving key, which
 only holders of the ``tessera-webhook-tls`` Secret have.  The TLS chain is checked against
 the Secret's CA; the host name is not (the leader is reached by pod IP, which the serving
@@ -26,13 +27,12 @@ from typing import Any
 
 import aiohttp
 
-from tessera.controller import metrics
+from tessera import metrics
 from tessera.quota.arith import Usage, Violation
 
 log = logging.getLogger("tessera.forwarding")
 
 RESERVE_PATH = "/internal/reservations"
-ENDPOINT_ANNOTATION = "tessera.dev/endpoint"
 CONNECT_TIMEOUT_S = 2.0
 """A leader that cannot be reached this fast is treated as gone: reserve here instead."""
 CONNECTIONS = 8

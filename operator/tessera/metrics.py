@@ -1,4 +1,5 @@
-"""Prometheus metrics of the operator (served on /metrics with /healthz)."""
+"""Prometheus metrics of the operator process (served on /metrics with /healthz): admission,
+reservations and the leader's loops, all named here so dashboards and alerts have one list."""
 
 from __future__ import annotations
 

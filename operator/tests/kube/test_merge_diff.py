@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.controller.kube import merge_diff
+from tessera.kube.merge import merge_diff
 
 scalars = st.one_of(st.booleans(), st.integers(), st.text(max_size=5))
 values = st.recursive(

@@ -1,0 +1,57 @@
+"""Every name tessera puts on the wire, defined once: API group and version, the kinds'
+plural names, labels, annotations, extended resources and finalizers.
+
+The operator, the node daemon, the webhooks, the chart's policies and the tests import these;
+nothing else spells them out.  What each one means and who writes it is in
+``docs/operator.md``.
+"""
+
+from __future__ import annotations
+
+# -- API group and kinds ---------------------------------------------------------------------
+
+GROUP = "tessera.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CATEGORY = "tessera"
+GPUPARTITIONS = "gpupartitions"
+GPUQUOTAS = "gpuquotas"
+PREFIX = f"{GROUP}/"
+"""What every tessera label, annotation and resource name starts with."""
+
+# -- extended resources a container asks for (totals per container) --------------------------
+
+VGPU = f"{GROUP}/vgpu"
+"""N shares, each on a different GPU or MIG instance (advertised by the device plugin)."""
+VGPU_MEMORY = f"{GROUP}/vgpu-memory"
+"""GPU memory in MiB, in total for the container."""
+VGPU_CORES = f"{GROUP}/vgpu-cores"
+"""Percent of one GPU's SMs, in total for the container (150 = one and a half GPUs)."""
+MIG_PREFIX = f"{GROUP}/mig-"
+"""Prefix of whole-MIG-instance resources, e.g. ``tessera.dev/mig-1g.10gb.me``."""
+
+# -- pods ------------------------------------------------------------------------------------
+
+ANNOTATION_BUDGET = f"{GROUP}/budget"
+"""JSON, per container: the budget admission granted; the node daemon reads only this."""
+LABEL_BUDGETED = f"{GROUP}/budgeted"
+"""Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
+ANNOTATION_RELEASED = f"{GROUP}/released"
+"""Set by the operator on a finished pod once its usage was released (never twice)."""
+
+# -- Nodes (written by each node's daemon on its own Node) -----------------------------------
+
+LABEL_GPU_PRODUCT = f"{GROUP}/gpu.product"
+LABEL_GPU_COUNT = f"{GROUP}/gpu.count"
+LABEL_MIG_CAPABLE = f"{GROUP}/mig.capable"
+ANNOTATION_GPUS = f"{GROUP}/gpus"
+"""JSON list, one object per GPU (the inventory contract)."""
+ANNOTATION_PARTITION_STATUS = f"{GROUP}/partition-status"
+"""JSON object keyed by GPUPartition: what the daemon did for each (the report contract)."""
+
+# -- the operator's own bookkeeping ----------------------------------------------------------
+
+FINALIZER_RESET = f"{GROUP}/reset"
+"""Held on ``deletionPolicy: Reset`` partitions until their GPUs are reset."""
+ANNOTATION_LEADER_ENDPOINT = f"{GROUP}/endpoint"
+"""On the leader Lease: where the leading replica takes reservations from the others."""

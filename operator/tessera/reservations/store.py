@@ -1,0 +1,261 @@
+"""Every replica's copy of the GPUQuotas, and the conditional writes that change their usage.
+
+Reservation follows Kubernetes' ResourceQuota admission: read the quota, check the request
+against ``hard``, write the new ``used`` with the read ``resourceVersion`` as precondition,
+and on a conflict (another replica or request won) read again and re-check.  So concurrent
+creates through any number of replicas can never push ``used`` past ``hard``.  A pod must
+fit every GPUQuota of its namespace; if a later quota refuses, the earlier reservations are
+given back.
+
+Within one replica, changes to the same quota are group-committed: requests that arrive
+while a write is in flight are decided one after another (:func:`tessera.quota.batch.
+apply_in_order`) against the newest copy this replica knows and written as one update.  Only
+writes by other replicas (or releases/recount) cost a conflict and a re-read.  The
+resourceVersion precondition, not the batching, is what makes reservations correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera import metrics
+from tessera.api.names import GPUQUOTAS, GROUP, VERSION
+from tessera.kube.client import ApiError, Kube, Obj, path
+from tessera.quota.arith import Usage, Violation
+from tessera.quota.batch import Change, apply_in_order
+from tessera.quota.objects import used_patch, view_of
+
+log = logging.getLogger("tessera.reservations")
+
+MAX_ATTEMPTS = 50
+"""Conflict retries per quota; each loser re-reads, so this bounds contention, not work."""
+
+Listener = Callable[[str, Obj], None]
+
+
+def quota_url(ns: str | None = None, name: str | None = None) -> str:
+    return path(GROUP, VERSION, GPUQUOTAS, ns, name)
+
+
+@dataclass
+class _Pending:
+    change: Change
+    fut: asyncio.Future[list[Violation] | None]
+
+
+@dataclass
+class QuotaStore:
+    """The GPUQuotas from one watch, and group-committed conditional usage writes."""
+
+    kube: Kube
+    conflict_wait_s: float = 0.02
+    """After a lost write, how long to wait for the quota watch to bring the winner's
+    version before paying a GET for it."""
+    _latest: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    _cache: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    _synced: bool = False
+    _changed: asyncio.Event | None = None
+    _listener: Listener | None = None
+    _queues: dict[tuple[str, str], list[_Pending]] = field(default_factory=dict)
+    _workers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def quotas(self, ns: str) -> list[Obj]:
+        """The namespace's GPUQuotas: from this replica's watch (or, until it has synced,
+        the API server's watch cache).  A stale copy costs one conflict and a re-read in
+        :meth:`reserve` (every write is conditional), never a wrong count."""
+        if not self._synced:
+            return (await self.kube.list(quota_url(ns), cached=True)).get("items") or []
+        out = []
+        for key, q in self._cache.items():
+            if key[0] == ns:
+                known = self._latest.get(key)
+                out.append(known if known is not None and _rv(known) > _rv(q) else q)
+        return out
+
+    def subscribe(self, listener: Listener | None) -> None:
+        """Pass this replica's quota watch events on (the leader's controller listens).
+
+        One watch serves admission and reconciliation: a second one through kopf cost the
+        leader's event loop enough per reservation to show in admission's p99.  A new
+        listener first gets a SYNC with every quota known now.
+        """
+        self._listener = listener
+        if listener is not None and self._synced:
+            listener("SYNC", {"items": list(self._cache.values())})
+
+    async def watch(self) -> None:
+        """Keep the GPUQuotas in memory: admission reads them without a LIST per pod, and a
+        reservation that lost a race learns the winner's version from the watch instead of
+        a GET.  Only a cache: every write still carries the resourceVersion it was computed
+        from."""
+        try:
+            async for typ, obj in self.kube.watch(quota_url()):
+                if typ == "SYNC":
+                    self._cache = {_key(q): q for q in obj.get("items") or []}
+                    self._synced = True
+                    for key, q in self._cache.items():
+                        self._remember(key, q)
+                elif typ == "DELETED":
+                    self._cache.pop(_key(obj), None)
+                else:
+                    key = _key(obj)
+                    self._cache[key] = obj
+                    self._remember(key, obj)
+                if self._changed is not None:
+                    self._changed.set()
+                    self._changed = None
+                if self._listener is not None:
+                    try:
+                        self._listener(typ, obj)
+                    except Exception:  # the admission cache must outlive a listener bug
+                        log.exception("quota listener failed", extra={"event": typ})
+        finally:
+            self._synced = False
+
+    def _remember(self, key: tuple[str, str], q: Obj) -> None:
+        known = self._latest.get(key)
+        if known is not None and _rv(q) > _rv(known):
+            self._latest[key] = q
+
+    async def _newer(self, key: tuple[str, str], than: int) -> Obj | None:
+        """The quota at a resourceVersion above ``than``, from the watch if it comes soon."""
+        if not self._synced:
+            return None
+        deadline = asyncio.get_running_loop().time() + self.conflict_wait_s
+        while True:
+            got = self._cache.get(key)
+            if got is not None and _rv(got) > than:
+                return got
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return None
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return None
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def reserve(self, ns: str, quotas: list[Obj], usage: Usage) -> list[Violation]:
+        """Add ``usage`` to every quota (CAS); on refusal give back what was taken."""
+        done: list[str] = []
+        for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
+            refused = await self._cas(ns, q, Change(usage, add=True))
+            if refused is None:  # quota vanished meanwhile: nothing to count against
+                continue
+            if refused:
+                for name in done:
+                    await self.release(ns, name, usage)
+                return refused
+            done.append(str(q["metadata"]["name"]))
+        return []
+
+    async def reserve_in(self, ns: str, usage: Usage) -> list[Violation]:
+        """:meth:`reserve` against this replica's copies of the namespace's quotas."""
+        return await self.reserve(ns, await self.quotas(ns), usage)
+
+    async def release(self, ns: str, name: str, usage: Usage) -> None:
+        try:
+            q = await self.kube.get(quota_url(ns, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            raise
+        await self._cas(ns, q, Change(usage, add=False))
+
+    async def _cas(self, ns: str, q: Obj, change: Change) -> list[Violation] | None:
+        """Queue one change on quota ``q``; [] = done, None = no such quota."""
+        key = (ns, str(q["metadata"]["name"]))
+        known = self._latest.get(key)
+        if known is None or _rv(q) > _rv(known):
+            self._latest[key] = q
+        fut: asyncio.Future[list[Violation] | None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, []).append(_Pending(change, fut))
+        worker = self._workers.get(key)
+        if worker is None or worker.done():
+            self._workers[key] = asyncio.create_task(self._drain(key))
+        return await fut
+
+    async def _drain(self, key: tuple[str, str]) -> None:
+        """Group commit: everything queued while a write was in flight goes in one write."""
+        while self._queues.get(key):
+            batch = self._queues.pop(key)
+            metrics.RESERVATION_BATCH.observe(len(batch))
+            try:
+                results = await self._write_batch(key, batch)
+            except Exception as exc:
+                for p in batch:
+                    if not p.fut.done():
+                        p.fut.set_exception(exc)
+                continue
+            for p, r in zip(batch, results, strict=True):
+                if not p.fut.done():
+                    p.fut.set_result(r)
+
+    async def _write_batch(self, key: tuple[str, str], batch: list[_Pending]
+                           ) -> list[list[Violation]] | list[None]:
+        ns, name = key
+        url = quota_url(ns, name)
+        q = self._latest[key]
+        for _ in range(MAX_ATTEMPTS):
+            view = view_of(q)
+            results, new_used = apply_in_order(view, [p.change for p in batch])
+            if new_used == view.used and (q.get("status") or {}).get("used") is not None:
+                return results
+            sent = time.perf_counter()
+            try:
+                self._latest[key] = await self.kube.merge_patch(url + "/status",
+                                                                used_patch(q, new_used))
+                return results
+            except ApiError as exc:
+                if exc.status == 404:
+                    self._latest.pop(key, None)
+                    return [None] * len(batch)
+                if exc.status != 409:
+                    raise
+                metrics.RESERVATION_CONFLICTS.inc()
+            finally:
+                metrics.QUOTA_WRITE_SECONDS.observe(time.perf_counter() - sent)
+            # another replica won: let what queued meanwhile ride along on the retry
+            # (fewer writes, so fewer conflicts), after a little jitter so two replicas
+            # do not keep colliding in lockstep
+            batch.extend(self._queues.pop(key, []))
+            await asyncio.sleep(random.uniform(0, 0.004))
+            newer = await self._newer(key, _rv(q))
+            if newer is not None:
+                q = self._latest[key] = newer
+                continue
+            try:
+                q = self._latest[key] = await self.kube.get(url)
+            except ApiError as exc:
+                if exc.status == 404:
+                    self._latest.pop(key, None)
+                    return [None] * len(batch)
+                raise
+        busy = Violation(name, "", "", "", "", reason=(
+            f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))
+        return [[busy] for _ in batch]
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    """resourceVersion as a number, only to pick the newer of two copies of one object
+    (a wrong pick costs a conflict and a re-read, never a wrong count)."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0

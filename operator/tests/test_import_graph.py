@@ -1,0 +1,137 @@
+"""The package structure holds: what two processes share lives in a neutral package, and no
+package imports its siblings in a circle (read from the source, so a new import that breaks
+the layering fails here, not in a review)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"tessera": ROOT / "operator" / "tessera",
+            "tessera_node": ROOT / "node-daemon" / "tessera_node"}
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for top, base in PACKAGES.items():
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            yield ".".join([top, *parts]), path
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    out: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            out.add(name)
+            out.update(f"{name}.{a.name}" for a in node.names)
+    return {i for i in out if i.split(".")[0] in PACKAGES}
+
+
+def _unit(module: str) -> str:
+    """The sibling package a module belongs to: ``tessera.webhooks.admission`` ->
+    ``tessera.webhooks``; a top-level module is its own unit."""
+    return ".".join(module.split(".")[:2])
+
+
+GRAPH = {m: _imports(m, p) for m, p in _modules()}
+KNOWN = set(GRAPH)
+
+
+def _edges() -> dict[str, set[str]]:
+    units: dict[str, set[str]] = {}
+    for mod, imports in GRAPH.items():
+        for imp in imports:
+            target = imp if imp in KNOWN else imp.rsplit(".", 1)[0]
+            if target not in KNOWN or _unit(target) == _unit(mod):
+                continue
+            units.setdefault(_unit(mod), set()).add(_unit(target))
+    return units
+
+
+def test_no_package_imports_its_siblings_in_a_circle() -> None:
+    edges = _edges()
+    seen: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, trail: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if seen.get(nxt) == 1:
+                cycle = [*trail[trail.index(nxt):], nxt] if nxt in trail else [node, nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in seen:
+                visit(nxt, [*trail, nxt])
+        seen[node] = 2
+
+    for start in sorted(edges):
+        if start not in seen:
+            visit(start, [start])
+
+
+def test_only_the_cli_imports_the_operator_process() -> None:
+    offenders = sorted(f"{m} imports {i}" for m, imports in GRAPH.items() for i in imports
+                       if i.startswith("tessera.controller")
+                       and not m.startswith(("tessera.controller", "tessera.cli")))
+    assert offenders == []
+
+
+def test_webhooks_and_the_node_daemon_stand_apart_from_the_controller() -> None:
+    edges = _edges()
+    assert "tessera.controller" not in edges.get("tessera.webhooks", set())
+    assert "tessera.controller" not in edges.get("tessera.reservations", set())
+    for unit, targets in edges.items():
+        if unit.startswith("tessera_node"):
+            assert not targets & {"tessera.controller", "tessera.webhooks", "tessera.cli"}, unit
+
+
+def test_rules_do_no_io() -> None:
+    """The pure packages (rules) never reach for the client layer or a process."""
+    io = ("tessera.kube", "tessera.reservations", "tessera.controller", "tessera.webhooks",
+          "aiohttp", "kubernetes", "kopf")
+    for mod, path in _modules():
+        if _unit(mod) in ("tessera.quota", "tessera.mig", "tessera.partition", "tessera.api"):
+            tree = ast.parse(path.read_text())
+            names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            assert not {n for n in names if n.startswith(io)}, mod
+
+
+def _string_constants(path: Path) -> Iterator[tuple[int, str]]:
+    """Every string literal that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for stmt in body:
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                    docstrings.add(id(stmt.value))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings):
+            yield node.lineno, node.value
+
+
+def test_wire_names_are_spelled_once() -> None:
+    """``tessera.dev`` appears in code only in :mod:`tessera.api.names` (and in the two
+    ``Literal`` types pydantic needs the value itself for)."""
+    allowed = {"tessera.api.names"}
+    found = []
+    for mod, path in _modules():
+        if mod in allowed:
+            continue
+        for line, value in _string_constants(path):
+            if "tessera.dev" in value and value != "tessera.dev/v1alpha1":
+                found.append(f"{mod}:{line}: {value!r}")
+    assert found == []
