@@ -327,7 +327,8 @@ def main() -> int:
             # production timings (the test harness shortens them)
             ops[name] = OperatorProcess(kc, proxy, logdir, name, extra=[
                 "--recount-interval", "30", "--drift-grace", "10",
-                "--lease-duration", "15", "--lease-renew", "5"]).start()
+                "--lease-duration", "15", "--lease-renew", "5",
+                "--webhook-config-interval", "60", "--stuck-after", "60"]).start()
         wait_until("leader", lambda: lease_holder(cluster.kubectl) in ops, 30)
         wait_until("webhook config", lambda: cluster.kubectl(
             "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)

@@ -71,15 +71,17 @@ def install(kubectl: Kubectl) -> None:
         raise RuntimeError(f"applying the chart: {out.stderr.strip()}")
 
 
-def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path) -> Path:
-    """A kubeconfig holding a token of the operator ServiceAccount and the cluster's CA."""
+def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
+                        server: str | None = None, name: str = "operator") -> Path:
+    """A kubeconfig holding a token of the operator ServiceAccount and the cluster's CA
+    (``server`` instead of the cluster's own address: e.g. a proxy a test can cut)."""
     admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
     c = admin["clusters"][0]["cluster"]
     token = kubectl("create", "token", "tessera-operator", "-n", OPERATOR_NS,
                     "--duration", "12h")
     if token.returncode != 0:
         raise RuntimeError(f"token for tessera-operator: {token.stderr.strip()}")
-    cl: dict[str, Any] = {"server": c["server"]}
+    cl: dict[str, Any] = {"server": server or c["server"]}
     ca = c.get("certificate-authority")
     if ca:
         cl["certificate-authority"] = str(Path(admin_kubeconfig).parent / ca)
@@ -90,7 +92,7 @@ def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Pat
            "users": [{"name": "op", "user": {"token": token.stdout.strip()}}],
            "contexts": [{"name": "op", "context": {"cluster": "local", "user": "op"}}]}
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "operator.kubeconfig"
+    path = directory / f"{name}.kubeconfig"
     path.write_text(yaml.safe_dump(cfg))
     path.chmod(0o600)
     return path
@@ -110,6 +112,7 @@ class RoundRobinProxy:
         self.backends: dict[str, int] = {}
         """Replica name -> its webhook port, for the replicas running now."""
         self.connections: dict[int, int] = {}
+        self._open: set[asyncio.StreamWriter] = set()
         self._i = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rr-proxy")
@@ -145,9 +148,22 @@ class RoundRobinProxy:
             except OSError:
                 continue
             self.connections[port] = self.connections.get(port, 0) + 1
-            await asyncio.gather(_pipe(r, bw), _pipe(br, w))
+            self._open.update((w, bw))
+            try:
+                await asyncio.gather(_pipe(r, bw), _pipe(br, w))
+            finally:
+                self._open.difference_update((w, bw))
             return
         w.close()
+
+    def cut(self) -> None:
+        """A network partition: no backend, and every open connection closed."""
+        self.backends = {}
+
+        def close_all() -> None:
+            for writer in list(self._open):
+                writer.close()
+        self._loop.call_soon_threadsafe(close_all)
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -180,7 +196,8 @@ class OperatorProcess:
                      "--advertise-url", f"https://127.0.0.1:{self.webhook_port}",
                      "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
                      "--lease-duration", "6", "--lease-renew", "2",
-                     "--recount-interval", "1", "--drift-grace", "2", *(extra or [])]
+                     "--recount-interval", "1", "--drift-grace", "2",
+                     "--webhook-config-interval", "2", "--stuck-after", "10", *(extra or [])]
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -254,13 +271,22 @@ class LocalOperators:
         self.kubeconfig = operator_kubeconfig(self.kubectl, self.admin_kubeconfig, self.logdir)
         return self
 
-    def start(self, name: str) -> OperatorProcess:
+    def start(self, name: str, kubeconfig: Path | None = None) -> OperatorProcess:
+        """(Re)start replica ``name``; ``kubeconfig`` e.g. reaches the API server through a
+        proxy the test can cut (see :meth:`kubeconfig_via`)."""
         old = self.replicas.get(name)
         if old is not None:
             old.stop()
-        rep = OperatorProcess(self.kubeconfig, self.proxy, self.logdir, name).start()
+        rep = OperatorProcess(kubeconfig or self.kubeconfig, self.proxy, self.logdir,
+                              name).start()
         self.replicas[name] = rep
         return rep
+
+    def kubeconfig_via(self, proxy: RoundRobinProxy) -> Path:
+        """The operator's kubeconfig, reaching the API server through ``proxy``."""
+        return operator_kubeconfig(self.kubectl, self.admin_kubeconfig, self.logdir,
+                                   server=f"https://127.0.0.1:{proxy.port}",
+                                   name=f"operator-via-{proxy.port}")
 
     def leader(self) -> OperatorProcess:
         name = wait_until("a leader", lambda: lease_holder(self.kubectl) in self.replicas

@@ -38,7 +38,9 @@ def _run(args: argparse.Namespace) -> int:
         service_name=args.service_name, health_host=args.health_host,
         health_port=args.health_port, lease_duration_s=args.lease_duration,
         lease_renew_s=args.lease_renew, recount_interval_s=args.recount_interval,
-        drift_grace_s=args.drift_grace, advertise_url=advertise)
+        drift_grace_s=args.drift_grace, advertise_url=advertise,
+        webhook_config_interval_s=args.webhook_config_interval,
+        stuck_after_s=args.stuck_after)
     if args.identity:
         opts.identity = args.identity
     setup_logging(quiet=("kopf", "aiohttp.access"))
@@ -72,6 +74,11 @@ def register(subparsers: Any) -> None:
                    help="seconds")
     r.add_argument("--drift-grace", type=float, default=D.drift_grace_s,
                    help="seconds a usage difference must persist before recount heals it")
+    r.add_argument("--webhook-config-interval", type=float,
+                   default=D.webhook_config_interval_s,
+                   help="seconds between re-applies of the webhook configurations")
+    r.add_argument("--stuck-after", type=float, default=D.stuck_after_s,
+                   help="seconds a watch may fail before /healthz reports it")
     r.set_defaults(handler=_run)
 
 

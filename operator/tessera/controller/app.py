@@ -27,6 +27,7 @@ from tessera.controller.leader import LeaderElector
 from tessera.controller.reconcile import Controller
 from tessera.controller.settings import Options
 from tessera.kube.client import Credentials, Kube, load_credentials
+from tessera.kube.health import Health, supervise
 from tessera.reservations.forwarding import Forwarder, token_from_key
 from tessera.reservations.store import QuotaStore
 from tessera.webhooks import server
@@ -92,16 +93,18 @@ async def run(opts: Options) -> None:
                             opts.lease_duration_s, opts.lease_renew_s,
                             endpoint=opts.advertise_url)
     forwarder = Forwarder(token, cert.ca_pem, lambda: elector.leader_endpoint)
-    store = QuotaStore(kube)
+    health = Health(stuck_after_s=opts.stuck_after_s)
+    store = QuotaStore(kube, health=health)
     adm = Admission(kube, store, forwarder)
-    ctl = Controller(kube, store, opts.recount_interval_s, opts.drift_grace_s)
+    ctl = Controller(kube, store, opts.recount_interval_s, opts.drift_grace_s, health=health)
     cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
           ClientConfig(cert.ca_pem, service_name=opts.service_name,
                        service_namespace=opts.namespace))
     runners = [
         await server.start(server.webhook_app(adm, token), opts.webhook_host,
                            opts.webhook_port, tls),
-        await server.start(server.health_app(lambda: True), opts.health_host, opts.health_port),
+        await server.start(server.health_app(health, ready=lambda: store.synced),
+                           opts.health_host, opts.health_port),
     ]
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
@@ -109,21 +112,21 @@ async def run(opts: Options) -> None:
     async def keep_configurations() -> None:
         while True:
             await apply_configurations(kube, cc)
-            await asyncio.sleep(60)
+            await asyncio.sleep(opts.webhook_config_interval_s)
+
+    leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,
+                   "pods": ctl.watch_pods, "partitions": ctl.partition_loop,
+                   "recount": ctl.recount_loop, "quotas": ctl.quota_loop}
 
     async def lead() -> None:
         stop = asyncio.Event()
-        tasks = [
-            asyncio.create_task(kopf.operator(registry=kopf_registry(ctl, creds),
-                                              clusterwide=True, standalone=True,
-                                              stop_flag=stop), name="kopf"),
-            asyncio.create_task(keep_configurations(), name="webhook-config"),
-            asyncio.create_task(ctl.watch_nodes(), name="nodes"),
-            asyncio.create_task(ctl.watch_pods(), name="pods"),
-            asyncio.create_task(ctl.partition_loop(), name="partitions"),
-            asyncio.create_task(ctl.recount_loop(), name="recount"),
-            asyncio.create_task(ctl.quota_loop(), name="quotas"),
-        ]
+        tasks = [asyncio.create_task(kopf.operator(registry=kopf_registry(ctl, creds),
+                                                   clusterwide=True, standalone=True,
+                                                   stop_flag=stop), name="kopf")]
+        for name, work in leader_work.items():
+            task = asyncio.create_task(supervise(name, work, health), name=name)
+            health.track(name, task)
+            tasks.append(task)
         store.subscribe(ctl.on_quota)
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -135,12 +138,15 @@ async def run(opts: Options) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            health.forget(*leader_work, "nodes", "pods")
             ctl.partitions.clear()
             ctl.quotas.clear()
             ctl.forget_quota_work()
 
     loop = asyncio.get_running_loop()
-    quota_watch = asyncio.create_task(store.watch(), name="quota-cache")
+    quota_watch = asyncio.create_task(supervise("quota-cache", store.watch, health),
+                                      name="quota-cache")
+    health.track("quota-cache", quota_watch)
     main = asyncio.create_task(elector.run(lead))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)

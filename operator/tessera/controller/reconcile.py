@@ -31,8 +31,9 @@ from tessera.api.names import (
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
-from tessera.kube.client import ApiError, Kube, Obj, path
+from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.events import post_event
+from tessera.kube.health import Health
 from tessera.kube.merge import merge_diff
 from tessera.partition import PartitionView, aggregate, resolve, transitions
 from tessera.quota.arith import TERMINAL_PHASES, DriftTracker, pod_usage, recount
@@ -68,6 +69,7 @@ class Controller:
     recount_interval_s: float = 30.0
     drift_grace_s: float = 10.0
     component: str = "tessera-operator"
+    health: Health | None = None
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
     partitions: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[tuple[str, str], Obj] = field(default_factory=dict)
@@ -360,22 +362,23 @@ class Controller:
     # -- watches (server-side filtered) -----------------------------------------------------
 
     async def watch_nodes(self) -> None:
-        async for typ, obj in self.kube.watch(path("", "v1", "nodes"), LABEL_GPU_PRODUCT):
+        def handle(typ: str, obj: Obj) -> None:
             if typ == "SYNC":
                 self.on_node_sync(obj.get("items") or [])
             else:
                 self.on_node(typ, obj)
+        await follow(self.kube.watch(path("", "v1", "nodes"), LABEL_GPU_PRODUCT, name="nodes",
+                                     health=self.health), handle, "nodes")
 
     async def watch_pods(self) -> None:
-        async for typ, obj in self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true"):
-            try:
-                if typ == "SYNC":
-                    for pod in obj.get("items") or []:
-                        await self.on_pod("ADDED", pod)
-                else:
-                    await self.on_pod(typ, obj)
-            except (ApiError, OSError, TimeoutError) as exc:
-                log.warning("pod release failed", extra={"error": str(exc)})
+        async def handle(typ: str, obj: Obj) -> None:
+            if typ != "SYNC":
+                await self.on_pod(typ, obj)
+                return
+            for pod in obj.get("items") or []:  # one pod's failure must not skip the others
+                await handle_one(self.on_pod, "ADDED", pod, "pods")
+        await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
+                                     name="pods", health=self.health), handle, "pods")
 
     # -- Events -----------------------------------------------------------------------------
 

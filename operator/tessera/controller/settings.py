@@ -35,6 +35,10 @@ class Options:
     recount_interval_s: float = 30.0
     drift_grace_s: float = 10.0
     """Seconds a usage difference must persist before the recount heals it."""
+    webhook_config_interval_s: float = 60.0
+    """How often the leader re-applies the webhook configurations (heals manual edits)."""
+    stuck_after_s: float = 60.0
+    """A watch that cannot follow its objects this long makes /healthz fail (restart)."""
     advertise_url: str | None = None
     """Where the other replicas reach this one to hand it reservations while it leads."""
 

@@ -12,16 +12,20 @@ import asyncio
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import aiohttp.http_exceptions
+
+from tessera.kube.health import WATCH_ERRORS, Health
 
 log = logging.getLogger("tessera.kube")
 
 Obj = dict[str, Any]
+Handler = Callable[[str, Obj], Awaitable[None] | None]
 
 
 class ApiError(Exception):
@@ -160,12 +164,18 @@ class Kube:
         return await self.request("DELETE", url)
 
     async def watch(self, url: str, label_selector: str | None = None,
-                    field_selector: str | None = None) -> AsyncIterator[tuple[str, Obj]]:
+                    field_selector: str | None = None, name: str | None = None,
+                    health: Health | None = None) -> AsyncIterator[tuple[str, Obj]]:
         """List then watch forever: yields ('SYNC', list-body) first, then watch events.
 
         Reconnects from the last resourceVersion; on 410 Gone it relists (yielding a new
-        SYNC so the caller can drop objects that vanished meanwhile).
+        SYNC so the caller can drop objects that vanished meanwhile).  Reads event lines of
+        any size an object can have (aiohttp's line reader stops at 512 KiB, and one
+        user's large pod or quota would end the watch).  An event that cannot be read is
+        logged and counted (``tessera_watch_errors_total``), and the watch relists, so it
+        never ends; ``health`` hears whether it is following its objects.
         """
+        label = name or url
         params: dict[str, str] = {}
         if label_selector:
             params["labelSelector"] = label_selector
@@ -177,6 +187,8 @@ class Kube:
                 if rv is None:
                     listed = await self.request("GET", url, params=params, timeout=60)
                     rv = str(listed["metadata"]["resourceVersion"])
+                    if health is not None:
+                        health.ok(label)
                     yield "SYNC", listed
                 q = {**params, "watch": "1", "resourceVersion": rv,
                      "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
@@ -188,20 +200,87 @@ class Kube:
                         continue
                     if r.status >= 300:
                         raise ApiError(r.status, await r.text(), f"WATCH {url}")
-                    async for line in r.content:
-                        if not line.strip():
-                            continue
-                        ev = json.loads(line)
-                        typ, obj = ev["type"], ev["object"]
-                        if typ == "ERROR":
-                            if obj.get("code") == 410:
-                                rv = None
+                    async for line in _lines(r.content):
+                        try:
+                            ev = json.loads(line)
+                            typ, obj = str(ev["type"]), ev["object"]
+                            if typ == "ERROR":
+                                if obj.get("code") == 410:
+                                    rv = None
+                                break
+                            next_rv = str(obj["metadata"]["resourceVersion"])
+                        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                            WATCH_ERRORS.labels(label, "decode").inc()
+                            log.error("unreadable watch event; relisting", extra={
+                                "watch": label, "error": str(exc)[:300],
+                                "bytes": len(line)})
+                            rv = None  # what it said is lost: a fresh list is the truth
                             break
-                        rv = str(obj["metadata"]["resourceVersion"])
+                        rv = next_rv
+                        if health is not None:
+                            health.ok(label)
                         if typ != "BOOKMARK":
                             yield typ, obj
             except asyncio.CancelledError:
                 raise
-            except (aiohttp.ClientError, ApiError, TimeoutError, ValueError) as exc:
-                log.warning("watch interrupted", extra={"url": url, "error": str(exc)})
+            except (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ApiError,
+                    TimeoutError, OSError, ValueError, KeyError, TypeError,
+                    WatchLineTooLong) as exc:
+                WATCH_ERRORS.labels(label, "stream").inc()
+                if health is not None:
+                    health.failing(label, f"{type(exc).__name__}: {exc}")
+                log.warning("watch interrupted", extra={"watch": label, "error": str(exc)[:300]})
+                if isinstance(exc, WatchLineTooLong):
+                    rv = None
                 await asyncio.sleep(1.0)
+
+
+MAX_EVENT_BYTES = 64 << 20
+"""Far above any object etcd stores (1.5 MiB by default); only a broken stream gets here."""
+
+
+class WatchLineTooLong(Exception):
+    """A watch event line above :data:`MAX_EVENT_BYTES`."""
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Newline-separated lines of a watch stream, of any length up to MAX_EVENT_BYTES."""
+    buf = bytearray()
+    searched = 0
+    async for chunk in stream.iter_any():
+        buf += chunk
+        while (end := buf.find(b"\n", searched)) >= 0:
+            line = bytes(buf[:end])
+            del buf[:end + 1]
+            searched = 0
+            if line.strip():
+                yield line
+        searched = len(buf)
+        if searched > MAX_EVENT_BYTES:
+            raise WatchLineTooLong(f"watch event over {MAX_EVENT_BYTES} bytes")
+    if buf.strip():
+        yield bytes(buf)
+
+
+async def follow(events: AsyncIterator[tuple[str, Obj]], handle: Handler, name: str) -> None:
+    """Hand each event of a watch to ``handle`` (see :func:`handle_one`)."""
+    async for typ, obj in events:
+        await handle_one(handle, typ, obj, name)
+
+
+async def handle_one(handle: Handler, typ: str, obj: Obj, name: str) -> None:
+    """An error in one event is logged and counted, never raised: the next event is handled
+    (state is level-triggered: a periodic pass or the object's next event gets another
+    chance)."""
+    try:
+        result = handle(typ, obj)
+        if result is not None:
+            await result
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # one object must not stop the watch
+        WATCH_ERRORS.labels(name, "handle").inc()
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        log.exception("watch event not handled", extra={
+            "watch": name, "event": typ, "error": str(exc)[:300],
+            "object": f"{(meta or {}).get('namespace', '')}/{(meta or {}).get('name', '')}"})

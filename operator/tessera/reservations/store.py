@@ -27,6 +27,7 @@ from typing import Any
 from tessera import metrics
 from tessera.api.names import GPUQUOTAS, GROUP, VERSION
 from tessera.kube.client import ApiError, Kube, Obj, path
+from tessera.kube.health import Health
 from tessera.quota.arith import Usage, Violation
 from tessera.quota.batch import Change, apply_in_order
 from tessera.quota.objects import used_patch, view_of
@@ -54,6 +55,7 @@ class QuotaStore:
     """The GPUQuotas from one watch, and group-committed conditional usage writes."""
 
     kube: Kube
+    health: Health | None = None
     conflict_wait_s: float = 0.02
     """After a lost write, how long to wait for the quota watch to bring the winner's
     version before paying a GET for it."""
@@ -97,7 +99,8 @@ class QuotaStore:
         a GET.  Only a cache: every write still carries the resourceVersion it was computed
         from."""
         try:
-            async for typ, obj in self.kube.watch(quota_url()):
+            async for typ, obj in self.kube.watch(quota_url(), name="quota-cache",
+                                                  health=self.health):
                 if typ == "SYNC":
                     self._cache = {_key(q): q for q in obj.get("items") or []}
                     self._synced = True
@@ -119,6 +122,11 @@ class QuotaStore:
                         log.exception("quota listener failed", extra={"event": typ})
         finally:
             self._synced = False
+
+    @property
+    def synced(self) -> bool:
+        """Whether this replica holds every GPUQuota (its watch has listed them)."""
+        return self._synced
 
     def _remember(self, key: tuple[str, str], q: Obj) -> None:
         known = self._latest.get(key)

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tessera.kube.health import Health
 from tessera.reservations.forwarding import (
     RESERVE_PATH,
     authorized,
@@ -74,10 +75,19 @@ def webhook_app(adm: Admission, token: str | None = None) -> web.Application:
     return app
 
 
-def health_app(is_healthy: Callable[[], bool]) -> web.Application:
+def health_app(health: Health, ready: Callable[[], bool] = lambda: True) -> web.Application:
+    """/healthz (liveness): every watch and task is working, else 503 and the reasons.
+    /readyz: healthy and ``ready()`` (e.g. the quota cache has listed every GPUQuota).
+    /metrics: Prometheus."""
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(status=200 if is_healthy() else 503,
-                            text="ok" if is_healthy() else "unhealthy")
+        problems = health.problems()
+        return web.Response(status=503 if problems else 200,
+                            text="\n".join(problems) if problems else "ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        problems = health.problems() + ([] if ready() else ["not synced yet"])
+        return web.Response(status=503 if problems else 200,
+                            text="\n".join(problems) if problems else "ok")
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(),
@@ -85,6 +95,7 @@ def health_app(is_healthy: Callable[[], bool]) -> web.Application:
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     return app
 
