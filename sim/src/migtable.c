@@ -1,5 +1,5 @@
 /* MIG profile tables (MIG User Guide, real nvidia-smi -lgip/-lgipp outputs; see
- * shared/reference/mig.md §1.2-1.4). Memory in MiB as NVML reports it.  Where no real output
+ * docs/mig.md §1.2-1.4). Memory in MiB as NVML reports it.  Where no real output
  * is known (H100-80GB, H100-96GB, H200, B200 memory; B200 SMs) the figures are proportional
  * (slices x device / total), the same rule the planner's catalog uses. */
 #include "migtable.h"

@@ -690,7 +690,7 @@ static uint32_t count_profile(int gpu, int prof)
 
 /* Where a new GI of profile `prof` goes: the requested start, or -- without one -- the
  * highest free start slot, which is what the driver's default placement does (a 3g lands at
- * 4, a first 2g at 4, a first 1g at 6; mig.md §1.5). */
+ * 4, a first 2g at 4, a first 1g at 6; docs/mig.md §1.5). */
 static nvmlReturn_t place_gi(const struct sim_mig_table *t, int prof, uint32_t mask, uint32_t compute, uint32_t count,
                              int want_start, uint32_t *start)
 {

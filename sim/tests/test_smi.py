@@ -1,4 +1,4 @@
-"""The fake nvidia-smi against the real tool's formats (shared/reference/mig.md §6)."""
+"""The fake nvidia-smi against the real tool's formats (docs/mig.md §6)."""
 
 from __future__ import annotations
 

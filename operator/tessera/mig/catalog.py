@@ -1,4 +1,4 @@
-"""MIG GPU-instance profiles per GPU model (reference: mig.md §1.3, §1.4, §1.2).
+"""MIG GPU-instance profiles per GPU model (reference: docs/mig.md §1.3, §1.4, §1.2).
 
 Profile names are device-relative: ``1g.10gb`` is the base one-slice profile (7 fit) on
 A100-80GB and H100-80GB but the double-memory one-slice profile (4 fit) on A100-40GB.  So a

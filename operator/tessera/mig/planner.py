@@ -1,5 +1,5 @@
 """Decide whether a MIG layout fits one GPU, enumerate layouts, and plan minimal-disruption
-changes (reference: mig.md §1.4, §1.5, §8).
+changes (reference: docs/mig.md §1.4, §1.5, §8).
 
 A layout is a multiset of profile names.  It fits if every instance gets a valid start slot on
 the memory-slice axis with no two overlapping, no profile exceeds its maximum count and the

@@ -1,4 +1,4 @@
-"""Brute-force MIG oracle for the planner tests, written from mig.md §1.3/§1.4 alone.
+"""Brute-force MIG oracle for the planner tests, written from docs/mig.md §1.3/§1.4 alone.
 
 It shares nothing with ``tessera.mig``: its own geometry table, its own name table, and
 slot-by-slot placement (walk the memory slices left to right; at each slice either leave it

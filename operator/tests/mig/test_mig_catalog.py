@@ -1,4 +1,4 @@
-"""The MIG profile catalog says what a name means on each GPU model (mig.md §1.2-§1.4)."""
+"""The MIG profile catalog says what a name means on each GPU model (docs/mig.md §1.2-§1.4)."""
 
 from __future__ import annotations
 
