@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from tessera.api import partition, quota
+from tessera.api.conditions import READY
 from tessera.api.meta import ApiModel
 from tessera.api.names import CATEGORY, GROUP, VERSION
 
@@ -178,9 +179,8 @@ def gpuquota_crd() -> JSON:
             _column("Cores", "string", ".status.summary.cores", "Cores used/hard (% of a GPU)."),
             _column("Memory", "string", ".status.summary.memory", "GPU memory used/hard."),
             _column("Pods", "string", ".status.summary.pods", "GPU pods used/hard."),
-            _column(
-                "Ready", "string", '.status.conditions[?(@.type=="Ready")].status', "Ready."
-            ),
+            _column(READY, "string", f'.status.conditions[?(@.type=="{READY}")].status',
+                    "Ready."),
             _AGE,
         ],
     )
