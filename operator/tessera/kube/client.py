@@ -200,6 +200,8 @@ class Kube:
                         continue
                     if r.status >= 300:
                         raise ApiError(r.status, await r.text(), f"WATCH {url}")
+                    if health is not None:
+                        health.ok(label)  # following again, even if nothing changes
                     async for line in _lines(r.content):
                         try:
                             ev = json.loads(line)

@@ -69,7 +69,8 @@ class Health:
     def forget(self, *names: str) -> None:
         """Parts that stopped on purpose (leadership lost) no longer count."""
         for name in names:
-            self._states.pop(name, None)
+            for key in (name, f"task {name}"):
+                self._states.pop(key, None)
             self._tasks.pop(name, None)
 
     def problems(self, now: float | None = None) -> list[str]:
@@ -88,14 +89,19 @@ class Health:
 async def supervise(name: str, run: Callable[[], Awaitable[None]],
                     health: Health | None = None) -> None:
     """Run ``run`` forever: after an error (or an unexpected return) log it, count it and
-    start again after a backoff (1 s doubling to 30 s, reset after a minute of running)."""
+    start again after a backoff (1 s doubling to 30 s, reset after a minute of running).
+
+    Its failures count in ``health`` as ``task NAME`` (apart from what ``run`` itself reports,
+    e.g. a watch's own state), until it has run :data:`RECOVERED_AFTER_S` without failing.
+    """
+    key = f"task {name}"
     backoff = BACKOFF_FIRST_S
     loop = asyncio.get_running_loop()
+    failed = False
     while True:
         started = time.monotonic()
-        # running for a while without an error counts as recovered
-        recovered = (loop.call_later(RECOVERED_AFTER_S, health.ok, name, False)
-                     if health is not None else None)
+        recovered = (loop.call_later(RECOVERED_AFTER_S, health.ok, key, False)
+                     if health is not None and failed else None)
         try:
             await run()
             error = "returned"
@@ -107,9 +113,10 @@ async def supervise(name: str, run: Callable[[], Awaitable[None]],
         finally:
             if recovered is not None:
                 recovered.cancel()
+        failed = True
         TASK_FAILURES.labels(name).inc()
         if health is not None:
-            health.failing(name, error)
+            health.failing(key, error)
         if time.monotonic() - started > 60:
             backoff = BACKOFF_FIRST_S
         await asyncio.sleep(backoff)

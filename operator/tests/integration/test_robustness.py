@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -57,10 +58,17 @@ def test_a_huge_gpu_pod_is_followed_and_released_and_no_replica_dies(
 
 
 def test_a_huge_gpuquota_does_not_blind_the_quota_watch(
-        cluster: Any, namespace: str, ops: Operators) -> None:
+        cluster: Any, namespace: str, ops: Operators, tmp_path: Path) -> None:
+    """Annotations are capped at 256 KiB in total, labels are not: 4,500 long labels make a
+    GPUQuota of ~600 KiB that any namespace user may write."""
     ns = namespace
     setup_ns(cluster, ns, quota(ns, name="big", hard={"cores": 100}))
-    out = cluster.kubectl("annotate", "gpuquota", "big", "-n", ns, f"note={'y' * BIG}")
+    labels = {f"k{i:05d}.example.com/{'n' * 60}": "v" * 63 for i in range(4500)}
+    patch = tmp_path / "labels.json"
+    patch.write_text(json.dumps({"metadata": {"labels": labels}}))
+    assert len(patch.read_bytes()) > BIG
+    out = cluster.kubectl("patch", "gpuquota", "big", "-n", ns, "--type", "merge",
+                          "--patch-file", str(patch))
     assert out.returncode == 0, out.stderr
     # a quota created after it is still reconciled (conditions) and used by admission
     out = cluster.kubectl("apply", "-f", "-", input=quota(ns, name="after", hard={

@@ -64,4 +64,26 @@ def test_supervise_restarts_a_failing_task_and_never_raises(
 
     h = asyncio.run(main())
     assert len(runs) == 3
-    assert h.problems()[0].startswith("flaky: failing")  # not yet running for 5 s
+    assert h.problems()[0].startswith("task flaky: failing")  # not yet running for 5 s
+
+
+def test_a_task_that_never_failed_does_not_clear_what_its_watch_reports(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch reports its own state under its name; the supervisor's recovery timer must
+    not wipe it (a blind watch inside a healthy task is still blind)."""
+    monkeypatch.setattr(health_mod, "RECOVERED_AFTER_S", 0.01)
+
+    async def main() -> Health:
+        h = Health(stuck_after_s=0)
+
+        async def watch() -> None:
+            h.failing("quota-cache", "ServerDisconnectedError")
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(supervise("quota-cache", watch, h))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        return h
+
+    (problem,) = asyncio.run(main()).problems()
+    assert problem.startswith("quota-cache: failing")
