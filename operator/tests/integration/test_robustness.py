@@ -13,6 +13,7 @@ import pytest
 
 from .conftest import Operators
 from .harness import RoundRobinProxy, kubectl_json, wait_until
+from .test_partition import cond, partition_json
 from .test_quota_admission import pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
@@ -116,3 +117,27 @@ def test_an_api_server_outage_ends_no_replica_and_a_blind_watch_shows_in_healthz
     finally:
         for name in ops.names:
             ops.start(name)
+
+
+def test_a_huge_gpupartition_does_not_stop_the_leader(
+        cluster: Any, ops: Operators, tmp_path: Path) -> None:
+    """GPUPartitions are watched through kopf: a ~600 KiB one must not end it either."""
+    names = ("robust-huge", "robust-after")
+    try:
+        out = cluster.kubectl("apply", "-f", "-", input=partition_json(
+            names[0], {"matchLabels": {"pool": "robust-none"}}, {"1g.10gb": 7}))
+        assert out.returncode == 0, out.stderr
+        labels = {f"k{i:05d}.example.com/{'n' * 60}": "v" * 63 for i in range(4500)}
+        patch = tmp_path / "labels.json"
+        patch.write_text(json.dumps({"metadata": {"labels": labels}}))
+        out = cluster.kubectl("patch", "gpupartition", names[0], "--type", "merge",
+                              "--patch-file", str(patch))
+        assert out.returncode == 0, out.stderr
+        out = cluster.kubectl("apply", "-f", "-", input=partition_json(
+            names[1], {"matchLabels": {"pool": "robust-none"}}, {"3g.40gb": 2}))
+        assert out.returncode == 0, out.stderr
+        wait_until("the later partition's conditions",
+                   lambda: cond(cluster, names[1], "Ready")[1] == "NoNodesSelected", 30)
+        _alive(ops)
+    finally:
+        cluster.kubectl("delete", "gpupartition", *names, "--ignore-not-found")
