@@ -111,14 +111,18 @@ class NodeDaemonProcess:
                      "--poll-interval", "0.5", "--stuck-after", "3", *(extra or [])]
 
     def start(self) -> NodeDaemonProcess:
+        self.start_async()
+        wait_until(f"{self.node} daemon serving", lambda: self.get("/healthz")[0] > 0, 30)
+        return self
+
+    def start_async(self) -> None:
+        """Start the process without waiting for it to serve."""
         env = {**self.sim.env, "PYTHONPATH": os.pathsep.join(
             [str(REPO / "operator"), str(REPO / "node-daemon"),
              os.environ.get("PYTHONPATH", "")])}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                          env=env, preexec_fn=die_with_parent())
-        wait_until(f"{self.node} daemon serving", lambda: self.get("/healthz")[0] > 0, 30)
-        return self
 
     def get(self, url: str) -> tuple[int, str]:
         """(HTTP status, body) of a GET on the daemon's port; (0, why) when it is not up."""
