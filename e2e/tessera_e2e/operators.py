@@ -9,6 +9,7 @@ point at (URL client config).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -46,6 +47,18 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0,
             return last
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def json_stream(text: str) -> list[Any]:
+    """The objects of concatenated JSON documents (what ``kubectl get -w -o json`` prints)."""
+    decoder, pos, out = json.JSONDecoder(), 0, []
+    text = text.strip()
+    while pos < len(text):
+        obj, pos = decoder.raw_decode(text, pos)
+        out.append(obj)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out
 
 
 def render_chart(namespace: str = OPERATOR_NS) -> str:
@@ -334,8 +347,6 @@ DEMO_NS = "tessera-demo-quota"
 def show_quota_admission(kubectl: Kubectl, say: Callable[[str], None],
                          namespace: str = DEMO_NS) -> None:
     """Demo step: a GPUQuota admitting pods (defaults filled) and refusing one over hard."""
-    import json
-
     kubectl("create", "namespace", namespace)
     wait_until("default ServiceAccount", lambda: kubectl(
         "get", "serviceaccount", "default", "-n", namespace).returncode == 0, 60)

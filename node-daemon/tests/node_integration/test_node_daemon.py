@@ -23,7 +23,7 @@ from tessera.api.node_report import parse_reports
 from tessera.api.partition import NodePartitionStatus
 from tessera.models import get_model
 from tessera_e2e.node_daemons import NodeDaemonProcess, node_json
-from tessera_e2e.operators import wait_until
+from tessera_e2e.operators import json_stream, wait_until
 from tessera_sim.node import gpu_uuid
 
 from .conftest import StartDaemon
@@ -227,12 +227,8 @@ def test_idle_daemon_writes_nothing_for_sixty_seconds(
         time.sleep(60)  # twelve resyncs and 120 NVML reads
         watch.terminate()
         out, _ = watch.communicate(timeout=10)
-        decoder, pos, changes = json.JSONDecoder(), 0, []
-        text = out.strip()
-        while pos < len(text):
-            obj, pos = decoder.raw_decode(text, pos)
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
+        changes = []
+        for obj in json_stream(out):
             mine = [m for m in obj["metadata"].get("managedFields") or []
                     if m.get("manager") == "tessera-node"]
             old = [m for m in before["metadata"].get("managedFields") or []
