@@ -9,7 +9,9 @@ point at (URL client config).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,12 +49,31 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0,
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+def json_stream(text: str) -> list[Any]:
+    """The objects of concatenated JSON documents (what ``kubectl get -w -o json`` prints)."""
+    decoder, pos, out = json.JSONDecoder(), 0, []
+    text = text.strip()
+    while pos < len(text):
+        obj, pos = decoder.raw_decode(text, pos)
+        out.append(obj)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out
+
+
 def render_chart(namespace: str = OPERATOR_NS) -> str:
-    """charts/tessera/templates/*.yaml (RBAC, pod budget protection) with the two values
-    they use filled in, as one multi-document YAML."""
+    """charts/tessera/templates/*.yaml (RBAC, admission policies) with ``.Release.Namespace``
+    and the ``.Values`` paths they use filled in, as one multi-document YAML."""
     values = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())
-    docs = [(t.read_text().replace("{{ .Release.Namespace }}", namespace)
-             .replace("{{ .Values.serviceAccount.name }}", values["serviceAccount"]["name"]))
+
+    def value(match: re.Match[str]) -> str:
+        node: Any = values
+        for key in match.group(1).split("."):
+            node = node[key]
+        return str(node)
+
+    docs = [re.sub(r"\{\{ \.Values\.([\w.]+) \}\}", value,
+                   t.read_text().replace("{{ .Release.Namespace }}", namespace))
             for t in sorted((REPO / "charts/tessera/templates").glob("*.yaml"))]
     return "\n---\n".join(docs)
 
@@ -75,12 +96,18 @@ def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Pat
                         server: str | None = None, name: str = "operator") -> Path:
     """A kubeconfig holding a token of the operator ServiceAccount and the cluster's CA
     (``server`` instead of the cluster's own address: e.g. a proxy a test can cut)."""
-    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
-    c = admin["clusters"][0]["cluster"]
     token = kubectl("create", "token", "tessera-operator", "-n", OPERATOR_NS,
                     "--duration", "12h")
     if token.returncode != 0:
         raise RuntimeError(f"token for tessera-operator: {token.stderr.strip()}")
+    return token_kubeconfig(admin_kubeconfig, directory, token.stdout.strip(), name, server)
+
+
+def token_kubeconfig(admin_kubeconfig: Path, directory: Path, token: str, name: str,
+                     server: str | None = None) -> Path:
+    """A kubeconfig for ``token`` on the cluster of ``admin_kubeconfig``."""
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    c = admin["clusters"][0]["cluster"]
     cl: dict[str, Any] = {"server": server or c["server"]}
     ca = c.get("certificate-authority")
     if ca:
@@ -89,7 +116,7 @@ def operator_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Pat
         cl["certificate-authority-data"] = c["certificate-authority-data"]
     cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "op",
            "clusters": [{"name": "local", "cluster": cl}],
-           "users": [{"name": "op", "user": {"token": token.stdout.strip()}}],
+           "users": [{"name": "op", "user": {"token": token}}],
            "contexts": [{"name": "op", "context": {"cluster": "local", "user": "op"}}]}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.kubeconfig"
@@ -320,8 +347,6 @@ DEMO_NS = "tessera-demo-quota"
 def show_quota_admission(kubectl: Kubectl, say: Callable[[str], None],
                          namespace: str = DEMO_NS) -> None:
     """Demo step: a GPUQuota admitting pods (defaults filled) and refusing one over hard."""
-    import json
-
     kubectl("create", "namespace", namespace)
     wait_until("default ServiceAccount", lambda: kubectl(
         "get", "serviceaccount", "default", "-n", namespace).returncode == 0, 60)

@@ -48,6 +48,26 @@ ANNOTATION_GPUS = f"{GROUP}/gpus"
 """JSON list, one object per GPU (the inventory contract)."""
 ANNOTATION_PARTITION_STATUS = f"{GROUP}/partition-status"
 """JSON object keyed by GPUPartition: what the daemon did for each (the report contract)."""
+ANNOTATION_NODE_FINDINGS = f"{GROUP}/node-findings"
+"""JSON list of what the daemon found wrong or foreign on its node (another GPU device plugin
+or MIG manager, a model table that disagrees with NVML, a GPU of unknown model)."""
+NODE_DAEMON = "tessera-node"
+"""The node daemon's name: its User-Agent (so its field manager) and its Events' component."""
+
+# -- other GPU stacks a node daemon recognises on its node (it never touches them) -----------
+
+NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
+"""Extended resource NVIDIA's device plugin advertises."""
+NVIDIA_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""Extended resources of NVIDIA's device plugin in its mixed MIG strategy."""
+NVIDIA_DEVICE_PLUGIN_SOCKET = "nvidia-gpu.sock"
+"""Socket NVIDIA's device plugin registers in the kubelet's device-plugins directory."""
+NVIDIA_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+"""Label NVIDIA's MIG manager enacts (and ``nvidia.com/mig.config.state`` reports)."""
+NVIDIA_MIG_MANAGER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.mig-manager"
+"""Label by which NVIDIA's GPU Operator schedules its MIG manager on a node."""
+NVIDIA_DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+"""Label by which NVIDIA's GPU Operator schedules its device plugin on a node."""
 
 # -- the operator's own bookkeeping ----------------------------------------------------------
 

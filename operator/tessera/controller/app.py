@@ -26,6 +26,7 @@ from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
 from tessera.controller.leader import LeaderElector
 from tessera.controller.reconcile import Controller
 from tessera.controller.settings import Options
+from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
 from tessera.reservations.forwarding import Forwarder, token_from_key
@@ -103,8 +104,9 @@ async def run(opts: Options) -> None:
     runners = [
         await server.start(server.webhook_app(adm, token), opts.webhook_host,
                            opts.webhook_port, tls),
-        await server.start(server.health_app(health, ready=lambda: store.synced),
-                           opts.health_host, opts.health_port),
+        await serve.start(serve.health_app(
+            health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
+            opts.health_host, opts.health_port),
     ]
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})

@@ -1,17 +1,15 @@
-"""HTTPS server for the admission webhooks and plain HTTP for /healthz and /metrics."""
+"""HTTPS server for the admission webhooks (/healthz and /metrics: :mod:`tessera.kube.serve`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tessera.kube.health import Health
+from tessera.kube.serve import start
 from tessera.reservations.forwarding import (
     RESERVE_PATH,
     authorized,
@@ -75,34 +73,4 @@ def webhook_app(adm: Admission, token: str | None = None) -> web.Application:
     return app
 
 
-def health_app(health: Health, ready: Callable[[], bool] = lambda: True) -> web.Application:
-    """/healthz (liveness): every watch and task is working, else 503 and the reasons.
-    /readyz: healthy and ``ready()`` (e.g. the quota cache has listed every GPUQuota).
-    /metrics: Prometheus."""
-    async def healthz(_: web.Request) -> web.Response:
-        problems = health.problems()
-        return web.Response(status=503 if problems else 200,
-                            text="\n".join(problems) if problems else "ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        problems = health.problems() + ([] if ready() else ["not synced yet"])
-        return web.Response(status=503 if problems else 200,
-                            text="\n".join(problems) if problems else "ok")
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    return app
-
-
-async def start(app: web.Application, host: str, port: int,
-                ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=512).start()
-    return runner
+__all__ = ["start", "webhook_app"]

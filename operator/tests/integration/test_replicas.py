@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tessera_e2e.operators import json_stream
+
 from .conftest import Operators
 from .harness import kubectl_json, lease_holder, wait_until
 from .test_partition import cond, node_json, partition_json, report
@@ -184,12 +186,8 @@ def test_no_writes_for_sixty_seconds_once_settled(
         time.sleep(60)
         watch.terminate()
         out, _ = watch.communicate(timeout=10)
-        decoder, pos, writes = json.JSONDecoder(), 0, []
-        text = out.strip()
-        while pos < len(text):
-            obj, pos = decoder.raw_decode(text, pos)
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
+        writes = []
+        for obj in json_stream(out):
             key = (obj["kind"].lower(), obj["metadata"].get("namespace"),
                    obj["metadata"]["name"])
             if key in mine:

@@ -1,0 +1,127 @@
+"""Node daemon benchmark: 50 tessera-node processes on 50 simulated nodes of 8 H100s each,
+against the local control plane (etcd + kube-apiserver only: nothing else writes Nodes).
+
+1. time from starting all 50 daemons to every Node carrying its full inventory;
+2. one daemon idle for 60 s (partitions settled, resync every 5 s, NVML read every second):
+   its CPU (utime+stime from /proc) and peak RSS (goals: < 1 % of a core, < 80 MiB), and
+   its writes in that minute (goal: 0) -- counted twice: its own write counter and its
+   Node's resourceVersion (no other writer runs).
+
+Each daemon authenticates with a token bound to a pod on its Node, as in a DaemonSet, so the
+chart's node-restriction policy is evaluated on every write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "operator"),
+                str(REPO / "node-daemon")]
+
+from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_PARTITION_STATUS  # noqa: E402
+from tessera_e2e.build import build_inputs  # noqa: E402
+from tessera_e2e.cache import default_layout  # noqa: E402
+from tessera_e2e.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.node_daemons import (  # noqa: E402
+    NodeDaemonProcess,
+    SimNode,
+    create_node,
+    daemon_kubeconfig,
+)
+from tessera_e2e.operators import install, wait_until  # noqa: E402
+
+NODES = int(os.environ.get("NODES", "50"))
+GPUS = 8
+IDLE_S = 60.0
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> int:
+    layout = default_layout()
+    cluster = LocalCluster(layout.bin_dir(build_inputs().pins), layout, controllers=False,
+                           report=lambda line: None).start()
+    work = Path(tempfile.mkdtemp(prefix="tessera-bench-node-"))
+    daemons: list[NodeDaemonProcess] = []
+    try:
+        install(cluster.kubectl)
+        for i in range(NODES):
+            node = f"bench-{i:02d}"
+            create_node(cluster.kubectl, node, {"pool": "bench"})
+            kc = daemon_kubeconfig(cluster.kubectl, cluster.kubeconfig, work, node)
+            daemons.append(NodeDaemonProcess(
+                node, SimNode(work / "sim", node, ["H100-80GB"] * GPUS), kc, work,
+                ["--poll-interval", "1", "--resync-interval", "5", "--stuck-after", "60"]))
+
+        def published() -> int:
+            out = cluster.kubectl("get", "nodes", "-l", "pool=bench", "-o", "json")
+            items = json.loads(out.stdout)["items"] if out.returncode == 0 else []
+            return sum(len(json.loads((n["metadata"].get("annotations") or {}).get(
+                ANNOTATION_GPUS, "[]"))) == GPUS for n in items)
+
+        started = time.monotonic()
+        for d in daemons:  # all at once: no waiting for each one's port
+            d.start_async()
+        wait_until("every inventory", lambda: published() == NODES, 600, 0.25)
+        all_published = time.monotonic() - started
+        print(f"{NODES} daemons x {GPUS} GPUs: all inventories published "
+              f"{all_published:.1f} s after start", flush=True)
+
+        part = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+                "metadata": {"name": "bench-whole"},
+                "spec": {"nodeSelector": {"matchLabels": {"pool": "bench"}},
+                         "layout": {"migMode": "Disabled"}}}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(part))
+        one = daemons[0]
+        wait_until("reports", lambda: "bench-whole" in json.loads(cluster.kubectl(
+            "get", "node", one.node, "-o", "json").stdout)["metadata"]["annotations"].get(
+            ANNOTATION_PARTITION_STATUS, ""), 120)
+        time.sleep(10)  # the other daemons' reports settle too
+        assert one.proc is not None
+        pid = one.proc.pid
+
+        def rv() -> str:
+            return str(json.loads(cluster.kubectl("get", "node", one.node, "-o", "json")
+                                  .stdout)["metadata"]["resourceVersion"])
+
+        def writes() -> float:
+            return sum(one.metric("tessera_node_api_writes_total", kind=k) or 0
+                       for k in ("node", "event"))
+        rv0, w0, c0, t0 = rv(), writes(), cpu_seconds(pid), time.monotonic()
+        peak = rss_mib(pid)
+        while time.monotonic() - t0 < IDLE_S:
+            time.sleep(1)
+            peak = max(peak, rss_mib(pid))
+        cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+        rv1, w1 = rv(), writes()
+        print(f"one daemon idle {IDLE_S:.0f} s: CPU {cpu * 100:.2f} % of a core "
+              f"(goal < 1 %), peak RSS {peak:.1f} MiB (goal < 80 MiB), writes "
+              f"{w1 - w0:.0f} by its counter, Node resourceVersion "
+              f"{'unchanged' if rv0 == rv1 else f'{rv0} -> {rv1}'} (goal 0)", flush=True)
+        ok = cpu < 0.01 and peak < 80 and w1 == w0 and rv0 == rv1
+        return 0 if ok else 1
+    finally:
+        for d in daemons:
+            d.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""Run node daemons on simulated GPU nodes against a local control plane (tests, bench).
+
+Each daemon gets a Node object (no kubelet: the Node is created directly), a pod bound to
+that Node and a token bound to that pod (so the token carries the node name, as a
+DaemonSet pod's does), one simulated GPU node of its own (``tessera_sim``), and runs
+``tessera-node run`` with the simulator's driver root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera_e2e.operators import (
+    OPERATOR_NS,
+    REPO,
+    Kubectl,
+    free_port,
+    token_kubeconfig,
+    wait_until,
+)
+from tessera_e2e.processes import die_with_parent
+from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
+from tessera_sim.node import GPUSpec, write_node
+
+DAEMON_SA = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())[
+    "nodeDaemon"]["serviceAccount"]["name"]
+
+
+def create_node(kubectl: Kubectl, name: str, labels: dict[str, str] | None = None) -> None:
+    body = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels or {}}}
+    out = kubectl("create", "-f", "-", input=json.dumps(body))
+    if out.returncode != 0 and "AlreadyExists" not in out.stderr:
+        raise RuntimeError(f"creating node {name}: {out.stderr.strip()}")
+
+
+def bound_token(kubectl: Kubectl, node: str, pod: str | None = None) -> str:
+    """A token of the daemon's ServiceAccount bound to a pod on ``node`` (the pod is created
+    with ``spec.nodeName``, tolerating every taint so that no eviction ends the binding)."""
+    pod = pod or f"{DAEMON_SA}-{node}"
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": OPERATOR_NS},
+            "spec": {"nodeName": node, "serviceAccountName": DAEMON_SA,
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "daemon", "image": "tessera-node:dev"}]}}
+    out = kubectl("create", "-f", "-", input=json.dumps(body))
+    if out.returncode != 0 and "AlreadyExists" not in out.stderr:
+        raise RuntimeError(f"creating pod {pod}: {out.stderr.strip()}")
+    uid = kubectl("get", "pod", pod, "-n", OPERATOR_NS, "-o", "jsonpath={.metadata.uid}")
+    token = kubectl("create", "token", DAEMON_SA, "-n", OPERATOR_NS, "--duration", "2h",
+                    "--bound-object-kind", "Pod", "--bound-object-name", pod,
+                    "--bound-object-uid", uid.stdout.strip())
+    if token.returncode != 0:
+        raise RuntimeError(f"token for {DAEMON_SA} bound to {pod}: {token.stderr.strip()}")
+    return token.stdout.strip()
+
+
+def daemon_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
+                      node: str) -> Path:
+    return token_kubeconfig(admin_kubeconfig, directory, bound_token(kubectl, node),
+                            f"daemon-{node}")
+
+
+class SimNode:
+    """One simulated GPU node (its own state file): ``SimNode(dir, "n1", ["H100-80GB"] * 8)``."""
+
+    def __init__(self, directory: Path, name: str, gpus: list[str]) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = write_node(directory / f"{name}.conf", [GPUSpec.parse(g) for g in gpus],
+                               seed=name)
+        self.env = {**os.environ, "TESSERA_SIM_NODE": str(self.path),
+                    "LD_LIBRARY_PATH": f"{LIB_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+
+    def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN_DIR / "nvidia-smi"), *args], env=self.env,
+                              capture_output=True, text=True, timeout=60)
+
+    def fault(self, fn: str, count: int, code: int) -> None:
+        """Make the node's next ``count`` calls of ``fn`` fail with ``code`` (count -1: all,
+        0: clear)."""
+        subprocess.run([sys.executable, "-m", "tessera_sim", "fault", "--fn", fn, "--count",
+                        str(count), "--code", str(code)], env=self.env, check=True)
+
+
+class NodeDaemonProcess:
+    """``tessera-node run`` for one simulated node."""
+
+    def __init__(self, node: str, sim: SimNode, kubeconfig: Path, logdir: Path,
+                 extra: list[str] | None = None) -> None:
+        self.node = node
+        self.sim = sim
+        self.port = free_port()
+        self.log = logdir / f"daemon-{node}.log"
+        self.plugin_dir = logdir / f"device-plugins-{node}"
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.args = [sys.executable, "-m", "tessera_node.cli", "run", "--node-name", node,
+                     "--kubeconfig", str(kubeconfig), "--driver-root", str(BUILD_DIR),
+                     "--state-dir", str(logdir / f"state-{node}"),
+                     "--device-plugin-dir", str(self.plugin_dir),
+                     "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
+                     "--poll-interval", "0.5", "--stuck-after", "3", *(extra or [])]
+
+    def start(self) -> NodeDaemonProcess:
+        self.start_async()
+        wait_until(f"{self.node} daemon serving", lambda: self.get("/healthz")[0] > 0, 30)
+        return self
+
+    def start_async(self) -> None:
+        """Start the process without waiting for it to serve."""
+        env = {**self.sim.env, "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "operator"), str(REPO / "node-daemon"),
+             os.environ.get("PYTHONPATH", "")])}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
+                                         env=env, preexec_fn=die_with_parent())
+
+    def get(self, url: str) -> tuple[int, str]:
+        """(HTTP status, body) of a GET on the daemon's port; (0, why) when it is not up."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"{self.node} daemon exited: {self.log.read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+                s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
+                chunks = []
+                while data := s.recv(65536):
+                    chunks.append(data)
+        except OSError as exc:
+            return 0, str(exc)
+        head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+        return int(head.split()[1]), body.decode()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of one sample of /metrics (None when absent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(self.get("/metrics")[1]):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v
+                                               for k, v in labels.items()):
+                    return float(sample.value)
+        return None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def node_json(kubectl: Kubectl, node: str) -> Any:
+    out = kubectl("get", "node", node, "-o", "json")
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip())
+    return json.loads(out.stdout)

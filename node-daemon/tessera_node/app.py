@@ -1,0 +1,62 @@
+"""``tessera-node run``: wire the daemon's parts together and run them until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from tessera.api.names import NODE_DAEMON
+from tessera.kube import serve
+from tessera.kube.client import Kube, load_credentials
+from tessera.kube.health import Health, supervise
+from tessera_node.daemon import NodeDaemon
+from tessera_node.device.nvml import NvmlReader
+from tessera_node.device.smi import NvidiaSmi
+from tessera_node.layout.enact import NoEnactment
+from tessera_node.settings import Options
+
+log = logging.getLogger("tessera_node")
+
+
+async def run(opts: Options) -> None:
+    kube = Kube(load_credentials(opts.kubeconfig), user_agent=NODE_DAEMON)
+    health = Health(stuck_after_s=opts.stuck_after_s)
+    reader = NvmlReader(opts.driver_root)
+    smi = NvidiaSmi.locate(opts.nvidia_smi, opts.driver_root)
+    try:
+        os.makedirs(opts.state_dir, exist_ok=True)
+    except OSError as exc:
+        log.warning("state directory not usable", extra={"dir": opts.state_dir,
+                                                         "error": str(exc)})
+    daemon = NodeDaemon(kube, opts, reader, NoEnactment(), health)
+    runner = await serve.start(serve.health_app(health, not_ready=daemon.not_ready),
+                               opts.metrics_host, opts.metrics_port)
+    log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,
+                               "driverRoot": opts.driver_root, "nvidiaSmi": smi.path})
+    parts = {"node-watch": daemon.watch_node, "partition-watch": daemon.watch_partitions,
+             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop}
+    tasks = []
+    for name, work in parts.items():
+        task = asyncio.create_task(supervise(name, work, health), name=name)
+        health.track(name, task)
+        tasks.append(task)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await daemon.work.close()
+        await runner.cleanup()
+        await kube.close()
+        reader.close()
+        log.info("stopped", extra={"node": opts.node_name})

@@ -1,0 +1,83 @@
+"""``tessera-node run``: the node daemon's entry point (also the DaemonSet's command).
+
+Each flag falls back to an environment variable (``settings.ENV``), then to the default in
+:mod:`tessera_node.settings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+from tessera_node.settings import DEFAULTS, ENV, Options
+
+_HELP = {
+    "node_name": "this node's name (the daemon reads and writes this Node only)",
+    "kubeconfig": "kubeconfig (default: in-cluster, then ~/.kube/config)",
+    "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1 below it)",
+    "nvidia_smi": "nvidia-smi to run (default: <driver root>/usr/bin/nvidia-smi)",
+    "state_dir": "host directory the daemon owns",
+    "device_plugin_dir": "the kubelet's device-plugin directory (other plugins' sockets)",
+    "metrics_host": "address of /metrics, /healthz, /readyz",
+    "metrics_port": "port of /metrics, /healthz, /readyz",
+    "poll_interval_s": "seconds between NVML reads",
+    "resync_interval_s": "seconds between full reconcile passes when nothing happens",
+    "stuck_after_s": "seconds a watch or NVML may fail before /healthz reports it",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.removesuffix("_s").replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tessera-node",
+                                     description="tessera's node daemon (one per GPU node)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = sub.add_parser("run", help="run the daemon on this node")
+    for f in fields(Options):
+        default: Any = getattr(DEFAULTS, f.name)
+        env = ENV[f.name]
+        kind = type(default) if default is not None else str
+        from_env = os.environ.get(env)
+        run.add_argument(_flag(f.name), dest=f.name, type=kind,
+                         default=kind(from_env) if from_env else default,
+                         help=f"{_HELP[f.name]} (env {env}; default {default!r})")
+    return parser
+
+
+def options(args: argparse.Namespace) -> Options:
+    opts = Options(**{f.name: getattr(args, f.name) for f in fields(Options)})
+    if not opts.node_name:
+        raise ValueError(f"--node-name (or {ENV['node_name']}) is required")
+    if opts.poll_interval_s <= 0 or opts.resync_interval_s <= 0:
+        raise ValueError("--poll-interval and --resync-interval must be positive")
+    return opts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tessera.kube.logs import setup_logging
+
+    try:
+        args = build_parser().parse_args(argv)
+        opts = options(args)
+    except ValueError as exc:
+        print(f"tessera-node: {exc}", file=sys.stderr)
+        return 2
+    from tessera_node.app import run
+
+    setup_logging(quiet=("aiohttp.access",))
+    try:
+        asyncio.run(run(opts))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

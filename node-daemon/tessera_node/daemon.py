@@ -1,0 +1,209 @@
+"""The node daemon process: one asyncio loop, level-triggered.
+
+Watches (list + watch, relisting on 410, every event handled alone) keep the own Node and
+the GPUPartitions; a poll reads NVML every ``poll_interval_s`` in a worker thread (NVML has
+no change notification for MIG layouts, and a MIG change made by hand with nvidia-smi must
+show); every change wakes one reconcile pass, and a resync timer wakes it anyway.  A pass
+computes what the Node should say (:mod:`tessera_node.wanted`, pure), writes it in one merge
+patch with the Node's resourceVersion as precondition when it differs, then posts the Events
+for what changed.  Plans go to per-GPU workers (:mod:`tessera_node.gpu_work`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from tessera.api.names import API_VERSION, GPUPARTITIONS, GROUP, NODE_DAEMON, VERSION
+from tessera.api.partition import KIND as PARTITION_KIND
+from tessera.kube.client import ApiError, Kube, Obj, follow, path
+from tessera.kube.events import post_event
+from tessera.kube.health import Health
+from tessera_node import metrics
+from tessera_node.coexistence import device_plugin_sockets
+from tessera_node.device.nvml import DeviceError, GPUReader
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.gpu_work import GPUWork
+from tessera_node.inventory import node_gpus
+from tessera_node.layout.enact import Enactor, Outcome
+from tessera_node.node_patch import node_patch
+from tessera_node.reports import events as report_events
+from tessera_node.settings import Options
+from tessera_node.wanted import wanted
+
+log = logging.getLogger("tessera_node")
+
+NODE_WATCH = "node"
+PARTITION_WATCH = "gpupartitions"
+NVML = "nvml"
+DEBOUNCE_S = 0.05
+
+
+def reported_state(snapshot: DeviceSnapshot | None) -> Any:
+    """What of a snapshot the Node shows (the inventory, pending modes, busy instances):
+    only a change of this wakes the reconciler, not every byte of memory in use."""
+    if snapshot is None:
+        return None
+    return (node_gpus(snapshot), tuple(
+        (g.mig_pending, tuple((i.gi_id, i.size, bool(i.memory_used_bytes))
+                              for i in g.instances)) for g in snapshot.gpus))
+
+
+class NodeDaemon:
+    def __init__(self, kube: Kube, opts: Options, reader: GPUReader, enactor: Enactor,
+                 health: Health) -> None:
+        self.kube = kube
+        self.opts = opts
+        self.reader = reader
+        self.health = health
+        self.node: Obj | None = None
+        self.node_listed = False
+        self.partitions: dict[str, Obj] = {}
+        self.snapshot: DeviceSnapshot | None = None
+        self.read_error: str | None = None
+        self.sockets: tuple[str, ...] = ()
+        self._dirty = asyncio.Event()
+        self.work = GPUWork(enactor, self._dirty.set)
+        self._logged: set[str] = set()
+        self._last_seen: tuple[Any, ...] | None = None
+
+    # -- readiness ----------------------------------------------------------------------------
+
+    def not_ready(self) -> list[str]:
+        out = [f"{w}: not listed yet" for w in (NODE_WATCH, PARTITION_WATCH)
+               if not self.health.synced(w)]
+        if self.node_listed and self.node is None:
+            out.append(f"node {self.opts.node_name} does not exist")
+        if self.read_error is not None:
+            out.append(f"{NVML}: {self.read_error}")
+        elif self.snapshot is None:
+            out.append(f"{NVML}: not read yet")
+        return out
+
+    # -- watches ------------------------------------------------------------------------------
+
+    async def watch_node(self) -> None:
+        def handle(typ: str, obj: Obj) -> None:
+            if typ == "SYNC":
+                items = obj.get("items") or []
+                self.node = items[0] if items else None
+                self.node_listed = True
+            elif typ == "DELETED":
+                self.node = None
+            else:
+                self.node = obj
+            self._dirty.set()
+        await follow(self.kube.watch(
+            path("", "v1", "nodes"), field_selector=f"metadata.name={self.opts.node_name}",
+            name=NODE_WATCH, health=self.health), handle, NODE_WATCH)
+
+    async def watch_partitions(self) -> None:
+        def handle(typ: str, obj: Obj) -> None:
+            if typ == "SYNC":
+                self.partitions = {o["metadata"]["name"]: o for o in obj.get("items") or []}
+            elif typ == "DELETED":
+                self.partitions.pop(obj["metadata"]["name"], None)
+            else:
+                self.partitions[obj["metadata"]["name"]] = obj
+            self._dirty.set()
+        await follow(self.kube.watch(path(GROUP, VERSION, GPUPARTITIONS),
+                                     name=PARTITION_WATCH, health=self.health),
+                     handle, PARTITION_WATCH)
+
+    # -- devices ------------------------------------------------------------------------------
+
+    async def poll_devices(self) -> None:
+        while True:
+            await self.read_devices()
+            await asyncio.sleep(self.opts.poll_interval_s)
+
+    async def read_devices(self) -> None:
+        try:
+            snapshot = await asyncio.to_thread(self.reader.read)
+        except DeviceError as exc:
+            if self.read_error is None:
+                log.error("cannot read the GPUs", extra={"error": str(exc)})
+            self.snapshot, self.read_error = None, str(exc)
+            self.health.failing(NVML, str(exc))
+            metrics.ERRORS.labels(NVML).inc()
+            metrics.NVML_UP.set(0)
+            metrics.observe(DeviceSnapshot(()))
+        else:
+            if self.read_error is not None:
+                log.info("GPUs readable again")
+            self.snapshot, self.read_error = snapshot, None
+            self.health.ok(NVML)
+            metrics.NVML_UP.set(1)
+            metrics.observe(snapshot)
+        self.sockets = device_plugin_sockets(self.opts.device_plugin_dir)
+        # wake the reconciler only for what a report or the inventory shows
+        seen = (reported_state(self.snapshot), self.read_error, self.sockets)
+        if seen != self._last_seen:
+            self._last_seen = seen
+            self._dirty.set()
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    async def reconcile_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), self.opts.resync_interval_s)
+            await asyncio.sleep(DEBOUNCE_S)  # a burst of events makes one pass
+            self._dirty.clear()
+            try:
+                await self.reconcile_once()
+            except (ApiError, OSError, TimeoutError) as exc:
+                metrics.ERRORS.labels("reconcile").inc()
+                log.warning("reconcile failed; retrying", extra={"error": str(exc)[:300]})
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+
+    async def reconcile_once(self) -> None:
+        node = self.node
+        if (node is None or not self.health.synced(PARTITION_WATCH)
+                or (self.snapshot is None and self.read_error is None)):
+            return  # nothing to write to, or not everything known yet
+        refusal = self.work.enactor.refusal()
+        refused = Outcome(False, refusal) if refusal is not None else None
+        w = wanted(node, self.partitions.values(), self.snapshot, self.read_error,
+                   self.sockets, self.opts.device_plugin_dir,
+                   lambda p: refused or self.work.outcome(p), datetime.now(UTC))
+        for p in w.plans:
+            if not p.done and refused is None:
+                self.work.submit(p)
+        self.work.forget({p.index for p in w.plans if not p.done})
+        for f in w.findings:
+            if f.message not in self._logged:
+                self._logged.add(f.message)
+                log.warning("finding", extra={"kind": f.kind, "finding": f.message})
+        for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel"):
+            metrics.FINDINGS.labels(kind).set(sum(f.kind == kind for f in w.findings))
+        patch = node_patch(node, w.labels, w.annotations)
+        if patch is None:
+            return
+        metrics.API_WRITES.labels("node").inc()
+        try:
+            self.node = await self.kube.merge_patch(
+                path("", "v1", "nodes", name=self.opts.node_name), patch)
+        except ApiError as exc:
+            if exc.status == 409:  # the watch brings the newer Node; compute again then
+                metrics.REPORT_WRITES.labels("conflict").inc()
+                return
+            metrics.REPORT_WRITES.labels("error").inc()
+            raise
+        metrics.REPORT_WRITES.labels("ok").inc()
+        log.info("node updated", extra={"node": self.opts.node_name,
+                                        "reports": {k: v.phase for k, v in w.reports.items()}})
+        for e in report_events(self.opts.node_name, w.old_reports, w.reports):
+            obj = self.partitions.get(e.partition)
+            if obj is not None:
+                metrics.API_WRITES.labels("event").inc()
+                await post_event(self.kube, obj, API_VERSION, PARTITION_KIND, e.reason,
+                                 e.message, e.type, NODE_DAEMON)
+        for f in w.new_findings:
+            metrics.API_WRITES.labels("event").inc()
+            await post_event(self.kube, self.node, "v1", "Node", f.kind, f.message,
+                             "Warning", NODE_DAEMON)

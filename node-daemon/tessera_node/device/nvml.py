@@ -1,0 +1,182 @@
+"""Reading the GPUs through NVML (``pynvml``): the one place the daemon calls NVML.
+
+:class:`GPUReader` is the interface the daemon depends on; :class:`NvmlReader` implements it
+over whatever ``libnvidia-ml.so.1`` the driver root holds (the real driver's, or the
+simulator's).  NVML calls block (the driver takes locks), so the daemon runs :meth:`read`
+in a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import pynvml
+
+from tessera_node.device.state import (
+    DeviceSnapshot,
+    GPUState,
+    MigInstanceState,
+    MigMode,
+    ProfileInfo,
+)
+
+LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu",
+                "usr/lib", "lib64", "lib")
+"""Where a driver root keeps NVML (distribution layouts, then the simulator's ``lib``)."""
+
+
+class DeviceError(Exception):
+    """The GPUs cannot be read; the message says which call failed and why."""
+
+
+class GPUReader(Protocol):
+    def read(self) -> DeviceSnapshot:
+        """Every GPU of the node now; raises :class:`DeviceError`."""
+        ...
+
+
+def find_library(driver_root: str) -> str | None:
+    """The NVML library below ``driver_root``; None for ``/`` (the system loader finds it)."""
+    if driver_root in ("", "/"):
+        return None
+    for sub in LIBRARY_DIRS:
+        candidate = Path(driver_root) / sub / LIBRARY
+        if candidate.exists():
+            return str(candidate)
+    raise DeviceError(f"no {LIBRARY} below driver root {driver_root} "
+                      f"(looked in {', '.join(LIBRARY_DIRS)})")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _mig_mode(value: int) -> MigMode:
+    return "enabled" if value == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+
+
+class NvmlReader:
+    """NVML, initialised on first use and kept open; thread-safe."""
+
+    def __init__(self, driver_root: str = "/") -> None:
+        self.driver_root = driver_root
+        self._lock = threading.Lock()
+        self._started = False
+        self._profiles: dict[str, tuple[ProfileInfo, ...]] = {}
+        """NVML's profile table per GPU UUID (fixed for a GPU: read once)."""
+
+    def read(self) -> DeviceSnapshot:
+        with self._lock:
+            try:
+                self._start()
+                return self._read()
+            except pynvml.NVMLError as exc:
+                if isinstance(exc, pynvml.NVMLError_Uninitialized |
+                              pynvml.NVMLError_DriverNotLoaded):
+                    self._started = False
+                raise DeviceError(f"NVML: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._started:
+                self._started = False
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlShutdown()
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        lib = find_library(self.driver_root)
+        if lib is not None and pynvml.nvmlLib is None:
+            try:
+                pynvml.nvmlLib = ctypes.CDLL(lib)
+            except OSError as exc:
+                raise DeviceError(f"cannot load {lib}: {exc}") from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound as exc:
+            raise DeviceError(f"NVML: {LIBRARY} not found (driver root "
+                              f"{self.driver_root})") from exc
+        self._started = True
+
+    def _read(self) -> DeviceSnapshot:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        count = pynvml.nvmlDeviceGetCount()
+        return DeviceSnapshot(tuple(self._gpu(i) for i in range(count)), driver)
+
+    def _gpu(self, index: int) -> GPUState:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        try:
+            current, pending = pynvml.nvmlDeviceGetMigMode(h)
+            mode: MigMode = _mig_mode(current)
+            pending_mode: MigMode | None = (_mig_mode(pending) if pending != current
+                                            else None)
+        except pynvml.NVMLError_NotSupported:
+            mode, pending_mode = "unsupported", None
+        try:
+            util: int | None = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        except pynvml.NVMLError_NotSupported:
+            util = None
+        instances: tuple[MigInstanceState, ...] = ()
+        profiles: tuple[ProfileInfo, ...] = ()
+        if mode == "enabled":
+            profiles = self._profile_table(h, uuid)
+            instances = self._instances(h, profiles)
+        return GPUState(
+            index=index, uuid=uuid, name=_text(pynvml.nvmlDeviceGetName(h)),
+            pci_device_id=int(pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId),
+            memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
+            utilization_percent=util, mig_mode=mode, mig_pending=pending_mode,
+            instances=instances, profiles=profiles)
+
+    def _profile_table(self, h: Any, uuid: str) -> tuple[ProfileInfo, ...]:
+        known = self._profiles.get(uuid)
+        if known is not None:
+            return known
+        out = []
+        for idx in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+                continue
+            out.append(ProfileInfo(
+                profile_id=int(info.id), name=_text(info.name).removeprefix("MIG "),
+                memory_mib=int(info.memorySizeMB), compute_slices=int(info.sliceCount),
+                max_count=int(info.instanceCount), sm_count=int(info.multiprocessorCount)))
+        self._profiles[uuid] = table = tuple(out)
+        return table
+
+    def _instances(self, h: Any, profiles: tuple[ProfileInfo, ...]
+                   ) -> tuple[MigInstanceState, ...]:
+        devices: dict[int, tuple[str, int, int]] = {}
+        for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+                continue
+            gi = int(pynvml.nvmlDeviceGetGpuInstanceId(m))
+            if gi not in devices:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(m)
+                devices[gi] = (_text(pynvml.nvmlDeviceGetUUID(m)), int(mem.total),
+                               int(mem.used))
+        out = []
+        for p in profiles:
+            arr = (pynvml.c_nvmlGpuInstance_t * p.max_count)()
+            n = ctypes.c_uint(p.max_count)
+            pynvml.nvmlDeviceGetGpuInstances(h, p.profile_id, arr, ctypes.byref(n))
+            for k in range(n.value):
+                info = pynvml.nvmlGpuInstanceGetInfo(arr[k])
+                uuid, total, used = devices.get(int(info.id), ("", None, None))
+                out.append(MigInstanceState(
+                    profile_id=p.profile_id, profile=p.name,
+                    start=int(info.placement.start), size=int(info.placement.size),
+                    gi_id=int(info.id), uuid=uuid, memory_total_bytes=total,
+                    memory_used_bytes=used))
+        return tuple(sorted(out, key=lambda i: (i.start, i.gi_id)))

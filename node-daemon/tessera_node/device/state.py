@@ -1,0 +1,70 @@
+"""What the GPUs of a node look like at one moment, as NVML reports them (plain data).
+
+The reader (:mod:`tessera_node.device.nvml`) produces a :class:`DeviceSnapshot`; everything
+that decides something from it (inventory, plans, reports, metrics) is pure and takes it as
+input, so the same logic runs against the simulator, a real GPU and a unit test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MigMode = Literal["enabled", "disabled", "unsupported"]
+
+
+@dataclass(frozen=True)
+class MigInstanceState:
+    """One MIG GPU instance (and the MIG device of its first compute instance)."""
+
+    profile_id: int
+    """GPU-instance profile ID as NVML reports it (what ``nvidia-smi mig -lgi`` prints)."""
+    profile: str
+    """Profile name (``3g.40gb``) as the GPU reports it; empty when NVML gave none."""
+    start: int
+    size: int
+    gi_id: int
+    uuid: str = ""
+    """MIG device UUID; empty while the instance has no compute instance."""
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """One GPU-instance profile as NVML describes it on one GPU."""
+
+    profile_id: int
+    name: str
+    memory_mib: int
+    compute_slices: int
+    max_count: int
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class GPUState:
+    """One physical GPU."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_device_id: int
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization_percent: int | None
+    """Busy share of the last second; None where NVML does not say (MIG-enabled GPUs)."""
+    mig_mode: MigMode
+    mig_pending: MigMode | None = None
+    """The mode after the next GPU reset, when it differs from the current one."""
+    instances: tuple[MigInstanceState, ...] = ()
+    profiles: tuple[ProfileInfo, ...] = ()
+    """NVML's GPU-instance profiles (read while MIG is enabled; empty otherwise)."""
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """Every GPU of the node, read in one pass."""
+
+    gpus: tuple[GPUState, ...]
+    driver_version: str = ""

@@ -1,0 +1,53 @@
+"""The node daemon's Prometheus metrics (on --metrics-port, 9420): per GPU, per MIG instance,
+what it wrote and what failed."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.inventory import model_of
+
+_GPU = ["gpu", "uuid", "model"]
+GPU_MEMORY_TOTAL = Gauge("tessera_gpu_memory_total_bytes", "GPU memory in total.", _GPU)
+GPU_MEMORY_USED = Gauge("tessera_gpu_memory_used_bytes", "GPU memory in use.", _GPU)
+GPU_UTILIZATION = Gauge("tessera_gpu_utilization_percent",
+                        "Busy share of the last second (absent where NVML does not say: "
+                        "MIG-enabled GPUs).", _GPU)
+GPU_MIG_MODE = Gauge("tessera_gpu_mig_mode", "1 for the GPU's current MIG mode.",
+                     [*_GPU, "mode"])
+_MIG = ["gpu", "gpu_uuid", "profile", "start", "gi", "uuid"]
+MIG_MEMORY_TOTAL = Gauge("tessera_mig_instance_memory_total_bytes",
+                         "Memory of one MIG instance.", _MIG)
+MIG_MEMORY_USED = Gauge("tessera_mig_instance_memory_used_bytes",
+                        "Memory in use on one MIG instance.", _MIG)
+NVML_UP = Gauge("tessera_node_nvml_up", "1 when the last NVML read succeeded.")
+REPORT_WRITES = Counter("tessera_node_report_writes_total",
+                        "Writes of the daemon's own Node (inventory and reports), by result.",
+                        ["result"])
+API_WRITES = Counter("tessera_node_api_writes_total",
+                     "Every write the daemon sent to the API server, by kind.", ["kind"])
+ERRORS = Counter("tessera_node_errors_total", "Failures, by stage (logged).", ["stage"])
+FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
+                 "node, by kind.", ["kind"])
+
+
+def observe(snapshot: DeviceSnapshot) -> None:
+    """Set the per-GPU and per-instance gauges to this snapshot (gone GPUs/instances too)."""
+    for g in (GPU_MEMORY_TOTAL, GPU_MEMORY_USED, GPU_UTILIZATION, GPU_MIG_MODE,
+              MIG_MEMORY_TOTAL, MIG_MEMORY_USED):
+        g.clear()
+    for gpu in snapshot.gpus:
+        model = model_of(gpu)
+        labels = (str(gpu.index), gpu.uuid, model.id if model else "unknown")
+        GPU_MEMORY_TOTAL.labels(*labels).set(gpu.memory_total_bytes)
+        GPU_MEMORY_USED.labels(*labels).set(gpu.memory_used_bytes)
+        if gpu.utilization_percent is not None:
+            GPU_UTILIZATION.labels(*labels).set(gpu.utilization_percent)
+        GPU_MIG_MODE.labels(*labels, gpu.mig_mode).set(1)
+        for i in gpu.instances:
+            mig = (str(gpu.index), gpu.uuid, i.profile, str(i.start), str(i.gi_id), i.uuid)
+            if i.memory_total_bytes is not None:
+                MIG_MEMORY_TOTAL.labels(*mig).set(i.memory_total_bytes)
+            if i.memory_used_bytes is not None:
+                MIG_MEMORY_USED.labels(*mig).set(i.memory_used_bytes)

@@ -1,0 +1,54 @@
+"""The node daemon's settings and their defaults: the one place they are defined.
+
+``tessera-node run`` turns each into a flag whose default is, in this order, the environment
+variable named in :data:`ENV` (what a DaemonSet sets, e.g. ``NODE_NAME`` from
+``spec.nodeName``), else the value here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Options:
+    node_name: str = ""
+    """This node's name (required: the daemon reads and writes this Node only)."""
+    kubeconfig: str | None = None
+    """kubeconfig file; None: in-cluster service account, then ~/.kube/config."""
+    driver_root: str = "/"
+    """Where the NVIDIA driver's files are: ``/`` on a host install, ``/run/nvidia/driver``
+    under NVIDIA's driver container; libnvidia-ml.so.1 is looked up below it."""
+    nvidia_smi: str = ""
+    """Path of nvidia-smi; empty: ``<driver root>/usr/bin/nvidia-smi``, then ``bin/``."""
+    state_dir: str = "/var/lib/tessera"
+    """Host directory the daemon owns (budget files and ledgers, later)."""
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    """The kubelet's device-plugin directory, where another GPU device plugin's socket shows."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9420
+    """/metrics, /healthz and /readyz (9400 is NVIDIA's DCGM exporter's)."""
+    poll_interval_s: float = 5.0
+    """How often NVML is read (inventory, MIG changes made by hand, metrics)."""
+    resync_interval_s: float = 300.0
+    """How often the whole state is reconciled again even when nothing was heard."""
+    stuck_after_s: float = 60.0
+    """A watch, or NVML, failing this long makes /healthz fail (the kubelet restarts us)."""
+
+
+DEFAULTS = Options()
+
+ENV = {
+    "node_name": "NODE_NAME",
+    "kubeconfig": "KUBECONFIG",
+    "driver_root": "TESSERA_DRIVER_ROOT",
+    "nvidia_smi": "TESSERA_NVIDIA_SMI",
+    "state_dir": "TESSERA_STATE_DIR",
+    "device_plugin_dir": "TESSERA_DEVICE_PLUGIN_DIR",
+    "metrics_host": "TESSERA_METRICS_HOST",
+    "metrics_port": "TESSERA_METRICS_PORT",
+    "poll_interval_s": "TESSERA_POLL_INTERVAL",
+    "resync_interval_s": "TESSERA_RESYNC_INTERVAL",
+    "stuck_after_s": "TESSERA_STUCK_AFTER",
+}
+"""The environment variable each setting falls back to when its flag is not given."""
