@@ -23,6 +23,7 @@ from tessera_hook_harness import (
 )
 
 from tessera_node.budget.formats import BudgetEntry
+from tessera_sim.node import GPUSpec, node_description
 
 PATHS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"]
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -221,6 +222,27 @@ def test_uuid_matched_entries(container: Container) -> None:
     assert container.probe("fill", "alloc", str(64 * MIB))["got"] == 512 * MIB
     container.set(BudgetEntry(uuid="GPU-99999999-2222-3333-4444-555555555555", memory=GIB))
     assert container.probe("fill", "alloc", str(64 * MIB))["got"] == 0  # not our GPU: none
+
+
+def test_mig_instance_entries(hook_built: None, tmp_path: Path) -> None:
+    """A budget entry naming a MIG device (MIG- UUID, flagged as such in the file) holds a
+    process on that MIG instance to its budget."""
+    (tmp_path / "node.ini").write_text(
+        node_description([GPUSpec("H100-80GB", mig=True, uuid=GPU_UUID)])
+    )
+    c = Container(tmp_path, "mig")
+    smi = [str(SIM_LIB.parent / "bin" / "nvidia-smi")]
+    assert subprocess.run([*smi, "mig", "-cgi", "1g.10gb", "-C"], env=c.env).returncode == 0
+    listing = subprocess.run([*smi, "-L"], env=c.env, capture_output=True, text=True).stdout
+    mig = re.findall(r"UUID: (MIG-[0-9a-f-]+)", listing)
+    assert len(mig) == 1, listing
+    c.env["CUDA_VISIBLE_DEVICES"] = mig[0]
+    c.set(BudgetEntry(uuid=mig[0], memory=512 * MIB))
+    assert c.budget.read().entries[0].uuid == mig[0]
+    assert c.probe("fill", "alloc", str(64 * MIB))["got"] == 512 * MIB
+    c.set(BudgetEntry(uuid=GPU_UUID, memory=512 * MIB))  # the GPU is not this MIG device
+    assert c.probe("fill", "alloc", str(64 * MIB))["got"] == 0
+    c.budget.close()
 
 
 @pytest.mark.parametrize(

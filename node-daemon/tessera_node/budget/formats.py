@@ -27,16 +27,29 @@ GEN_OFFSET = 8
 DEV_MEM_LIMIT = 0x1
 DEV_CORE_LIMIT = 0x2
 DEV_UUID = 0x4
+DEV_MIG = 0x8  # with DEV_UUID: the UUID is a MIG device's; the 16 bytes alone do not say so
+UUID_PREFIXES = ("GPU-", "MIG-")
 
 assert HEADER.size == 64 and ENTRY.size == 64
 
 
 def uuid_bytes(text: str) -> bytes:
     """NVML/CUDA UUID text ("GPU-..." or "MIG-...") to its 16 bytes."""
-    for prefix in ("GPU-", "MIG-"):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-    return uuidlib.UUID(text).bytes
+    return uuidlib.UUID(_split_uuid(text)[1]).bytes
+
+
+def canonical_uuid(text: str) -> str:
+    """ "GPU-…"/"MIG-…" in NVML's spelling (prefix, then lowercase 8-4-4-4-12 hex). A UUID
+    without its prefix is refused: the prefix says whether it names a GPU or a MIG device."""
+    prefix, rest = _split_uuid(text)
+    return prefix + str(uuidlib.UUID(rest))
+
+
+def _split_uuid(text: str) -> tuple[str, str]:
+    for prefix in UUID_PREFIXES:
+        if text[:4].upper() == prefix:
+            return prefix, text[4:]
+    raise ValueError(f"UUID {text!r} must start with GPU- or MIG-")
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,10 @@ class BudgetEntry:
     rate: float = 0.0
     burst: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.uuid is not None:
+            object.__setattr__(self, "uuid", canonical_uuid(self.uuid))
+
     def pack(self) -> bytes:
         flags = 0
         if self.memory is not None:
@@ -67,7 +84,7 @@ class BudgetEntry:
             flags |= DEV_CORE_LIMIT
         raw_uuid = b"\0" * 16
         if self.uuid:
-            flags |= DEV_UUID
+            flags |= DEV_UUID | (DEV_MIG if self.uuid.startswith("MIG-") else 0)
             raw_uuid = uuid_bytes(self.uuid)
         if not 0 <= self.index < 64:
             raise ValueError("index out of range")
@@ -90,7 +107,11 @@ class BudgetEntry:
         u, index, flags, mem, target, _r0, rate, burst, _r1 = ENTRY.unpack(raw)
         return cls(
             index=index,
-            uuid=("GPU-" + str(uuidlib.UUID(bytes=u))) if flags & DEV_UUID else None,
+            uuid=(
+                ("MIG-" if flags & DEV_MIG else "GPU-") + str(uuidlib.UUID(bytes=u))
+                if flags & DEV_UUID
+                else None
+            ),
             memory=mem if flags & DEV_MEM_LIMIT else None,
             cores=target / 100 if flags & DEV_CORE_LIMIT else None,
             rate=rate / 1000,
