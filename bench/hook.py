@@ -303,8 +303,8 @@ def main() -> int:
     args = ap.parse_args()
     why = missing_prerequisite()
     if why:
-        print(f"skipped: {why}")
-        return 0
+        print(f"cannot run: {why}", file=sys.stderr)
+        return 1
     build()
     prepare_host_mountpoints()
     results: dict[str, object] = {}
