@@ -73,25 +73,35 @@ def callgrind(
     return collected(r.stderr)
 
 
-def inclusive(out: Path, func: str) -> tuple[int, int]:
-    """Inclusive instructions of `func` in libtessera and in libcuda."""
-    text = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    hooked = driver = 0
-    for line in text.splitlines():
-        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*:(\w+) \[(\S+)\]", line)
-        if not m or m.group(2) != func:
-            continue
-        n = int(m.group(1).replace(",", ""))
-        if m.group(3).endswith("libtessera.so"):
-            hooked = n
-        elif "libcuda" in m.group(3):
-            driver = n
-    return hooked, driver
+def inclusive(out: Path, func: str) -> dict[str, int]:
+    """Inclusive instructions of every function named `func`, per object (library), read
+    from the callgrind output itself: the cost lines of the function's blocks (its own
+    instructions, wherever inlined code says they come from) and of the calls it makes."""
+    tables: dict[str, dict[str, str]] = {"ob": {}, "fn": {}}
+    totals: dict[str, int] = {}
+    ob = fn = ""
+
+    def name(kind: str, ref: str) -> str:
+        m = re.match(r"\((\d+)\)(?: (.*))?$", ref)
+        if not m:
+            return ref
+        if m.group(2) is not None:
+            tables[kind][m.group(1)] = m.group(2)
+        return tables[kind].get(m.group(1), "")
+
+    for line in out.read_text().splitlines():
+        key, _, rest = line.partition("=")
+        if key in ("ob", "cob"):
+            n = name("ob", rest)
+            ob = n if key == "ob" else ob
+        elif key in ("fn", "cfn"):
+            n = name("fn", rest)
+            fn = n if key == "fn" else fn
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            fields = line.split()
+            if fn == func and len(fields) > 1:
+                totals[ob] = totals.get(ob, 0) + int(fields[1])
+    return totals
 
 
 def added_per_op(
@@ -103,7 +113,10 @@ def added_per_op(
     for n in (n1, n2):
         out = tmp / f"cg.{func}.{n}.out"
         callgrind(c, env, [str(TBENCH), op[0], str(n), *op[1:]], out=out)
-        vals.append(inclusive(out, func))
+        per_object = inclusive(out, func)
+        hooked = sum(v for k, v in per_object.items() if k.endswith("libtessera.so"))
+        driver = sum(v for k, v in per_object.items() if "libcuda" in k)
+        vals.append((hooked, driver))
     (h1, d1), (h2, d2) = vals
     k = n2 - n1
     return ((h2 - d2) - (h1 - d1)) / k, (d2 - d1) / k, (h2 - h1) / k

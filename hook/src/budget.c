@@ -76,6 +76,7 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
         out->dev[i].core_target = d[i].core_target;
         out->dev[i].rate_milli = d[i].rate_milli;
         out->dev[i].burst_milli = d[i].burst_milli;
+        out->dev[i].context_bytes = d[i].context_bytes;
     }
     return TB_OK;
 }

@@ -50,7 +50,8 @@ struct tb_file_dev {      /* 64 bytes */
     uint32_t reserved0;   /* 36 */
     uint64_t rate_milli;  /* 40 launch tokens per second x 1000, set by the controller */
     uint64_t burst_milli; /* 48 bucket depth in tokens x 1000 */
-    uint64_t reserved1;   /* 56 */
+    uint64_t context_bytes; /* 56 device bytes one context holds (the daemon measures it):
+                               charged for every context a process creates; 0: nothing */
 };
 
 _Static_assert(sizeof(struct tb_file_header) == 64, "budget header layout");

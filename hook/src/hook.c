@@ -33,6 +33,9 @@ CUresult (*r_cuDeviceGetUuid)(CUuuid *, CUdevice);
 CUresult (*r_cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
 CUresult (*r_cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
 CUresult (*r_cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+CUresult (*r_cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+CUresult (*r_cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+CUresult (*r_cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
 nvmlReturn_t (*r_nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned int);
 nvmlReturn_t (*r_nvmlDeviceGetIndex)(nvmlDevice_t, unsigned int *);
 
@@ -75,6 +78,7 @@ uint64_t cur_rate[TB_MAX_DEV];
 uint64_t cur_burst[TB_MAX_DEV];
 uint8_t cur_uuid[TB_MAX_DEV][16];
 uint32_t cur_index[TB_MAX_DEV];
+uint64_t cur_ctx[TB_MAX_DEV];
 static int ever_valid;
 
 int dev_entry[MAX_ORD];          /* CUDA ordinal -> entry, -2 unknown, -1 none */
@@ -106,6 +110,11 @@ void cu_init(void)
     r_cuGraphNodeGetType = (CUresult(*)(CUgraphNode, CUgraphNodeType *))tessera_real_dlsym(h, "cuGraphNodeGetType");
     r_cuGraphChildGraphNodeGetGraph =
         (CUresult(*)(CUgraphNode, CUgraph *))tessera_real_dlsym(h, "cuGraphChildGraphNodeGetGraph");
+    r_cuDevicePrimaryCtxGetState =
+        (CUresult(*)(CUdevice, unsigned int *, int *))tessera_real_dlsym(h, "cuDevicePrimaryCtxGetState");
+    r_cuDeviceGetMemPool = (CUresult(*)(CUmemoryPool *, CUdevice))tessera_real_dlsym(h, "cuDeviceGetMemPool");
+    r_cuMemPoolGetAttribute = (CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *))tessera_real_dlsym(
+        h, "cuMemPoolGetAttribute");
 }
 
 void nvml_init(void)
@@ -134,6 +143,7 @@ static void apply_budget(const struct tb_budget *b)
         __atomic_store_n(&cur_limit[i], on ? d->mem_limit : 0, __ATOMIC_RELAXED);
         __atomic_store_n(&cur_rate[i], on ? d->rate_milli : 0, __ATOMIC_RELAXED);
         __atomic_store_n(&cur_burst[i], on ? d->burst_milli : 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&cur_ctx[i], on ? d->context_bytes : 0, __ATOMIC_RELAXED);
         memcpy(cur_uuid[i], d->uuid, 16);
         cur_index[i] = d->index;
         __atomic_store_n(&cur_flags[i], on ? d->flags : 0, __ATOMIC_RELAXED);
@@ -240,6 +250,7 @@ static void atfork_child(void)
     pthread_mutex_init(&reload_mu, NULL);
     memset(credit, 0, sizeof credit);
     th_ptrs_reset_child();
+    th_pools_reset_child();
 }
 
 void budget_once_fn(void)
@@ -372,13 +383,15 @@ static int recs_grow_locked(void)
     return 0;
 }
 
-int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
+/* With the lock held and room made (rec_room_locked): the slot of (kind, key), or the one it
+ * goes into (*added = 1). */
+static inline int rec_room_locked(void)
 {
-    recs_lock();
-    if ((recs_used + 1) * 2 > recs_cap && recs_grow_locked()) {
-        recs_unlock();
-        return -1;
-    }
+    return (recs_used + 1) * 2 <= recs_cap || recs_grow_locked() == 0;
+}
+static inline __attribute__((always_inline)) size_t rec_slot_locked(uint8_t kind, uint64_t key,
+                                                                     int *added)
+{
     size_t j = rhash(key, kind) & (recs_cap - 1), tomb = SIZE_MAX;
     while (recs[j].kind) {
         if (recs[j].kind == kind && recs[j].key == key)
@@ -387,15 +400,44 @@ int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
             tomb = j;
         j = (j + 1) & (recs_cap - 1);
     }
-    if (!recs[j].kind) {
+    *added = !recs[j].kind;
+    if (*added) {
         if (tomb != SIZE_MAX)
             j = tomb;
         else
             recs_used++;
     }
-    recs[j] = (struct rec){key, bytes, entry, kind};
+    return j;
+}
+
+int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
+{
+    int added;
+    recs_lock();
+    if (UNLIKELY(!rec_room_locked())) {
+        recs_unlock();
+        return -1;
+    }
+    struct rec *r = &recs[rec_slot_locked(kind, key, &added)];
+    r->key = key;
+    r->bytes = bytes;
+    r->entry = entry;
+    r->kind = kind;
     recs_unlock();
     return 0;
+}
+
+int rec_add(const struct rec *r, int replace)
+{
+    int added = -1;
+    recs_lock();
+    if (rec_room_locked()) {
+        size_t j = rec_slot_locked(r->kind, r->key, &added);
+        if (added || replace)
+            recs[j] = *r;
+    }
+    recs_unlock();
+    return added;
 }
 
 int rec_get(uint8_t kind, uint64_t key, int take, struct rec *out)

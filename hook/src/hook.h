@@ -34,6 +34,10 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGetProcAddress
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #define EXPORT __attribute__((visibility("default")))
 #define HIDDEN __attribute__((visibility("hidden")))
@@ -51,6 +55,10 @@ EXPORT CUresult CUDAAPI cuArrayCreate(CUarray *a, const void *desc);
 EXPORT CUresult CUDAAPI cuArray3DCreate(CUarray *a, const void *desc);
 EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                          cuuint64_t flags);
+EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
+EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 EXPORT __typeof__(cuMemAllocAsync) cuMemAllocAsync_ptsz;
 EXPORT __typeof__(cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
 EXPORT __typeof__(cuMemFreeAsync) cuMemFreeAsync_ptsz;
@@ -61,7 +69,9 @@ EXPORT __typeof__(cuGraphLaunch) cuGraphLaunch_ptsz;
 
 /* ---- the table (hooks.def) ---- */
 enum th_lib { LIB_CU, LIB_NVML };
-enum th_class { C_ALLOC, C_FREE, C_INFO, C_LAUNCH, C_LEGACY, C_GRAPH, C_GRAPHMEM, C_PROC };
+enum th_class {
+    C_ALLOC, C_FREE, C_CTX, C_CTXFREE, C_POOL, C_INFO, C_LAUNCH, C_LEGACY, C_GRAPH, C_GRAPHMEM, C_PROC
+};
 
 enum {
 #define H(lib, name, base, ver, ptsz, cls) IDX_##name,
@@ -89,6 +99,9 @@ extern CUresult (*r_cuDeviceGetUuid)(CUuuid *, CUdevice);
 extern CUresult (*r_cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
 extern CUresult (*r_cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
 extern CUresult (*r_cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+extern CUresult (*r_cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+extern CUresult (*r_cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+extern CUresult (*r_cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
 extern nvmlReturn_t (*r_nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned int);
 extern nvmlReturn_t (*r_nvmlDeviceGetIndex)(nvmlDevice_t, unsigned int *);
 
@@ -182,14 +195,22 @@ static inline int one_device(void)
     return n == 1;
 }
 
-/* ---- process-local records: what each allocation / handle / array / graph exec holds ---- */
-enum { K_PTR = 1, K_HANDLE, K_ARRAY, K_MIPMAP, K_GEXEC };
+/* ---- process-local records: what each allocation / handle / array / context / graph exec
+ * holds ---- */
+enum { K_PTR = 1, K_APTR, K_HANDLE, K_ARRAY, K_MIPMAP, K_GEXEC, K_CTX, K_PRIMARY };
 struct rec {
     uint64_t key;
     uint64_t bytes;
     int32_t entry;
-    uint8_t kind; /* 0 empty, 0xff tombstone */
+    uint8_t kind;      /* 0 empty, 0xff tombstone */
+    uint8_t reserved;
+    uint16_t pool;     /* K_APTR (from a tracked memory pool, pool.c): its slot + 1 and, from
+                          bit 7, that slot's generation then.  Not set for other kinds */
 };
+/* Add a record; one with the same kind and key is replaced when `replace`, else kept.
+ * 1 added, 0 there already, -1 out of memory. */
+int rec_add(const struct rec *r, int replace);
+/* Add or replace a record (its `pool` is not set).  0, or -1 out of memory. */
 int rec_put(uint8_t kind, uint64_t key, int entry, uint64_t bytes);
 /* Find (and when take != 0, remove) a record.  1 found. */
 int rec_get(uint8_t kind, uint64_t key, int take, struct rec *out);
@@ -208,6 +229,154 @@ void cu_ready_slow(void) __attribute__((noinline));
     do {                                                \
         if (UNLIKELY(!REAL(name)))                      \
             return CUDA_ERROR_NOT_SUPPORTED;            \
+    } while (0)
+
+/* ---- counting device memory (mem.c, ctx.c) ---- */
+extern __thread int in_hook __attribute__((tls_model("initial-exec")));
+#define ENTER() (in_hook++)
+#define LEAVE() (in_hook--)
+extern uint64_t cur_ctx[TB_MAX_DEV];       /* bytes one context holds, per entry */
+
+/* Memory pools of this process (mem.c): what each keeps reserved after frees is counted. */
+uint64_t pools_settle_all(void);           /* re-read every pool from the driver: bytes given back */
+void th_pools_reset_child(void);
+
+/* A reservation was refused: reclaim dead processes' slots and this process's trimmed pool
+ * reserves, then try once more.  0 reserved, else refused. */
+int reserve_retry(struct tl *l, int e, uint64_t bytes, uint64_t limit) __attribute__((noinline));
+
+/* The budget entry of the device of the current context (*ord < 0, then set) or ordinal *ord.
+ * CUDA_SUCCESS with *entry set (-1: untracked, pass through), or the error to return. */
+static inline __attribute__((always_inline)) CUresult resolve_entry(int *ord, int *entry)
+{
+    *entry = -1;
+    if (mode == MODE_OFF || in_hook)
+        return CUDA_SUCCESS;
+    if (*ord < 0) {
+        /* One visible device: it is the current context's device (without a context the
+         * driver call fails and the reservation is given back). */
+        if (one_device()) {
+            *ord = 0;
+        } else {
+            CUdevice d;
+            if (!r_cuCtxGetDevice || r_cuCtxGetDevice(&d) != CUDA_SUCCESS)
+                return CUDA_ERROR_INVALID_CONTEXT;
+            *ord = d;
+        }
+    }
+    budget_check();
+    int e = entry_of_ordinal(*ord);
+    if (e < 0) {
+        LOG_ONCE("device %d is not in the budget: refusing its memory", *ord);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *entry = e;
+    return CUDA_SUCCESS;
+}
+
+/* Reserve bytes on budget entry e (>= 0): check and reservation are one step. */
+static inline __attribute__((always_inline)) CUresult reserve_entry(int e, uint64_t bytes)
+{
+    uint32_t f = __atomic_load_n(&cur_flags[e], __ATOMIC_RELAXED);
+    uint64_t limit = (f & TB_DEV_MEM_LIMIT) ? __atomic_load_n(&cur_limit[e], __ATOMIC_RELAXED)
+                                            : UINT64_MAX;
+    struct tl *l = ledger_get();
+    if (!l)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int r = tl_reserve(l, e, bytes, limit);
+    if (UNLIKELY(r == 1))
+        r = reserve_retry(l, e, bytes, limit);
+    return r == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Reserve bytes for the device of the current context (ord < 0) or ordinal ord.
+ * CUDA_SUCCESS with *entry set (-1: untracked, pass through), or the error to return. */
+static inline __attribute__((always_inline)) CUresult reserve(int ord, uint64_t bytes, int *entry)
+{
+    int e;
+    CUresult r = resolve_entry(&ord, &e);
+    if (r != CUDA_SUCCESS || e < 0) {
+        *entry = -1;
+        return r;
+    }
+    r = reserve_entry(e, bytes);
+    *entry = r == CUDA_SUCCESS ? e : -1;
+    return r;
+}
+
+static inline void unreserve(int entry, uint64_t bytes)
+{
+    if (entry >= 0 && bytes && ledger_state == 1)
+        tl_release(&ledger, entry, bytes);
+}
+
+/* After a successful driver call: remember what it holds; on failure undo everything. */
+static inline int remember(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
+{
+    if (entry < 0)
+        return 0;
+    if (rec_put(kind, key, entry, bytes)) {
+        unreserve(entry, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void forget(uint8_t kind, uint64_t key)
+{
+    struct rec r;
+    if (rec_get(kind, key, 1, &r))
+        unreserve(r.entry, r.bytes);
+}
+
+/* The one counted-allocation step every path shares: reserve the bytes, call the driver,
+ * give them back if it fails, then remember the object so that its free returns them.  If
+ * the table of live objects is full, the object goes back to the driver and the caller sees
+ * OUT_OF_MEMORY: nothing is ever held uncounted.  `arg` is the path's argument struct. */
+struct counted {
+    uint8_t kind;
+    CUresult (*call)(void *arg);  /* the driver call that creates the object */
+    uint64_t (*key)(void *arg);   /* the created object's key (read after success) */
+    void (*undo)(void *arg);      /* destroy the created object */
+};
+
+/* The driver call and what follows it, with `bytes` already reserved on entry e (-1: none). */
+static inline __attribute__((always_inline)) CUresult
+counted_call(const struct counted *c, void *arg, int e, uint64_t bytes)
+{
+    CUresult r;
+    ENTER();
+    r = c->call(arg);
+    LEAVE();
+    if (r != CUDA_SUCCESS) {
+        unreserve(e, bytes);
+        return r;
+    }
+    if (remember(c->kind, c->key(arg), e, bytes)) {
+        c->undo(arg);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+static inline __attribute__((always_inline)) CUresult
+counted_alloc(const struct counted *c, void *arg, int ord, uint64_t bytes)
+{
+    int e;
+    CUresult r = reserve(ord, bytes, &e);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return counted_call(c, arg, e, bytes);
+}
+
+/* Device-pointer paths: every argument struct starts with the CUdeviceptr * it fills. */
+static inline uint64_t key_ptr(void *a) { return (uint64_t)**(CUdeviceptr **)a; }
+
+/* Legacy 32-bit (v1) entry points: refused, so they cannot be used to go around the count. */
+#define LEGACY_REFUSE(name)                                                                \
+    do {                                                                                   \
+        LOG_ONCE("legacy %s refused (use the _v2 API)", #name);                            \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                   \
     } while (0)
 
 #pragma GCC visibility pop

@@ -1,115 +1,15 @@
 /* libtessera: device memory.  Every allocation path reserves the bytes in the container's
  * ledger first, then calls the driver, then records what the object holds (or gives the
- * reservation back); frees give the bytes back after the driver succeeds. */
+ * reservation back); frees give the bytes back after the driver succeeds.  The
+ * stream-ordered allocator (pools) is in pool.c, contexts in ctx.c. */
 #include "hook.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static __thread int in_hook __attribute__((tls_model("initial-exec")));
-
-/* Reserve bytes for the device of the current context (ord < 0) or ordinal ord.
- * CUDA_SUCCESS with *entry set (-1: untracked, pass through), or the error to return. */
-static inline __attribute__((always_inline)) CUresult reserve(int ord, uint64_t bytes, int *entry)
-{
-    *entry = -1;
-    if (mode == MODE_OFF || in_hook)
-        return CUDA_SUCCESS;
-    if (ord < 0) {
-        /* One visible device: it is the current context's device (without a context the
-         * driver call fails and the reservation is given back). */
-        if (one_device()) {
-            ord = 0;
-        } else {
-            CUdevice d;
-            if (!r_cuCtxGetDevice || r_cuCtxGetDevice(&d) != CUDA_SUCCESS)
-                return CUDA_ERROR_INVALID_CONTEXT;
-            ord = d;
-        }
-    }
-    budget_check();
-    int e = entry_of_ordinal(ord);
-    if (e < 0) {
-        LOG_ONCE("device %d is not in the budget: refusing its memory", ord);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    uint32_t f = __atomic_load_n(&cur_flags[e], __ATOMIC_RELAXED);
-    uint64_t limit = (f & TB_DEV_MEM_LIMIT) ? __atomic_load_n(&cur_limit[e], __ATOMIC_RELAXED)
-                                            : UINT64_MAX;
-    struct tl *l = ledger_get();
-    if (!l)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    int r = tl_reserve(l, e, bytes, limit);
-    if (r == 1 && tl_reap(l) > 0)
-        r = tl_reserve(l, e, bytes, limit);
-    if (r != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *entry = e;
-    return CUDA_SUCCESS;
-}
-
-static void unreserve(int entry, uint64_t bytes)
-{
-    if (entry >= 0 && bytes && ledger_state == 1)
-        tl_release(&ledger, entry, bytes);
-}
-
-/* After a successful driver call: remember what it holds; on failure undo everything. */
-static int remember(uint8_t kind, uint64_t key, int entry, uint64_t bytes)
-{
-    if (entry < 0)
-        return 0;
-    if (rec_put(kind, key, entry, bytes)) {
-        unreserve(entry, bytes);
-        return -1;
-    }
-    return 0;
-}
-
-static void forget(uint8_t kind, uint64_t key)
-{
-    struct rec r;
-    if (rec_get(kind, key, 1, &r))
-        unreserve(r.entry, r.bytes);
-}
-
-#define ENTER() (in_hook++)
-#define LEAVE() (in_hook--)
-
-/* The one counted-allocation step every path shares: reserve the bytes, call the driver,
- * give them back if it fails, then remember the object so that its free returns them.  If
- * the table of live objects is full, the object goes back to the driver and the caller sees
- * OUT_OF_MEMORY: nothing is ever held uncounted.  `arg` is the path's argument struct. */
-struct counted {
-    uint8_t kind;
-    CUresult (*call)(void *arg);  /* the driver call that creates the object */
-    uint64_t (*key)(void *arg);   /* the created object's key (read after success) */
-    void (*undo)(void *arg);      /* destroy the created object */
-};
-
-static inline __attribute__((always_inline)) CUresult
-counted_alloc(const struct counted *c, void *arg, int ord, uint64_t bytes)
-{
-    int e;
-    CUresult r = reserve(ord, bytes, &e);
-    if (r != CUDA_SUCCESS)
-        return r;
-    ENTER();
-    r = c->call(arg);
-    LEAVE();
-    if (r != CUDA_SUCCESS) {
-        unreserve(e, bytes);
-        return r;
-    }
-    if (remember(c->kind, c->key(arg), e, bytes)) {
-        c->undo(arg);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
-}
+__thread int in_hook __attribute__((tls_model("initial-exec")));
 
 /* Device-pointer paths: every argument struct starts with the CUdeviceptr * it fills. */
-static uint64_t key_ptr(void *a) { return (uint64_t)**(CUdeviceptr **)a; }
 static void undo_ptr(void *a) { REAL(cuMemFree_v2)(**(CUdeviceptr **)a); }
 
 struct a_alloc { CUdeviceptr *p; size_t n; };
@@ -136,65 +36,6 @@ EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, un
         return REAL(cuMemAllocManaged)(dptr, bytesize, flags);
     struct a_managed a = {dptr, bytesize, flags};
     return counted_alloc(&PATH_MANAGED, &a, -1, bytesize);
-}
-
-struct a_async {
-    CUdeviceptr *p;
-    size_t n;
-    CUstream s;
-    CUmemoryPool pool;
-    CUresult (*free)(CUdeviceptr, CUstream);  /* the matching (per-thread or not) async free */
-};
-static void undo_async(void *a_)
-{
-    struct a_async *a = a_;
-    if (a->free)
-        a->free(*a->p, a->s);
-}
-static CUresult call_async(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocAsync)(a->p, a->n, a->s); }
-static CUresult call_async_ptsz(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocAsync_ptsz)(a->p, a->n, a->s); }
-static CUresult call_pool(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocFromPoolAsync)(a->p, a->n, a->pool, a->s); }
-static CUresult call_pool_ptsz(void *a_) { struct a_async *a = a_; return REAL(cuMemAllocFromPoolAsync_ptsz)(a->p, a->n, a->pool, a->s); }
-static const struct counted PATH_ASYNC = {K_PTR, call_async, key_ptr, undo_async};
-static const struct counted PATH_ASYNC_PTSZ = {K_PTR, call_async_ptsz, key_ptr, undo_async};
-static const struct counted PATH_POOL = {K_PTR, call_pool, key_ptr, undo_async};
-static const struct counted PATH_POOL_PTSZ = {K_PTR, call_pool_ptsz, key_ptr, undo_async};
-
-EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemAllocAsync);
-    if (!dptr)
-        return REAL(cuMemAllocAsync)(dptr, n, s);
-    struct a_async a = {dptr, n, s, NULL, REAL(cuMemFreeAsync)};
-    return counted_alloc(&PATH_ASYNC, &a, -1, n);
-}
-EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemAllocAsync_ptsz);
-    if (!dptr)
-        return REAL(cuMemAllocAsync_ptsz)(dptr, n, s);
-    struct a_async a = {dptr, n, s, NULL, REAL(cuMemFreeAsync_ptsz)};
-    return counted_alloc(&PATH_ASYNC_PTSZ, &a, -1, n);
-}
-EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemAllocFromPoolAsync);
-    if (!dptr)
-        return REAL(cuMemAllocFromPoolAsync)(dptr, n, pool, s);
-    struct a_async a = {dptr, n, s, pool, REAL(cuMemFreeAsync)};
-    return counted_alloc(&PATH_POOL, &a, -1, n);
-}
-EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemAllocFromPoolAsync_ptsz);
-    if (!dptr)
-        return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, n, pool, s);
-    struct a_async a = {dptr, n, s, pool, REAL(cuMemFreeAsync_ptsz)};
-    return counted_alloc(&PATH_POOL_PTSZ, &a, -1, n);
 }
 
 EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
@@ -246,28 +87,6 @@ EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     if (r == CUDA_SUCCESS && dptr)
         forget(K_PTR, dptr);
     return r;
-}
-
-static CUresult free_async(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr dptr, CUstream s)
-{
-    ENTER();
-    CUresult r = fn(dptr, s);
-    LEAVE();
-    if (r == CUDA_SUCCESS && dptr)
-        forget(K_PTR, dptr);
-    return r;
-}
-EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemFreeAsync);
-    return free_async(REAL(cuMemFreeAsync), dptr, s);
-}
-EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemFreeAsync_ptsz);
-    return free_async(REAL(cuMemFreeAsync_ptsz), dptr, s);
 }
 
 struct a_create {
@@ -416,12 +235,6 @@ EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray m)
     return r;
 }
 
-/* Legacy 32-bit (v1) entry points: refused, so they cannot be used to go around the count. */
-#define LEGACY_REFUSE(name)                                                                \
-    do {                                                                                   \
-        LOG_ONCE("legacy %s refused (use the _v2 API)", #name);                            \
-        return CUDA_ERROR_NOT_SUPPORTED;                                                   \
-    } while (0)
 EXPORT CUresult CUDAAPI cuMemAlloc(unsigned int *d, unsigned int n) { (void)d; (void)n; LEGACY_REFUSE(cuMemAlloc); }
 EXPORT CUresult CUDAAPI cuMemAllocPitch(unsigned int *d, unsigned int *p, unsigned int w, unsigned int h, unsigned int e)
 { (void)d; (void)p; (void)w; (void)h; (void)e; LEGACY_REFUSE(cuMemAllocPitch); }

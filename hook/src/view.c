@@ -10,6 +10,7 @@ static int view(int e, uint64_t phys_total, uint64_t *total, uint64_t *used)
 {
     if (e < 0)
         return 0;
+    pools_settle_all(); /* what a synchronisation trimmed is no longer held */
     budget_check();
     uint32_t f = __atomic_load_n(&cur_flags[e], __ATOMIC_RELAXED);
     uint64_t lim = (f & TB_DEV_MEM_LIMIT) ? __atomic_load_n(&cur_limit[e], __ATOMIC_RELAXED) : phys_total;

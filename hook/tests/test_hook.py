@@ -66,9 +66,9 @@ def test_each_allocation_path_is_held_to_budget(container: Container, path: str)
     assert r["err"] == CUDA_ERROR_OUT_OF_MEMORY
     assert r["got"] == GIB
     assert r["free_failures"] == 0
-    led = container.read_ledger()
-    assert led.devices[0].used == 0, "frees give every byte back"
-    assert led.devices[0].oom >= 1
+    assert r["held_after"] == 0, "frees give every byte back (a pool's, once it is trimmed)"
+    assert container.read_ledger().devices[0].oom >= 1
+    assert container.probe("fill", path, str(64 * MIB))["got"] == GIB  # and again
 
 
 @pytest.mark.parametrize("method", list(iter_methods()))
@@ -227,7 +227,14 @@ def test_uuid_matched_entries(container: Container) -> None:
     container.set(BudgetEntry(uuid=GPU_UUID, memory=512 * MIB))
     assert container.probe("fill", "alloc", str(64 * MIB))["got"] == 512 * MIB
     container.set(BudgetEntry(uuid="GPU-99999999-2222-3333-4444-555555555555", memory=GIB))
-    assert container.probe("fill", "alloc", str(64 * MIB))["got"] == 0  # not our GPU: none
+    assert_no_memory_at_all(container)  # not our GPU
+
+
+def assert_no_memory_at_all(c: Container) -> None:
+    """A device the budget does not name gets no device memory, not even for a context."""
+    r = c.run([str(PROBE), "fill", "alloc", str(64 * MIB)])
+    assert r.returncode == 3 and '"fatal": "cuDevicePrimaryCtxRetain", "err": 2' in r.stdout, r
+    assert "is not in the budget" in r.stderr
 
 
 def test_mig_instance_entries(hook_built: None, tmp_path: Path) -> None:
@@ -247,7 +254,7 @@ def test_mig_instance_entries(hook_built: None, tmp_path: Path) -> None:
     assert c.budget.read().entries[0].uuid == mig[0]
     assert c.probe("fill", "alloc", str(64 * MIB))["got"] == 512 * MIB
     c.set(BudgetEntry(uuid=GPU_UUID, memory=512 * MIB))  # the GPU is not this MIG device
-    assert c.probe("fill", "alloc", str(64 * MIB))["got"] == 0
+    assert_no_memory_at_all(c)
     c.budget.close()
 
 

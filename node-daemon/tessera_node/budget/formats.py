@@ -21,7 +21,8 @@ VERSION = 1
 MAX_DEV = 16
 BUDGET_FILE_SIZE = 4096
 HEADER = struct.Struct("<IIQIIII32s")  # magic, version, generation, hsize, esize, ndev, flags
-ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst, r1
+ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst,
+#                                       context bytes
 GEN_OFFSET = 8
 
 DEV_MEM_LIMIT = 0x1
@@ -58,7 +59,9 @@ class BudgetEntry:
 
     ``memory``: bytes, or None for no memory limit. ``cores``: core budget in percent of the
     GPU (the controller's target), or None for no core limit. ``rate``/``burst``: launch
-    tokens per second and bucket depth in tokens, set by the controller.
+    tokens per second and bucket depth in tokens, set by the controller. ``context``: device
+    bytes one CUDA context holds on this device (``probe.context_bytes``), charged for every
+    context a process of the container creates.
     """
 
     index: int = 0
@@ -67,6 +70,7 @@ class BudgetEntry:
     cores: float | None = None
     rate: float = 0.0
     burst: float = 1.0
+    context: int = 0
 
     def __post_init__(self) -> None:
         if self.uuid is not None:
@@ -88,6 +92,8 @@ class BudgetEntry:
             raw_uuid = uuid_bytes(self.uuid)
         if not 0 <= self.index < 64:
             raise ValueError("index out of range")
+        if not 0 <= self.context < 1 << 64:
+            raise ValueError("context bytes out of range")
         rate_milli = round(self.rate * 1000)
         burst_milli = max(1000, round(self.burst * 1000))
         return ENTRY.pack(
@@ -99,12 +105,12 @@ class BudgetEntry:
             0,
             max(0, rate_milli),
             burst_milli,
-            0,
+            self.context,
         )
 
     @classmethod
     def unpack(cls, raw: bytes) -> BudgetEntry:
-        u, index, flags, mem, target, _r0, rate, burst, _r1 = ENTRY.unpack(raw)
+        u, index, flags, mem, target, _r0, rate, burst, context = ENTRY.unpack(raw)
         return cls(
             index=index,
             uuid=(
@@ -116,6 +122,7 @@ class BudgetEntry:
             cores=target / 100 if flags & DEV_CORE_LIMIT else None,
             rate=rate / 1000,
             burst=burst / 1000,
+            context=context,
         )
 
 

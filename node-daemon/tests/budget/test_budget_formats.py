@@ -83,11 +83,12 @@ UUID_TEXT = st.builds(
 @given(
     uuid=UUID_TEXT,
     memory=st.none() | st.integers(min_value=0, max_value=(1 << 64) - 1),
+    context=st.integers(min_value=0, max_value=(1 << 64) - 1),
 )
-def test_uuid_entries_round_trip(uuid: str, memory: int | None) -> None:
+def test_uuid_entries_round_trip(uuid: str, memory: int | None, context: int) -> None:
     """GPU and MIG UUIDs come back exactly as written: a MIG instance's budget entry must
     name the MIG device, not a GPU with the same 16 bytes."""
-    e = BudgetEntry(uuid=uuid, memory=memory)
+    e = BudgetEntry(uuid=uuid, memory=memory, context=context)
     back = BudgetEntry.unpack(e.pack())
     assert back == e
     assert back.uuid is not None and back.uuid.startswith(uuid[:4])

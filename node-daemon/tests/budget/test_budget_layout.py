@@ -38,7 +38,7 @@ int main(void)
     O(tb_file_header, flags);
     O(tb_file_dev, uuid); O(tb_file_dev, index); O(tb_file_dev, flags);
     O(tb_file_dev, mem_limit); O(tb_file_dev, core_target); O(tb_file_dev, reserved0);
-    O(tb_file_dev, rate_milli); O(tb_file_dev, burst_milli); O(tb_file_dev, reserved1);
+    O(tb_file_dev, rate_milli); O(tb_file_dev, burst_milli); O(tb_file_dev, context_bytes);
     C(TL_MAGIC); C(TL_VERSION); C(TL_NSLOTS); C(TL_HEADER_SIZE); C(TL_LOCK_BASE);
     C(TL_FILE_SIZE);
     S(tl_dev); S(tl_slot);
@@ -104,7 +104,7 @@ def test_budget_file_matches_the_header(tmp_path: Path) -> None:
     assert offsets(fmt.HEADER)[: len(header)] == [c[f"tb_file_header.{f}"] for f in header]
     assert c["tb_file_header.generation"] == fmt.GEN_OFFSET
     entry = ["uuid", "index", "flags", "mem_limit", "core_target", "reserved0", "rate_milli",
-             "burst_milli", "reserved1"]
+             "burst_milli", "context_bytes"]
     assert offsets(fmt.ENTRY) == [c[f"tb_file_dev.{f}"] for f in entry]
 
 
