@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tessera_sim import BIN_DIR, LIB_DIR
-from tessera_sim.node import GPUSpec, write_node
 
 from tessera_node.budget.probe import ProbeError, context_bytes
+from tessera_sim import BIN_DIR, LIB_DIR
+from tessera_sim.node import GPUSpec, write_node
 
 MIB = 1 << 20
 
