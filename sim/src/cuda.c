@@ -2452,40 +2452,66 @@ static CUresult array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels, s
     return CUDA_SUCCESS;
 }
 
-static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
+/* An array object (heap memory, freed with it) of `bytes` device memory: charged to the current
+ * context's device and recorded as an allocation of `kind`; freed on failure. */
+static CUresult array_record(void *obj, size_t bytes, enum alloc_kind kind)
 {
-    size_t bytes = 0;
-    if (!pa)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult brc = array_bytes(d, 1, &bytes);
-    if (brc != CUDA_SUCCESS)
-        return brc;
+    if (!obj)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_mu);
     CUcontext c = NULL;
     CUresult rc = need_ctx(&c);
     if (rc == CUDA_SUCCESS)
         rc = charge(c->dev, bytes);
-    struct CUarray_st *arr = NULL;
-    if (rc == CUDA_SUCCESS) {
-        arr = calloc(1, sizeof *arr);
-        struct alloc *a = arr ? alloc_add() : NULL;
-        if (!a) {
-            free(arr);
-            uncharge(c->dev, bytes);
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            arr->magic = 0x41525231u;
-            arr->desc = *d;
-            a->ptr = (uintptr_t)arr;
-            a->size = bytes;
-            a->charged = bytes;
-            a->kind = A_ARRAY;
-            a->dev = c->dev;
-            a->ctx = c;
-            *pa = arr;
-        }
+    struct alloc *a = rc == CUDA_SUCCESS ? alloc_add() : NULL;
+    if (rc == CUDA_SUCCESS && !a) {
+        uncharge(c->dev, bytes);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (a) {
+        a->ptr = (uintptr_t)obj;
+        a->size = bytes;
+        a->charged = bytes;
+        a->kind = kind;
+        a->dev = c->dev;
+        a->ctx = c;
     }
     pthread_mutex_unlock(&g_mu);
+    if (rc != CUDA_SUCCESS)
+        free(obj);
+    return rc;
+}
+
+static CUresult array_destroy(void *obj, enum alloc_kind kind)
+{
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)obj, kind);
+    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (a) {
+        uncharge(a->dev, a->charged);
+        alloc_remove(a);
+        free(obj);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    size_t bytes = 0;
+    if (!pa)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = array_bytes(d, 1, &bytes);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUarray_st *arr = calloc(1, sizeof *arr);
+    if (arr) {
+        arr->magic = 0x41525231u;
+        arr->desc = *d;
+    }
+    rc = array_record(arr, bytes, A_ARRAY);
+    if (rc == CUDA_SUCCESS)
+        *pa = arr;
     return rc;
 }
 
@@ -2539,16 +2565,7 @@ EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *out, CUarray arr)
 EXPORT CUresult cuArrayDestroy(CUarray arr)
 {
     ENTER();
-    pthread_mutex_lock(&g_mu);
-    struct alloc *a = alloc_find((uintptr_t)arr, A_ARRAY);
-    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (a) {
-        uncharge(a->dev, a->charged);
-        alloc_remove(a);
-        free(arr);
-    }
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return array_destroy(arr, A_ARRAY);
 }
 
 /* Mipmapped arrays: every level is charged at creation; the levels belong to the array. */
@@ -2568,35 +2585,18 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pm, const CUDA_ARRAY3D_
     CUresult rc = array_bytes(d, levels, &bytes);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&g_mu);
-    CUcontext c = NULL;
-    rc = need_ctx(&c);
-    if (rc == CUDA_SUCCESS)
-        rc = charge(c->dev, bytes);
-    if (rc == CUDA_SUCCESS) {
-        struct CUmipmappedArray_st *m = calloc(1, sizeof *m);
-        struct alloc *a = m ? alloc_add() : NULL;
-        if (!a) {
-            free(m);
-            uncharge(c->dev, bytes);
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            m->magic = 0x4d495031u;
-            m->levels = levels;
-            for (unsigned l = 0; l < levels; l++) {
-                m->level[l].magic = 0x41525231u;
-                m->level[l].desc = mip_level(d, l);
-            }
-            a->ptr = (uintptr_t)m;
-            a->size = bytes;
-            a->charged = bytes;
-            a->kind = A_MIPMAP;
-            a->dev = c->dev;
-            a->ctx = c;
-            *pm = m;
+    struct CUmipmappedArray_st *m = calloc(1, sizeof *m);
+    if (m) {
+        m->magic = 0x4d495031u;
+        m->levels = levels;
+        for (unsigned l = 0; l < levels; l++) {
+            m->level[l].magic = 0x41525231u;
+            m->level[l].desc = mip_level(d, l);
         }
     }
-    pthread_mutex_unlock(&g_mu);
+    rc = array_record(m, bytes, A_MIPMAP);
+    if (rc == CUDA_SUCCESS)
+        *pm = m;
     return rc;
 }
 
@@ -2618,16 +2618,7 @@ EXPORT CUresult cuMipmappedArrayGetLevel(CUarray *pa, CUmipmappedArray m, unsign
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
 {
     ENTER();
-    pthread_mutex_lock(&g_mu);
-    struct alloc *a = alloc_find((uintptr_t)m, A_MIPMAP);
-    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (a) {
-        uncharge(a->dev, a->charged);
-        alloc_remove(a);
-        free(m);
-    }
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return array_destroy(m, A_MIPMAP);
 }
 
 /* Destroying a context frees everything allocated in it, as the driver does. */

@@ -48,6 +48,7 @@ def test_equal_pids_in_two_pid_namespaces(
         dev = nv.nvmlDeviceGetHandleByIndex(0)
         procs = {p.pid: p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(dev)}
         assert procs == {ha: 1000 * MIB, hb: 500 * MIB}  # host PIDs, each its own memory
+        time.sleep(0.25)  # let the 100 ms sample periods holding their kernels close
         samples = {s.pid: s.smUtil for s in nv.nvmlDeviceGetProcessUtilization(dev, 0)}
         assert set(samples) == {ha, hb} and all(samples.values()), samples
         out = node.smi("--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader")
