@@ -149,6 +149,18 @@ static struct alloc *alloc_containing(uintptr_t p, size_t n)
 
 static void alloc_remove(struct alloc *a) { *a = g_alloc[--g_nalloc]; }
 
+/* Fill a new allocation record. */
+static void alloc_set(struct alloc *a, uintptr_t ptr, size_t size, uint64_t charged, enum alloc_kind kind,
+                      int dev, CUcontext ctx)
+{
+    a->ptr = ptr;
+    a->size = size;
+    a->charged = charged;
+    a->kind = kind;
+    a->dev = dev;
+    a->ctx = ctx;
+}
+
 static void *map_bytes(size_t n, int prot)
 {
     void *p = mmap(NULL, n ? n : 1, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1614,12 +1626,7 @@ static CUresult dev_alloc(CUdeviceptr *out, size_t bytes, enum alloc_kind kind, 
         uncharge(c->dev, charge_bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    a->ptr = (uintptr_t)p;
-    a->size = bytes;
-    a->charged = charge_bytes;
-    a->kind = kind;
-    a->dev = c->dev;
-    a->ctx = c;
+    alloc_set(a, (uintptr_t)p, bytes, charge_bytes, kind, c->dev, c);
     a->pool = pool;
     *out = (CUdeviceptr)a->ptr;
     return CUDA_SUCCESS;
@@ -1751,11 +1758,7 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags)
         }
     }
     if (rc == CUDA_SUCCESS) {
-        a->ptr = (uintptr_t)p;
-        a->size = bytes;
-        a->kind = A_HOST;
-        a->dev = c->dev;
-        a->ctx = c;
+        alloc_set(a, (uintptr_t)p, bytes, 0, A_HOST, c->dev, c);
         *pp = p;
     }
     pthread_mutex_unlock(&g_mu);
@@ -1795,13 +1798,8 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags)
     struct alloc *a = rc == CUDA_SUCCESS ? alloc_add() : NULL;
     if (rc == CUDA_SUCCESS && !a)
         rc = CUDA_ERROR_OUT_OF_MEMORY;
-    if (rc == CUDA_SUCCESS) {
-        a->ptr = (uintptr_t)p;
-        a->size = bytes;
-        a->kind = A_HOST_REG;
-        a->dev = c->dev;
-        a->ctx = c;
-    }
+    if (rc == CUDA_SUCCESS)
+        alloc_set(a, (uintptr_t)p, bytes, 0, A_HOST_REG, c->dev, c);
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
@@ -1999,11 +1997,7 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool po
                     munmap(p, bytes);
                 rc = CUDA_ERROR_OUT_OF_MEMORY;
             } else {
-                a->ptr = (uintptr_t)p;
-                a->size = bytes;
-                a->kind = A_ASYNC;
-                a->dev = pool->dev;
-                a->ctx = st->ctx;
+                alloc_set(a, (uintptr_t)p, bytes, 0, A_ASYNC, pool->dev, st->ctx);
                 a->pool = pool;
                 pool->used += bytes;
                 if (pool->used > pool->used_high)
@@ -2468,14 +2462,8 @@ static CUresult array_record(void *obj, size_t bytes, enum alloc_kind kind)
         uncharge(c->dev, bytes);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (a) {
-        a->ptr = (uintptr_t)obj;
-        a->size = bytes;
-        a->charged = bytes;
-        a->kind = kind;
-        a->dev = c->dev;
-        a->ctx = c;
-    }
+    if (a)
+        alloc_set(a, (uintptr_t)obj, bytes, bytes, kind, c->dev, c);
     pthread_mutex_unlock(&g_mu);
     if (rc != CUDA_SUCCESS)
         free(obj);
