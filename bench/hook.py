@@ -4,7 +4,9 @@
 
 1. callgrind instructions added per cuLaunchKernel and per cuMemAlloc_v2 (hooked - direct)
 2. instructions per alloc with 8 processes allocating at once vs 1
-3. instructions per ledger join for the 300th process vs the 1st
+3. instructions per ledger join for the 300th process vs the 1st (the join step alone), and
+   what the library adds to a process end to end (loading, initialisation, joining, its first
+   context and allocation) for the 1st, 10th and 100th process of a container
 4. wall-clock p99 alloc latency, 2 processes vs 1
 5. two containers with core budgets 30 % / 70 % saturating one simulated GPU under the
    standalone controller: achieved split over 10 s, and settling time after a budget change
@@ -73,25 +75,35 @@ def callgrind(
     return collected(r.stderr)
 
 
-def inclusive(out: Path, func: str) -> tuple[int, int]:
-    """Inclusive instructions of `func` in libtessera and in libcuda."""
-    text = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    hooked = driver = 0
-    for line in text.splitlines():
-        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*:(\w+) \[(\S+)\]", line)
-        if not m or m.group(2) != func:
-            continue
-        n = int(m.group(1).replace(",", ""))
-        if m.group(3).endswith("libtessera.so"):
-            hooked = n
-        elif "libcuda" in m.group(3):
-            driver = n
-    return hooked, driver
+def inclusive(out: Path, func: str) -> dict[str, int]:
+    """Inclusive instructions of every function named `func`, per object (library), read
+    from the callgrind output itself: the cost lines of the function's blocks (its own
+    instructions, wherever inlined code says they come from) and of the calls it makes."""
+    tables: dict[str, dict[str, str]] = {"ob": {}, "fn": {}}
+    totals: dict[str, int] = {}
+    ob = fn = ""
+
+    def name(kind: str, ref: str) -> str:
+        m = re.match(r"\((\d+)\)(?: (.*))?$", ref)
+        if not m:
+            return ref
+        if m.group(2) is not None:
+            tables[kind][m.group(1)] = m.group(2)
+        return tables[kind].get(m.group(1), "")
+
+    for line in out.read_text().splitlines():
+        key, _, rest = line.partition("=")
+        if key in ("ob", "cob"):
+            n = name("ob", rest)
+            ob = n if key == "ob" else ob
+        elif key in ("fn", "cfn"):
+            n = name("fn", rest)
+            fn = n if key == "fn" else fn
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            fields = line.split()
+            if fn == func and len(fields) > 1:
+                totals[ob] = totals.get(ob, 0) + int(fields[1])
+    return totals
 
 
 def added_per_op(
@@ -103,7 +115,10 @@ def added_per_op(
     for n in (n1, n2):
         out = tmp / f"cg.{func}.{n}.out"
         callgrind(c, env, [str(TBENCH), op[0], str(n), *op[1:]], out=out)
-        vals.append(inclusive(out, func))
+        per_object = inclusive(out, func)
+        hooked = sum(v for k, v in per_object.items() if k.endswith("libtessera.so"))
+        driver = sum(v for k, v in per_object.items() if "libcuda" in k)
+        vals.append((hooked, driver))
     (h1, d1), (h2, d2) = vals
     k = n2 - n1
     return ((h2 - d2) - (h1 - d1)) / k, (d2 - d1) / k, (h2 - h1) / k
@@ -163,6 +178,41 @@ def bench_join(tmp: Path, quick: bool) -> dict[str, float]:
         "join_300_vs_1": nth / first,
         "join_299_wall_s": spawn,
     }
+
+
+def first_use(tmp: Path, counts: tuple[int, ...]) -> dict[int, int]:
+    """Instructions the library adds to a whole process that retains a context and makes one
+    allocation (callgrind totals of tbench with the library preloaded in a container, minus
+    the same program without it, both run beside the same live processes), when it is the
+    n-th live process of its container."""
+    c = Container(tmp, "first")
+    c.set(BudgetEntry(memory=64 * GIB))
+    env = sim_env(tmp)
+    args = [str(TBENCH), "alloc", "1", "4096"]
+    callgrind(None, env, args)  # the first process of a node initialises its state file
+    holders: list[subprocess.Popen[str]] = []
+    out: dict[int, int] = {}
+    try:
+        for n in counts:
+            while len(holders) < n - 1:  # others of the container, joined and alive
+                holders.append(c.popen([str(PROBE), "hold", "alloc", "4096", "600"]))
+                assert holders[-1].stdout and holders[-1].stdout.readline().strip() == "held"
+            out[n] = callgrind(c, env, args) - callgrind(None, env, args)
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+        c.budget.close()
+    return out
+
+
+def bench_first_use(tmp: Path, quick: bool) -> dict[str, float]:
+    counts = (1, 2, 10) if quick else (1, 2, 10, 100)
+    cost = first_use(tmp / "first-use", counts)
+    res: dict[str, float] = {f"first_use_instr_proc{n}": float(v) for n, v in cost.items()}
+    # the 1st process also creates and initialises the ledger; every later one joins it
+    res[f"first_use_{counts[-1]}_vs_2"] = cost[counts[-1]] / cost[2]
+    return res
 
 
 def p99(c: Container, procs: int, n: int) -> float:
@@ -299,12 +349,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["instr", "join", "latency", "split"])
+    ap.add_argument("--only", choices=["instr", "join", "first_use", "latency", "split"])
     args = ap.parse_args()
     why = missing_prerequisite()
     if why:
-        print(f"skipped: {why}")
-        return 0
+        print(f"cannot run: {why}", file=sys.stderr)
+        return 1
     build()
     prepare_host_mountpoints()
     results: dict[str, object] = {}
@@ -313,6 +363,7 @@ def main() -> int:
         for name, fn in (
             ("instr", bench_instructions),
             ("join", bench_join),
+            ("first_use", bench_first_use),
             ("latency", bench_latency),
             ("split", bench_split),
         ):
@@ -327,6 +378,7 @@ def main() -> int:
         "alloc_instr_added": ("<=", 300),
         "alloc_8_vs_1": ("<=", 1.1),
         "join_300_vs_1": ("<=", 1.1),
+        "first_use_100_vs_2": ("<=", 1.1),
         "alloc_p99_2_vs_1": ("<=", 2.0),
         "settling_s_30_to_50": ("<", 1.0),
     }

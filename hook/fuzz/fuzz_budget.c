@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (b.ndev > TB_MAX_DEV)
             __builtin_trap();
         for (uint32_t i = 0; i < b.ndev; i++)
-            if (b.dev[i].flags & ~7u)
+            if (b.dev[i].flags & ~TB_DEV_FLAGS)
                 __builtin_trap();
     } else if (r == TB_BAD && (!why || !*why)) {
         __builtin_trap();

@@ -53,8 +53,12 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
     out->generation = g1;
     out->ndev = h.ndev;
     for (size_t i = 0; i < n; i++) {
-        if (d[i].flags & ~(uint32_t)(TB_DEV_MEM_LIMIT | TB_DEV_CORE_LIMIT | TB_DEV_UUID)) {
+        if (d[i].flags & ~(uint32_t)TB_DEV_FLAGS) {
             *why = "unknown device flags";
+            return TB_BAD;
+        }
+        if ((d[i].flags & TB_DEV_MIG) && !(d[i].flags & TB_DEV_UUID)) {
+            *why = "MIG flag without a UUID";
             return TB_BAD;
         }
         if ((d[i].flags & TB_DEV_CORE_LIMIT) && d[i].rate_milli > 0 && d[i].burst_milli == 0) {
@@ -72,6 +76,7 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
         out->dev[i].core_target = d[i].core_target;
         out->dev[i].rate_milli = d[i].rate_milli;
         out->dev[i].burst_milli = d[i].burst_milli;
+        out->dev[i].context_bytes = d[i].context_bytes;
     }
     return TB_OK;
 }

@@ -15,6 +15,7 @@ struct tb_dev {
     uint32_t core_target;
     uint64_t rate_milli;
     uint64_t burst_milli;
+    uint64_t context_bytes;
 };
 
 struct tb_budget {

@@ -26,6 +26,9 @@
 #define TB_DEV_MEM_LIMIT 0x1u  /* mem_limit applies (otherwise: no memory limit) */
 #define TB_DEV_CORE_LIMIT 0x2u /* rate/burst apply (otherwise: launches are not throttled) */
 #define TB_DEV_UUID 0x4u       /* match the device by uuid, not by index */
+#define TB_DEV_MIG 0x8u        /* with TB_DEV_UUID: the uuid is a MIG device's ("MIG-..."), not a
+                                  GPU's ("GPU-..."); the 16 bytes alone do not say which */
+#define TB_DEV_FLAGS (TB_DEV_MEM_LIMIT | TB_DEV_CORE_LIMIT | TB_DEV_UUID | TB_DEV_MIG)
 
 struct tb_file_header {   /* 64 bytes */
     uint32_t magic;       /*  0 TB_MAGIC */
@@ -47,7 +50,8 @@ struct tb_file_dev {      /* 64 bytes */
     uint32_t reserved0;   /* 36 */
     uint64_t rate_milli;  /* 40 launch tokens per second x 1000, set by the controller */
     uint64_t burst_milli; /* 48 bucket depth in tokens x 1000 */
-    uint64_t reserved1;   /* 56 */
+    uint64_t context_bytes; /* 56 device bytes one context holds (the daemon measures it):
+                               charged for every context a process creates; 0: nothing */
 };
 
 _Static_assert(sizeof(struct tb_file_header) == 64, "budget header layout");

@@ -29,10 +29,10 @@ MIB = 1 << 20
 GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 
-def node_text(ns_per_block: int = 1000) -> str:
+def node_text(ns_per_block: int = 1000, context_mib: int = 0) -> str:
     """One simulated H100, described from the model table by the simulator's own writer."""
     return node_description([GPUSpec("H100-80GB", uuid=GPU_UUID)],
-                            default_ns_per_block=ns_per_block)
+                            default_ns_per_block=ns_per_block, context_mib=context_mib)
 
 
 def missing_prerequisite() -> str | None:

@@ -1,5 +1,6 @@
 """Real-GPU tier: the same checks as test_hook.py, built the same way, against the machine's
-own libcuda.so.1 and libnvidia-ml.so.1. Runs only where an NVIDIA GPU and driver are present."""
+own libcuda.so.1 and libnvidia-ml.so.1. Skipped, saying so, only where there is no NVIDIA GPU
+(/dev/nvidiactl missing); on a machine with one, a driver that cannot be used fails."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from tessera_hook_harness import GIB, MIB, SIM_LIB, Container
 pytestmark = pytest.mark.gpu
 
 
+NO_GPU = "no NVIDIA GPU on this machine (/dev/nvidiactl missing)"
+
+
 def real_driver() -> str | None:
-    """Why there is no real GPU here, or None."""
+    """Why the real driver cannot be used here, or None."""
     if not Path("/dev/nvidiactl").exists():
-        return "no NVIDIA GPU on this machine (/dev/nvidiactl missing)"
+        return NO_GPU
     name = ctypes.util.find_library("cuda")
     if not name:
         return "no libcuda.so.1 from an NVIDIA driver"
@@ -34,8 +38,10 @@ def real_driver() -> str | None:
 @pytest.fixture
 def gpu_container(hook_built: None, tmp_path: Path) -> Container:
     why = real_driver()
+    if why == NO_GPU:
+        pytest.skip(why)  # the one skip of the suite: this tier needs the hardware
     if why:
-        pytest.skip(why)
+        pytest.fail(f"an NVIDIA GPU is present but {why}")
     c = Container(tmp_path, "gpu")
     for k in ("LD_LIBRARY_PATH", "TESSERA_SIM_NODE", "TESSERA_SIM_STATE"):
         c.env.pop(k, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tessera_hook_harness import BUILD, HOOK, MIB, SIM_LIB, sim_env
+from tessera_hook_harness import BUILD, HOOK, MIB, ROOT, SIM_LIB, sim_env
 
 RUNS = 200_000  # per fuzz target, seeded: the same inputs every time
 OPS = [
@@ -59,8 +60,9 @@ def test_asan_ubsan(hook_built: None, tmp_path: Path) -> None:
         assert "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr
 
 
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_valgrind_memcheck(hook_built: None, tmp_path: Path) -> None:
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind not installed (make sysdeps, or apt-get install valgrind)")
     env = _env(tmp_path, SIM_LIB)
     env["LD_PRELOAD"] = str(BUILD / "libtessera.so")
     for op in OPS[:4] + OPS[6:7]:
@@ -101,7 +103,7 @@ def _libfuzzer_missing() -> str | None:
 def test_fuzz_seeded(target: str, tmp_path: Path) -> None:
     why = _libfuzzer_missing()
     if why:
-        pytest.skip(why)
+        pytest.fail(why)
     subprocess.run(["make", "-s", "-C", str(HOOK), f"PYTHON={sys.executable}", "fuzz"], check=True)
     r = subprocess.run(
         [
@@ -117,3 +119,18 @@ def test_fuzz_seeded(target: str, tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"Done {RUNS} runs" in r.stderr
+
+
+def test_first_use_cost_is_flat_across_processes(hook_built: None, tmp_path: Path) -> None:
+    """What the library costs a process end to end (loading, driver entry points, budget,
+    joining the ledger, first context and allocation) does not grow with the number of live
+    processes in the container: no join-time sweep, no per-process scan (callgrind)."""
+    if shutil.which("valgrind") is None:
+        pytest.fail("valgrind not installed (make sysdeps, or apt-get install valgrind)")
+    spec = importlib.util.spec_from_file_location("bench_hook", ROOT / "bench" / "hook.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cost = bench.first_use(tmp_path, (2, 30))
+    assert 0 < cost[30] <= 1.02 * cost[2], cost
+    assert cost[2] < 400_000, cost  # hook/README.md: ~170k

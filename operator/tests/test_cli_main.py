@@ -25,8 +25,8 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
     assert "required" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not TESSERA.exists(), reason="entry point not installed in this interpreter")
 def test_installed_entry_point_exits_2_on_bad_input() -> None:
+    assert TESSERA.exists(), f"{TESSERA} missing: install the package (make install)"
     proc = subprocess.run([str(TESSERA), "no-such-command"], capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 2

@@ -88,7 +88,11 @@ static void reg_del(struct reg *r, const void *p)
 
 /* ------------------------------------------------------------- allocations */
 
-enum alloc_kind { A_DEVICE, A_PITCH, A_MANAGED, A_ASYNC, A_ARRAY, A_HOST, A_VMM_HANDLE, A_VA_RANGE };
+enum alloc_kind {
+    A_DEVICE, A_PITCH, A_MANAGED, A_ASYNC, A_ARRAY, A_HOST, A_VMM_HANDLE, A_VA_RANGE,
+    A_HOST_REG,  /* registered (page-locked) host memory: the caller's, never unmapped here */
+    A_MIPMAP,
+};
 
 struct alloc {
     uintptr_t ptr;
@@ -135,7 +139,7 @@ static struct alloc *alloc_containing(uintptr_t p, size_t n)
 {
     for (size_t i = 0; i < g_nalloc; i++) {
         struct alloc *a = &g_alloc[i];
-        if (a->kind == A_VMM_HANDLE || a->kind == A_ARRAY)
+        if (a->kind == A_VMM_HANDLE || a->kind == A_ARRAY || a->kind == A_MIPMAP)
             continue;
         if (p >= a->ptr && p - a->ptr <= a->size && n <= a->size - (p - a->ptr))
             return a;
@@ -144,6 +148,18 @@ static struct alloc *alloc_containing(uintptr_t p, size_t n)
 }
 
 static void alloc_remove(struct alloc *a) { *a = g_alloc[--g_nalloc]; }
+
+/* Fill a new allocation record. */
+static void alloc_set(struct alloc *a, uintptr_t ptr, size_t size, uint64_t charged, enum alloc_kind kind,
+                      int dev, CUcontext ctx)
+{
+    a->ptr = ptr;
+    a->size = size;
+    a->charged = charged;
+    a->kind = kind;
+    a->dev = dev;
+    a->ctx = ctx;
+}
 
 static void *map_bytes(size_t n, int prot)
 {
@@ -1610,12 +1626,7 @@ static CUresult dev_alloc(CUdeviceptr *out, size_t bytes, enum alloc_kind kind, 
         uncharge(c->dev, charge_bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    a->ptr = (uintptr_t)p;
-    a->size = bytes;
-    a->charged = charge_bytes;
-    a->kind = kind;
-    a->dev = c->dev;
-    a->ctx = c;
+    alloc_set(a, (uintptr_t)p, bytes, charge_bytes, kind, c->dev, c);
     a->pool = pool;
     *out = (CUdeviceptr)a->ptr;
     return CUDA_SUCCESS;
@@ -1714,7 +1725,7 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     ENTER();
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_containing((uintptr_t)p, 0);
-    CUresult rc = a && a->kind != A_HOST ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    CUresult rc = a && a->kind != A_HOST && a->kind != A_HOST_REG ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     if (rc == CUDA_SUCCESS) {
         if (base)
             *base = (CUdeviceptr)a->ptr;
@@ -1747,11 +1758,7 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags)
         }
     }
     if (rc == CUDA_SUCCESS) {
-        a->ptr = (uintptr_t)p;
-        a->size = bytes;
-        a->kind = A_HOST;
-        a->dev = c->dev;
-        a->ctx = c;
+        alloc_set(a, (uintptr_t)p, bytes, 0, A_HOST, c->dev, c);
         *pp = p;
     }
     pthread_mutex_unlock(&g_mu);
@@ -1768,6 +1775,43 @@ EXPORT CUresult cuMemFreeHost(void *p)
     CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (a)
         dev_release(a);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* Registered host memory: page-locked in place, never charged to the device.  A range may
+ * not overlap another registration; unregistering takes the address it was registered at. */
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags)
+{
+    ENTER();
+    if (!p || bytes == 0 || (flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                                  CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY)))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUcontext c = NULL;
+    CUresult rc = need_ctx(&c);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < g_nalloc; i++) {
+        const struct alloc *o = &g_alloc[i];
+        if (o->kind == A_HOST_REG && (uintptr_t)p < o->ptr + o->size && o->ptr < (uintptr_t)p + bytes)
+            rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    struct alloc *a = rc == CUDA_SUCCESS ? alloc_add() : NULL;
+    if (rc == CUDA_SUCCESS && !a)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS)
+        alloc_set(a, (uintptr_t)p, bytes, 0, A_HOST_REG, c->dev, c);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    ENTER();
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)p, A_HOST_REG);
+    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (a)
+        alloc_remove(a);
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
@@ -1953,11 +1997,7 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool po
                     munmap(p, bytes);
                 rc = CUDA_ERROR_OUT_OF_MEMORY;
             } else {
-                a->ptr = (uintptr_t)p;
-                a->size = bytes;
-                a->kind = A_ASYNC;
-                a->dev = pool->dev;
-                a->ctx = st->ctx;
+                alloc_set(a, (uintptr_t)p, bytes, 0, A_ASYNC, pool->dev, st->ctx);
                 a->pool = pool;
                 pool->used += bytes;
                 if (pool->used > pool->used_high)
@@ -2166,11 +2206,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
         return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.id < 0 || prop->location.id >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
+    /* Physical memory belongs to the process, not to a context: no current context needed,
+     * as with the real driver. */
     pthread_mutex_lock(&g_mu);
-    CUcontext c = NULL;
-    CUresult rc = need_ctx(&c);
-    if (rc == CUDA_SUCCESS)
-        rc = charge(prop->location.id, size);
+    CUresult rc = charge(prop->location.id, size);
     if (rc == CUDA_SUCCESS) {
         struct alloc *a = alloc_add();
         if (!a) {
@@ -2370,42 +2409,97 @@ struct CUarray_st {
     CUDA_ARRAY3D_DESCRIPTOR desc;
 };
 
-static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
+struct CUmipmappedArray_st {
+    uint32_t magic;
+    unsigned levels;
+    struct CUarray_st level[32]; /* what cuMipmappedArrayGetLevel hands out; owned here */
+};
+
+/* The descriptor of mip level `l` of d: every extent halves, down to 1 (0 stays 0). */
+static CUDA_ARRAY3D_DESCRIPTOR mip_level(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned l)
+{
+    CUDA_ARRAY3D_DESCRIPTOR o = *d;
+    o.Width = d->Width >> l ? d->Width >> l : 1;
+    o.Height = d->Height ? (d->Height >> l ? d->Height >> l : 1) : 0;
+    o.Depth = d->Depth ? (d->Depth >> l ? d->Depth >> l : 1) : 0;
+    return o;
+}
+
+/* Device bytes of an array with `levels` mip levels (rows padded to 512 bytes). */
+static CUresult array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels, size_t *out)
 {
     size_t eb = format_bytes(d->Format);
-    if (!pa || eb == 0 || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
+    if (eb == 0 || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
         return CUDA_ERROR_INVALID_VALUE;
-    size_t h = d->Height ? d->Height : 1, depth = d->Depth ? d->Depth : 1;
-    size_t row = (d->Width * eb * d->NumChannels + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
-    if (h > SIZE_MAX / row || depth > SIZE_MAX / (row * h))
+    size_t total = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        CUDA_ARRAY3D_DESCRIPTOR m = mip_level(d, l);
+        size_t h = m.Height ? m.Height : 1, depth = m.Depth ? m.Depth : 1;
+        if (m.Width > SIZE_MAX / 64)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        size_t row = (m.Width * eb * m.NumChannels + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+        if (h > SIZE_MAX / row || depth > SIZE_MAX / (row * h) || total > SIZE_MAX - row * h * depth)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        total += row * h * depth;
+    }
+    *out = total;
+    return CUDA_SUCCESS;
+}
+
+/* An array object (heap memory, freed with it) of `bytes` device memory: charged to the current
+ * context's device and recorded as an allocation of `kind`; freed on failure. */
+static CUresult array_record(void *obj, size_t bytes, enum alloc_kind kind)
+{
+    if (!obj)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    size_t bytes = row * h * depth;
     pthread_mutex_lock(&g_mu);
     CUcontext c = NULL;
     CUresult rc = need_ctx(&c);
     if (rc == CUDA_SUCCESS)
         rc = charge(c->dev, bytes);
-    struct CUarray_st *arr = NULL;
-    if (rc == CUDA_SUCCESS) {
-        arr = calloc(1, sizeof *arr);
-        struct alloc *a = arr ? alloc_add() : NULL;
-        if (!a) {
-            free(arr);
-            uncharge(c->dev, bytes);
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            arr->magic = 0x41525231u;
-            arr->desc = *d;
-            a->ptr = (uintptr_t)arr;
-            a->size = bytes;
-            a->charged = bytes;
-            a->kind = A_ARRAY;
-            a->dev = c->dev;
-            a->ctx = c;
-            *pa = arr;
-        }
+    struct alloc *a = rc == CUDA_SUCCESS ? alloc_add() : NULL;
+    if (rc == CUDA_SUCCESS && !a) {
+        uncharge(c->dev, bytes);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (a)
+        alloc_set(a, (uintptr_t)obj, bytes, bytes, kind, c->dev, c);
+    pthread_mutex_unlock(&g_mu);
+    if (rc != CUDA_SUCCESS)
+        free(obj);
+    return rc;
+}
+
+static CUresult array_destroy(void *obj, enum alloc_kind kind)
+{
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)obj, kind);
+    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (a) {
+        uncharge(a->dev, a->charged);
+        alloc_remove(a);
+        free(obj);
     }
     pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    size_t bytes = 0;
+    if (!pa)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = array_bytes(d, 1, &bytes);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUarray_st *arr = calloc(1, sizeof *arr);
+    if (arr) {
+        arr->magic = 0x41525231u;
+        arr->desc = *d;
+    }
+    rc = array_record(arr, bytes, A_ARRAY);
+    if (rc == CUDA_SUCCESS)
+        *pa = arr;
     return rc;
 }
 
@@ -2426,15 +2520,27 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d
     return array_create(pa, d);
 }
 
+/* A live array: one of ours, or a level of a live mipmapped array.  Caller holds g_mu. */
+static int array_live(CUarray arr)
+{
+    if (alloc_find((uintptr_t)arr, A_ARRAY))
+        return 1;
+    for (size_t i = 0; i < g_nalloc; i++) {
+        const struct CUmipmappedArray_st *m = (const void *)g_alloc[i].ptr;
+        if (g_alloc[i].kind == A_MIPMAP && arr >= &m->level[0] && arr < &m->level[m->levels])
+            return 1;
+    }
+    return 0;
+}
+
 EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *out, CUarray arr)
 {
     ENTER();
     if (!out)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    struct alloc *a = alloc_find((uintptr_t)arr, A_ARRAY);
-    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (a) {
+    CUresult rc = array_live(arr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (rc == CUDA_SUCCESS) {
         out->Width = arr->desc.Width;
         out->Height = arr->desc.Height;
         out->Format = arr->desc.Format;
@@ -2447,16 +2553,60 @@ EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *out, CUarray arr)
 EXPORT CUresult cuArrayDestroy(CUarray arr)
 {
     ENTER();
-    pthread_mutex_lock(&g_mu);
-    struct alloc *a = alloc_find((uintptr_t)arr, A_ARRAY);
-    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (a) {
-        uncharge(a->dev, a->charged);
-        alloc_remove(a);
-        free(arr);
+    return array_destroy(arr, A_ARRAY);
+}
+
+/* Mipmapped arrays: every level is charged at creation; the levels belong to the array. */
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pm, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    ENTER();
+    if (!pm || !d || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t longest = d->Width > d->Height ? d->Width : d->Height;
+    longest = longest > d->Depth ? longest : d->Depth;
+    unsigned max_levels = 1;
+    while (max_levels < 32 && (longest >> max_levels))
+        max_levels++;
+    if (levels > max_levels)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = 0;
+    CUresult rc = array_bytes(d, levels, &bytes);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUmipmappedArray_st *m = calloc(1, sizeof *m);
+    if (m) {
+        m->magic = 0x4d495031u;
+        m->levels = levels;
+        for (unsigned l = 0; l < levels; l++) {
+            m->level[l].magic = 0x41525231u;
+            m->level[l].desc = mip_level(d, l);
+        }
     }
+    rc = array_record(m, bytes, A_MIPMAP);
+    if (rc == CUDA_SUCCESS)
+        *pm = m;
+    return rc;
+}
+
+EXPORT CUresult cuMipmappedArrayGetLevel(CUarray *pa, CUmipmappedArray m, unsigned int level)
+{
+    ENTER();
+    if (!pa)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult rc = alloc_find((uintptr_t)m, A_MIPMAP) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (rc == CUDA_SUCCESS && level >= m->levels)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *pa = &m->level[level];
     pthread_mutex_unlock(&g_mu);
     return rc;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
+{
+    ENTER();
+    return array_destroy(m, A_MIPMAP);
 }
 
 /* Destroying a context frees everything allocated in it, as the driver does. */
@@ -2468,10 +2618,12 @@ static void free_ctx_resources(CUcontext c)
             i++;
             continue;
         }
-        if (a->kind == A_ARRAY) {
+        if (a->kind == A_ARRAY || a->kind == A_MIPMAP) {
             uncharge(a->dev, a->charged);
             free((void *)a->ptr);
             alloc_remove(a);
+        } else if (a->kind == A_HOST_REG) {
+            alloc_remove(a); /* unregistered; the memory is the caller's */
         } else {
             if (a->kind == A_ASYNC && a->pool)
                 a->pool->used -= a->size;

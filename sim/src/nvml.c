@@ -416,7 +416,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
         return NVML_ERROR_NOT_SUPPORTED; /* as on real MIG-enabled GPUs */
     LOCK();
     uint64_t now = sim_now_ns();
-    uint64_t busy = sim_timeline_busy_locked(d->gpu, 0, -1, now - UTIL_WINDOW_NS, now);
+    uint64_t busy = sim_timeline_busy_locked(d->gpu, 0, NULL, now - UTIL_WINDOW_NS, now);
     sim_unlock();
     u->gpu = (unsigned)((busy * 100 + UTIL_WINDOW_NS / 2) / UTIL_WINDOW_NS);
     u->memory = 0;
@@ -429,6 +429,7 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned *count, void *out, size_t
     if (!count || (*count && !out))
         return NVML_ERROR_INVALID_ARGUMENT;
     LOCK();
+    sim_observe_locked();
     unsigned n = 0;
     nvmlReturn_t rc = NVML_SUCCESS;
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
@@ -442,7 +443,7 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned *count, void *out, size_t
                 continue;
             if (n < *count) {
                 unsigned char *rec = (unsigned char *)out + (size_t)n * stride;
-                nvmlProcessInfo_v2_t info = {.pid = (unsigned)p->pid, .usedGpuMemory = p->mem[d->gpu][t],
+                nvmlProcessInfo_v2_t info = {.pid = (unsigned)sim_reported_pid_locked(p), .usedGpuMemory = p->mem[d->gpu][t],
                                              .gpuInstanceId = NO_ID, .computeInstanceId = NO_ID};
                 if (t > 0) {
                     info.gpuInstanceId = S()->gpu[d->gpu].gi[t - 1].id;
@@ -527,16 +528,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
         t0 = t1 > SAMPLE_PERIOD_NS ? t1 - SAMPLE_PERIOD_NS : 0;
     }
     LOCK();
+    sim_observe_locked();
     nvmlProcessUtilizationSample_t tmp[SIM_MAX_PROCS];
     unsigned n = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         const struct sim_proc *p = &S()->proc[i];
         if (!p->pid)
             continue;
-        uint64_t busy = sim_timeline_busy_locked(d->gpu, 0, p->pid, t0, t1);
+        uint64_t busy = sim_timeline_busy_locked(d->gpu, 0, p, t0, t1);
         if (!busy)
             continue;
-        tmp[n].pid = (unsigned)p->pid;
+        tmp[n].pid = (unsigned)sim_reported_pid_locked(p);
         tmp[n].timeStamp = wall_newest;
         tmp[n].smUtil = (unsigned)((busy * 100 + (t1 - t0) / 2) / (t1 - t0));
         tmp[n].memUtil = 0;

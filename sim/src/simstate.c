@@ -19,8 +19,8 @@
 static struct sim_state *g_state;
 static pthread_mutex_t g_attach_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_error[512];
-static int32_t g_self_pid;
-static int g_self_index = -1;
+static int g_fd = -1;          /* kept open: the OFD locks on it say this process is alive */
+static char g_path[4096];      /* the state file, for a fork child's own descriptor */
 
 /* Per-process faults from TESSERA_SIM_FAULTS. */
 static struct sim_fault g_env_fault[SIM_MAX_FAULTS];
@@ -273,6 +273,8 @@ static int init_state(struct sim_state *st, const char *node_path, char *text, u
     return 0;
 }
 
+static void atfork_child(void);
+
 static void parse_env_faults(void)
 {
     const char *spec = getenv("TESSERA_SIM_FAULTS");
@@ -367,11 +369,16 @@ int sim_attach(void)
 out_unlock:
     flock(fd, LOCK_UN);
 out:
-    if (fd >= 0)
+    if (fd >= 0 && rc != 0)
         close(fd);
     free(text);
     if (rc == 0) {
+        static int atfork_done;
+        if (!atfork_done && pthread_atfork(NULL, NULL, atfork_child) == 0)
+            atfork_done = 1;
         g_state = st;
+        g_fd = fd;
+        sim_copy_str(g_path, sizeof g_path, state_path);
         parse_env_faults();
     } else if (st != MAP_FAILED) {
         munmap(st, sizeof *st);
@@ -386,57 +393,14 @@ void sim_detach(void)
     if (g_state)
         munmap(g_state, sizeof *g_state);
     g_state = NULL;
-    g_self_index = -1;
+    if (g_fd >= 0)
+        close(g_fd); /* drops this copy's locks: the libraries that register never detach */
+    g_fd = -1;
+    sim_proc_forget_self();
     pthread_mutex_unlock(&g_attach_lock);
 }
 
 /* ---------------------------------------------------------------- locking, processes */
-
-static uint64_t proc_start_time(int32_t pid, char *state_out)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* comm may contain spaces and parens */
-    if (!p || p[1] != ' ')
-        return 0;
-    p += 2;
-    if (state_out)
-        *state_out = *p;
-    /* field 3 is state; start time is field 22 */
-    for (int field = 3; field < 22; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            return 0;
-        p++;
-    }
-    return strtoull(p, NULL, 10);
-}
-
-int sim_pid_alive(int32_t pid, uint64_t start_time)
-{
-    char st = '?';
-    uint64_t t = proc_start_time(pid, &st);
-    if (t == 0 || t != start_time)
-        return 0;
-    return st != 'Z' && st != 'X' && st != 'x';
-}
-
-void sim_reap_locked(void)
-{
-    for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        struct sim_proc *p = &g_state->proc[i];
-        if (p->pid && !sim_pid_alive(p->pid, p->start_time))
-            memset(p, 0, sizeof *p); /* the driver frees a dead process's memory */
-    }
-}
 
 int sim_lock(int reap)
 {
@@ -459,45 +423,22 @@ int sim_lock(int reap)
 
 void sim_unlock(void) { pthread_mutex_unlock(&g_state->lock); }
 
-struct sim_proc *sim_self_locked(void)
+int sim_state_fd(void) { return g_fd; }
+
+/* A fork child is a new process: it must not share the parent's open file description of
+ * the state file (an OFD lock lives as long as any process holds the description). */
+static void atfork_child(void)
 {
-    int32_t pid = (int32_t)getpid();
-    if (g_self_index >= 0 && g_self_pid == pid && g_state->proc[g_self_index].pid == pid)
-        return &g_state->proc[g_self_index];
-    uint64_t start = proc_start_time(pid, NULL);
-    for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        struct sim_proc *p = &g_state->proc[i];
-        if (p->pid == pid && p->start_time == start) {
-            g_self_index = i;
-            g_self_pid = pid;
-            return p;
+    if (g_fd >= 0) {
+        int fd = open(g_path, O_RDWR | O_CLOEXEC);
+        if (fd < 0 || dup3(fd, g_fd, O_CLOEXEC) < 0) {
+            close(g_fd);
+            g_fd = -1;
         }
+        if (fd >= 0 && fd != g_fd)
+            close(fd);
     }
-    sim_reap_locked();
-    for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        struct sim_proc *p = &g_state->proc[i];
-        if (p->pid == 0) {
-            memset(p, 0, sizeof *p);
-            p->pid = pid;
-            p->start_time = start;
-            for (int g = 0; g < SIM_MAX_GPUS; g++)
-                for (int t = 0; t < SIM_TARGETS; t++)
-                    p->ci[g][t] = -1;
-            char path[64];
-            snprintf(path, sizeof path, "/proc/%d/comm", pid);
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (fd >= 0) {
-                ssize_t n = read(fd, p->name, sizeof p->name - 1);
-                close(fd);
-                if (n > 0 && p->name[n - 1] == '\n')
-                    p->name[n - 1] = '\0';
-            }
-            g_self_index = i;
-            g_self_pid = pid;
-            return p;
-        }
-    }
-    return NULL;
+    sim_proc_forget_self();
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -586,6 +527,7 @@ uint64_t sim_timeline_submit_locked(int gpu, int slot, uint64_t cost_ns, uint64_
     struct sim_timeline *tl = &g_state->gpu[gpu].tl[slot];
     struct sim_proc *self = sim_self_locked();
     int32_t pid = self ? self->pid : (int32_t)getpid();
+    uint32_t pidns = self ? self->pidns : 0;
     uint64_t start = tl->busy_until_ns > now ? tl->busy_until_ns : now;
     uint64_t end = start + cost_ns;
     tl->busy_until_ns = end;
@@ -596,13 +538,14 @@ uint64_t sim_timeline_submit_locked(int gpu, int slot, uint64_t cost_ns, uint64_
     /* Merge with the previous interval when the same process runs back to back. */
     if (tl->count > 0) {
         struct sim_busy *last = &tl->ring[(tl->head + SIM_BUSY_RING - 1) % SIM_BUSY_RING];
-        if (last->pid == pid && last->end_ns == start) {
+        if (last->pid == pid && last->pidns == pidns && last->end_ns == start) {
             last->end_ns = end;
             return end;
         }
     }
     struct sim_busy *b = &tl->ring[tl->head];
     b->pid = pid;
+    b->pidns = pidns;
     b->start_ns = start;
     b->end_ns = end;
     tl->head = (tl->head + 1) % SIM_BUSY_RING;
@@ -611,13 +554,13 @@ uint64_t sim_timeline_submit_locked(int gpu, int slot, uint64_t cost_ns, uint64_
     return end;
 }
 
-uint64_t sim_timeline_busy_locked(int gpu, int slot, int32_t pid, uint64_t t0, uint64_t t1)
+uint64_t sim_timeline_busy_locked(int gpu, int slot, const struct sim_proc *p, uint64_t t0, uint64_t t1)
 {
     const struct sim_timeline *tl = &g_state->gpu[gpu].tl[slot];
     uint64_t sum = 0;
     for (uint32_t i = 0; i < tl->count; i++) {
         const struct sim_busy *b = &tl->ring[(tl->head + SIM_BUSY_RING - 1 - i) % SIM_BUSY_RING];
-        if (pid >= 0 && b->pid != pid)
+        if (p && (b->pid != p->pid || b->pidns != p->pidns))
             continue;
         uint64_t s = b->start_ns > t0 ? b->start_ns : t0;
         uint64_t e = b->end_ns < t1 ? b->end_ns : t1;

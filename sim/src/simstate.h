@@ -4,7 +4,7 @@
  * GPUs (from the node description), MIG instances, per-process memory and contexts, the
  * device timelines of the kernel time model, and the shared fault table.  A robust
  * process-shared mutex guards it; a holder killed mid-update is recovered (EOWNERDEAD)
- * and dead processes are reaped (pid + start time) so their memory is never counted.
+ * and dead processes are reaped (see simproc.c) so their memory is never counted.
  * Totals are always computed from the per-process slots, so no derived counter can be
  * left inconsistent by a crash.
  */
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIM_MAGIC 0x7e55e7a51a000003ULL
+#define SIM_MAGIC 0x7e55e7a51a000004ULL
 #define SIM_MAX_GPUS 8
 #define SIM_MAX_GIS 8               /* GPU instance slots per GPU */
 #define SIM_MAX_CIS 8               /* compute instance slots per GPU instance */
@@ -25,6 +25,7 @@
 #define SIM_MAX_FAULTS 32
 #define SIM_FN_NAME 64
 #define MIB (1024ULL * 1024ULL)
+#define SIM_PROC_LOCK_BASE (1LL << 40) /* OFD lock byte of process slot i: base + i */
 
 struct sim_ci {
     int32_t used;
@@ -45,8 +46,8 @@ struct sim_gi {
 };
 
 struct sim_busy {
-    int32_t pid;
-    int32_t pad;
+    int32_t pid;          /* the process, as in struct sim_proc */
+    uint32_t pidns;
     uint64_t start_ns;    /* CLOCK_MONOTONIC */
     uint64_t end_ns;
 };
@@ -75,10 +76,12 @@ struct sim_gpu {
     struct sim_timeline tl[SIM_TARGETS];
 };
 
-struct sim_proc {
-    int32_t pid;
-    int32_t pad;
-    uint64_t start_time;      /* /proc/<pid>/stat field 22 */
+struct sim_proc {               /* one process: (pidns, pid, start_time) names it */
+    int32_t pid;              /* as the process sees itself (getpid), 0: free slot */
+    uint32_t pidns;           /* inode of its PID namespace */
+    uint64_t start_time;      /* /proc/<pid>/stat field 22: the same in every namespace */
+    int32_t seen_pid;         /* its PID in namespace seen_ns, as last found there (0: never) */
+    uint32_t seen_ns;
     char name[64];
     uint64_t mem[SIM_MAX_GPUS][SIM_TARGETS];   /* device bytes held */
     uint32_t ctx[SIM_MAX_GPUS][SIM_TARGETS];   /* live contexts */
@@ -122,11 +125,15 @@ struct sim_state *sim_state(void);
 /* Lock the state (robust; recovers a dead holder).  reap=1 also forgets dead processes. */
 int sim_lock(int reap);
 void sim_unlock(void);
-void sim_reap_locked(void);
+/* The state file's descriptor of this library: its OFD locks are this process's liveness. */
+int sim_state_fd(void);
 
-/* This process's slot (registers it).  NULL when the table is full.  Lock held. */
-struct sim_proc *sim_self_locked(void);
-int sim_pid_alive(int32_t pid, uint64_t start_time);
+/* Processes (simproc.c).  All with the lock held. */
+void sim_reap_locked(void);              /* free the slots of dead processes */
+struct sim_proc *sim_self_locked(void);  /* this process's slot (registers it); NULL: full */
+void sim_proc_forget_self(void);         /* fork child: a new process, not yet registered */
+void sim_observe_locked(void);           /* find other namespaces' processes in our /proc */
+int32_t sim_reported_pid_locked(const struct sim_proc *p); /* the PID NVML reports for p */
 
 /* Memory: bytes held on a target by all processes; capacity of a target in bytes. */
 uint64_t sim_used_locked(int gpu, int slot);
@@ -142,8 +149,8 @@ void sim_sleep_until(uint64_t mono_ns);
 
 /* Kernel time model: queue a kernel of cost_ns on a target; returns its end time. */
 uint64_t sim_timeline_submit_locked(int gpu, int slot, uint64_t cost_ns, uint64_t now);
-/* Busy ns of pid (-1: all) on a target inside [t0, t1). */
-uint64_t sim_timeline_busy_locked(int gpu, int slot, int32_t pid, uint64_t t0, uint64_t t1);
+/* Busy ns of process p (NULL: all) on a target inside [t0, t1). */
+uint64_t sim_timeline_busy_locked(int gpu, int slot, const struct sim_proc *p, uint64_t t0, uint64_t t1);
 
 /* Fault injection: returns the code to fail with (0: proceed), after any delay. */
 int sim_fault(const char *fn);

@@ -7,13 +7,10 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
+from tessera.mig import catalog
 from tessera.models import MODELS
 
 from .conftest import Node
-
-catalog = pytest.importorskip("tessera.mig.catalog")
 
 
 def test_every_model_matches_the_catalog(

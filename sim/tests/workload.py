@@ -5,6 +5,7 @@ Uses ctypes on libcuda.so.1 (found through LD_LIBRARY_PATH, like any CUDA progra
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
 
@@ -15,6 +16,17 @@ def check(rc: int, what: str) -> None:
     if rc != 0:
         print(f"{what} failed: {rc}", flush=True)
         sys.exit(3)
+
+
+def busy(cu: ctypes.CDLL, kernels: int) -> None:
+    """`kernels` launches of the 1 ms kernel, then wait for them."""
+    mod = ctypes.c_void_p()
+    fn = ctypes.c_void_p()
+    check(cu.cuModuleLoadData(ctypes.byref(mod), MODULE), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"busy"), "function")
+    for _ in range(kernels):
+        check(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, None, None, None), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
 
 
 def main() -> None:
@@ -36,15 +48,15 @@ def main() -> None:
             cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20))
             cu.cuMemFree_v2(p)
     elif cmd == "busy":  # keep the device busy for `ms` with 1 ms kernels, then hold
-        mod = ctypes.c_void_p()
-        fn = ctypes.c_void_p()
-        check(cu.cuModuleLoadData(ctypes.byref(mod), MODULE), "load")
-        check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"busy"), "function")
-        for _ in range(int(sys.argv[2])):
-            check(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, None, None, None), "launch")
-        check(cu.cuCtxSynchronize(), "sync")
+        busy(cu, int(sys.argv[2]))
         print("done", flush=True)
         time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    elif cmd == "tenant":  # hold MiB, keep the device busy for `ms` with 1 ms kernels, stay
+        p = ctypes.c_uint64()
+        check(cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(int(sys.argv[2]) << 20)), "alloc")
+        busy(cu, int(sys.argv[3]))
+        print(f"ready {os.getpid()}", flush=True)
+        time.sleep(600)
     elif cmd == "info":
         free = ctypes.c_size_t()
         total = ctypes.c_size_t()

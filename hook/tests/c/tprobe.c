@@ -12,7 +12,8 @@
  *   nest:VER:FLAGS    cuGetProcAddress_v2 fetched through cuGetProcAddress_v2 itself
  *   libc              glibc's dlsym fetched with dlsym(RTLD_NEXT, "dlsym"), then used
  * OP:
- *   fill PATH CHUNK          allocate CHUNK-byte pieces until refused; print {"got","err"}; free all
+ *   fill PATH CHUNK          allocate CHUNK-byte pieces until refused, free all; print
+ *                            {"got","err","free_failures","held_after" (the view's used)}
  *   alloc PATH BYTES         one allocation; print {"err"}; free it
  *   hold PATH BYTES SECS     allocate, print "held", sleep, free
  *   churn PATH CHUNK SECS    allocate/free in a loop
@@ -25,6 +26,14 @@
  *   graphmem BYTES           graph memory nodes: cuGraphAddMemAllocNode, cuGraphAddNode(_v2)
  *                            with MEM_ALLOC and with KERNEL params, and a graph without
  *                            memory nodes instantiated and launched; print every {"err"}
+ *   ctxs N                   create up to N contexts (cuCtxCreate by METHOD) until refused;
+ *                            print {"created","err","used","used_after"} (used: view, in bytes)
+ *   primary                  retain / release / reset the primary context; print the view's
+ *                            used bytes after each step
+ *   poolkeep BYTES KIND      async-allocate BYTES (KIND: default pool, or a pool that keeps
+ *                            its memory on synchronisation), free it, allocate BYTES with
+ *                            cuMemAlloc_v2 while the pool keeps them, after a sync, and after
+ *                            cuMemPoolTrimTo; print every {"err"}
  * PATH: alloc pitch managed async pool vmm array array3d mipmap
  */
 #define _GNU_SOURCE
@@ -255,7 +264,10 @@ static int op_fill(const char *path, size_t chunk)
     size_t fails = 0;
     for (size_t i = 0; i < n; i++)
         fails += free_one(path, &ps[i]) != CUDA_SUCCESS;
-    printf("{\"got\": %zu, \"err\": %d, \"free_failures\": %zu}\n", n * chunk, (int)r, fails);
+    size_t f = 0, t = 0; /* what the (budgeted) view says is still held */
+    CUresult ri = cuMemGetInfo_v2(&f, &t);
+    printf("{\"got\": %zu, \"err\": %d, \"free_failures\": %zu, \"held_after\": %lld}\n",
+           n * chunk, (int)r, fails, ri ? -1LL : (long long)(t - f));
     free(ps);
     return 0;
 }
@@ -428,6 +440,106 @@ static int op_graphmem(size_t bytes)
     return 0;
 }
 
+/* Bytes the container holds, as the (budgeted) view says. */
+static size_t used_now(void)
+{
+    size_t f = 0, t = 0;
+    return cuMemGetInfo_v2(&f, &t) == CUDA_SUCCESS ? t - f : (size_t)-1;
+}
+
+static int op_ctxs(int n)
+{
+    void *create = resolve("cuCtxCreate_v2", (void *)&cuCtxCreate_v2);
+    CUcontext made[64];
+    int k = 0;
+    CUresult r = CUDA_SUCCESS;
+    const char *colon = strchr(method, ':');
+    int ver = colon ? atoi(colon + 1) : 0;
+    while (k < n && k < 64 && r == CUDA_SUCCESS) {
+        /* what cuGetProcAddress hands out for cuCtxCreate depends on the version asked */
+        if (ver >= 12050) {
+            __typeof__(&cuCtxCreate_v4) f = (__typeof__(&cuCtxCreate_v4))create;
+            r = f ? f(&made[k], NULL, 0, dev) : CUDA_ERROR_NOT_FOUND;
+        } else if (ver >= 11040) {
+            __typeof__(&cuCtxCreate_v3) f = (__typeof__(&cuCtxCreate_v3))create;
+            r = f ? f(&made[k], NULL, 0, 0, dev) : CUDA_ERROR_NOT_FOUND;
+        } else {
+            __typeof__(&cuCtxCreate_v2) f = (__typeof__(&cuCtxCreate_v2))create;
+            r = f ? f(&made[k], 0, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (r == CUDA_SUCCESS)
+            k++;
+    }
+    cuCtxSetCurrent(ctx);
+    size_t used = used_now();
+    __typeof__(&cuCtxDestroy_v2) destroy = R(cuCtxDestroy_v2);
+    int bad = 0;
+    for (int i = 0; i < k; i++)
+        bad += !destroy || destroy(made[i]) != CUDA_SUCCESS;
+    cuCtxSetCurrent(ctx);
+    printf("{\"created\": %d, \"err\": %d, \"used\": %zu, \"used_after\": %zu, "
+           "\"destroy_failures\": %d}\n", k, (int)r, used, used_now(), bad);
+    return 0;
+}
+
+static int op_primary(void)
+{
+    CUcontext c2;
+    size_t u0 = used_now();
+    CUresult r1 = R(cuDevicePrimaryCtxRetain)(&c2, dev); /* refcount 2: the same context */
+    size_t u1 = used_now();
+    CUresult r2 = R(cuDevicePrimaryCtxRelease_v2)(dev);  /* refcount 1: still there */
+    size_t u2 = used_now();
+    CUresult r3 = R(cuDevicePrimaryCtxRelease_v2)(dev);  /* refcount 0: gone */
+    CUresult r4 = R(cuDevicePrimaryCtxRetain)(&c2, dev); /* created again */
+    cuCtxSetCurrent(c2);
+    size_t u3 = used_now();
+    CUresult r5 = R(cuDevicePrimaryCtxReset_v2)(dev);    /* gone, whatever the refcount */
+    CUresult r6 = R(cuDevicePrimaryCtxRetain)(&c2, dev);
+    cuCtxSetCurrent(c2);
+    size_t u4 = used_now();
+    printf("{\"err\": %d, \"used\": [%zu, %zu, %zu, %zu, %zu]}\n",
+           (int)(r1 | r2 | r3 | r4 | r5 | r6), u0, u1, u2, u3, u4);
+    return 0;
+}
+
+static int op_poolkeep(size_t n, const char *kind)
+{
+    CUmemoryPool pool = NULL;
+    if (!strcmp(kind, "pool")) {
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = dev;
+        cuuint64_t keep = UINT64_MAX; /* keep everything across synchronisations */
+        if (cuMemPoolCreate(&pool, &pp) || cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep))
+            die("cuMemPoolCreate", CUDA_ERROR_UNKNOWN);
+    }
+    CUdeviceptr p, q;
+    CUresult e_async = pool ? R(cuMemAllocFromPoolAsync)(&p, n, pool, NULL) : R(cuMemAllocAsync)(&p, n, NULL);
+    CUresult e_free = e_async ? e_async : R(cuMemFreeAsync)(p, NULL);
+    CUresult e_kept = R(cuMemAlloc_v2)(&q, n);
+    if (!e_kept)
+        cuMemFree_v2(q);
+    cuStreamSynchronize(NULL);
+    CUresult e_sync = R(cuMemAlloc_v2)(&q, n);
+    if (!e_sync)
+        cuMemFree_v2(q);
+    CUresult e_trim = cuMemPoolTrimTo(pool ? pool : NULL, 0);
+    if (!pool) {
+        CUmemoryPool dp;
+        e_trim = cuDeviceGetDefaultMemPool(&dp, dev) ? CUDA_ERROR_UNKNOWN : cuMemPoolTrimTo(dp, 0);
+    }
+    CUresult e_after = R(cuMemAlloc_v2)(&q, n);
+    if (!e_after)
+        cuMemFree_v2(q);
+    printf("{\"async\": %d, \"free\": %d, \"while_kept\": %d, \"after_sync\": %d, "
+           "\"trim\": %d, \"after_trim\": %d}\n",
+           (int)e_async, (int)e_free, (int)e_kept, (int)e_sync, (int)e_trim, (int)e_after);
+    return 0;
+}
+
 struct targ { const char *path; size_t n; CUresult r; };
 static void *thread_fn(void *a_)
 {
@@ -528,6 +640,12 @@ int main(int argc, char **argv)
         return op_launch(atol(a[0]), (unsigned)atoi(a[1]));
     if (!strcmp(op, "graphmem") && na >= 1)
         return op_graphmem(strtoull(a[0], NULL, 0));
+    if (!strcmp(op, "ctxs") && na >= 1)
+        return op_ctxs(atoi(a[0]));
+    if (!strcmp(op, "primary"))
+        return op_primary();
+    if (!strcmp(op, "poolkeep") && na >= 2)
+        return op_poolkeep(strtoull(a[0], NULL, 0), a[1]);
     if (!strcmp(op, "spin") && na >= 3)
         return op_spin(atof(a[0]), (unsigned)atoi(a[1]), (unsigned)atoi(a[2]));
     if (!strcmp(op, "fork") && na >= 2) {

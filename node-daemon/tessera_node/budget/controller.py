@@ -6,8 +6,9 @@ Standalone use (bare metal, tests, benchmarks)::
         --container a:/srv/a/budget:/srv/a/ledger --container b:/srv/b/budget:/srv/b/ledger
 
 Each container's target is the core budget (``cores``, percent) of entry ``--entry`` in its
-budget file; its processes are the live slots of its ledger (their PIDs must be the PIDs NVML
-reports, i.e. the controller shares their PID namespace). Every interval the controller reads
+budget file; its processes are the live slots of its ledger. NVML reports host PIDs; the
+controller (in the host PID namespace) matches each to a slot by the PID the process sees
+itself as (innermost ``NSpid``) and its start time, from ``/proc``. Every interval it reads
 NVML's per-process utilisation since the previous interval, attributes it to containers,
 runs the rate law and rewrites ``rate``/``burst`` of that entry in each budget file.
 """

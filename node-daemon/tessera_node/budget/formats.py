@@ -21,22 +21,36 @@ VERSION = 1
 MAX_DEV = 16
 BUDGET_FILE_SIZE = 4096
 HEADER = struct.Struct("<IIQIIII32s")  # magic, version, generation, hsize, esize, ndev, flags
-ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst, r1
+ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst,
+#                                       context bytes
 GEN_OFFSET = 8
 
 DEV_MEM_LIMIT = 0x1
 DEV_CORE_LIMIT = 0x2
 DEV_UUID = 0x4
+DEV_MIG = 0x8  # with DEV_UUID: the UUID is a MIG device's; the 16 bytes alone do not say so
+UUID_PREFIXES = ("GPU-", "MIG-")
 
 assert HEADER.size == 64 and ENTRY.size == 64
 
 
 def uuid_bytes(text: str) -> bytes:
     """NVML/CUDA UUID text ("GPU-..." or "MIG-...") to its 16 bytes."""
-    for prefix in ("GPU-", "MIG-"):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-    return uuidlib.UUID(text).bytes
+    return uuidlib.UUID(_split_uuid(text)[1]).bytes
+
+
+def canonical_uuid(text: str) -> str:
+    """ "GPU-…"/"MIG-…" in NVML's spelling (prefix, then lowercase 8-4-4-4-12 hex). A UUID
+    without its prefix is refused: the prefix says whether it names a GPU or a MIG device."""
+    prefix, rest = _split_uuid(text)
+    return prefix + str(uuidlib.UUID(rest))
+
+
+def _split_uuid(text: str) -> tuple[str, str]:
+    for prefix in UUID_PREFIXES:
+        if text[:4].upper() == prefix:
+            return prefix, text[4:]
+    raise ValueError(f"UUID {text!r} must start with GPU- or MIG-")
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,9 @@ class BudgetEntry:
 
     ``memory``: bytes, or None for no memory limit. ``cores``: core budget in percent of the
     GPU (the controller's target), or None for no core limit. ``rate``/``burst``: launch
-    tokens per second and bucket depth in tokens, set by the controller.
+    tokens per second and bucket depth in tokens, set by the controller. ``context``: device
+    bytes one CUDA context holds on this device (``probe.context_bytes``), charged for every
+    context a process of the container creates.
     """
 
     index: int = 0
@@ -54,6 +70,11 @@ class BudgetEntry:
     cores: float | None = None
     rate: float = 0.0
     burst: float = 1.0
+    context: int = 0
+
+    def __post_init__(self) -> None:
+        if self.uuid is not None:
+            object.__setattr__(self, "uuid", canonical_uuid(self.uuid))
 
     def pack(self) -> bytes:
         flags = 0
@@ -67,10 +88,12 @@ class BudgetEntry:
             flags |= DEV_CORE_LIMIT
         raw_uuid = b"\0" * 16
         if self.uuid:
-            flags |= DEV_UUID
+            flags |= DEV_UUID | (DEV_MIG if self.uuid.startswith("MIG-") else 0)
             raw_uuid = uuid_bytes(self.uuid)
         if not 0 <= self.index < 64:
             raise ValueError("index out of range")
+        if not 0 <= self.context < 1 << 64:
+            raise ValueError("context bytes out of range")
         rate_milli = round(self.rate * 1000)
         burst_milli = max(1000, round(self.burst * 1000))
         return ENTRY.pack(
@@ -82,19 +105,24 @@ class BudgetEntry:
             0,
             max(0, rate_milli),
             burst_milli,
-            0,
+            self.context,
         )
 
     @classmethod
     def unpack(cls, raw: bytes) -> BudgetEntry:
-        u, index, flags, mem, target, _r0, rate, burst, _r1 = ENTRY.unpack(raw)
+        u, index, flags, mem, target, _r0, rate, burst, context = ENTRY.unpack(raw)
         return cls(
             index=index,
-            uuid=("GPU-" + str(uuidlib.UUID(bytes=u))) if flags & DEV_UUID else None,
+            uuid=(
+                ("MIG-" if flags & DEV_MIG else "GPU-") + str(uuidlib.UUID(bytes=u))
+                if flags & DEV_UUID
+                else None
+            ),
             memory=mem if flags & DEV_MEM_LIMIT else None,
             cores=target / 100 if flags & DEV_CORE_LIMIT else None,
             rate=rate / 1000,
             burst=burst / 1000,
+            context=context,
         )
 
 

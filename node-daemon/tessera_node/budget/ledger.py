@@ -25,7 +25,11 @@ DEV_OFFSET = 128
 DEV = struct.Struct("<8Q")  # used, tat_ns, tokens_milli, launches, wait_ns, waits, oom, reserved
 WAIT_HIST_OFFSET = 1152  # u32[MAX_DEV][32], log2 microsecond buckets
 WAIT_BUCKETS = 32
-SLOT_HEAD = struct.Struct("<iIQ")
+HWM_OFFSET = 24  # u32: slots [0, hwm) have been used
+SLOT_HEAD = struct.Struct("<iIQ")  # pid (as the container sees it), owner generation, joined
+SLOT_BYTES_OFFSET = 16  # u64[MAX_DEV]: device bytes this slot holds
+SLOT_TAIL_OFFSET = 144  # launches, wait_ns, start_ticks (u64 each)
+SLOT_TAIL = struct.Struct("<3Q")
 F_OFD_GETLK = 36
 FLOCK = struct.Struct("hhqqi4x")  # l_type, l_whence, l_start, l_len, l_pid (x86_64)
 
@@ -88,7 +92,8 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
         raw = os.pread(fd, FILE_SIZE, 0)
         if len(raw) < FILE_SIZE:
             raise ValueError("ledger too short")
-        magic, version, nslots, ndev, hsize, ssize, hwm = struct.unpack_from("<7I", raw, 0)
+        magic, version, nslots, ndev, hsize, ssize = struct.unpack_from("<6I", raw, 0)
+        (hwm,) = struct.unpack_from("<I", raw, HWM_OFFSET)
         if (magic, version, nslots, ndev, hsize, ssize) != (
             MAGIC,
             VERSION,
@@ -113,8 +118,8 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
             pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
             if pid == 0:
                 continue
-            held = struct.unpack_from(f"<{MAX_DEV}Q", raw, off + 16)
-            _launches, wait_ns, start = struct.unpack_from("<3Q", raw, off + 144)
+            held = struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET)
+            _launches, wait_ns, start = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
             slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
         return LedgerView(tuple(devices), tuple(slots))
     finally:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import struct
+import uuid as uuidlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tessera_node.budget.formats import (
     BUDGET_FILE_SIZE,
@@ -68,3 +71,42 @@ def test_ledger_reader_rejects_other_files(tmp_path: Path) -> None:
     p.write_bytes(b"\0" * 10)
     with pytest.raises(ValueError):
         read_ledger(p)
+
+
+UUID_TEXT = st.builds(
+    lambda kind, raw: f"{kind}-{uuidlib.UUID(bytes=raw)}",
+    st.sampled_from(["GPU", "MIG"]),
+    st.binary(min_size=16, max_size=16),
+)
+
+
+@given(
+    uuid=UUID_TEXT,
+    memory=st.none() | st.integers(min_value=0, max_value=(1 << 64) - 1),
+    context=st.integers(min_value=0, max_value=(1 << 64) - 1),
+)
+def test_uuid_entries_round_trip(uuid: str, memory: int | None, context: int) -> None:
+    """GPU and MIG UUIDs come back exactly as written: a MIG instance's budget entry must
+    name the MIG device, not a GPU with the same 16 bytes."""
+    e = BudgetEntry(uuid=uuid, memory=memory, context=context)
+    back = BudgetEntry.unpack(e.pack())
+    assert back == e
+    assert back.uuid is not None and back.uuid.startswith(uuid[:4])
+
+
+@given(entries=st.lists(st.builds(BudgetEntry, uuid=UUID_TEXT), max_size=16))
+def test_budget_file_round_trips_mixed_gpu_and_mig_entries(
+    tmp_path_factory: pytest.TempPathFactory, entries: list[BudgetEntry]
+) -> None:
+    p = tmp_path_factory.mktemp("rt") / "budget"
+    write_budget(p, entries)
+    assert read_budget(p).entries == entries
+
+
+def test_uuid_text_is_canonical_and_prefixed() -> None:
+    upper = "MIG-ABCDEF01-2345-6789-ABCD-EF0123456789"
+    assert BudgetEntry(uuid=upper).uuid == upper.lower().replace("mig-", "MIG-")
+    with pytest.raises(ValueError):
+        BudgetEntry(uuid="abcdef01-2345-6789-abcd-ef0123456789")  # GPU or MIG?
+    with pytest.raises(ValueError):
+        BudgetEntry(uuid="MIG-GPU-abcdef01-2345-6789-abcd-ef0123456789/1/0")  # no 16 bytes

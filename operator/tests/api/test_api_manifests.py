@@ -10,6 +10,7 @@ import yaml
 
 from tessera.api import GPUPartition, GPUQuota, ManifestError, load_manifest
 from tessera.api.partition import ModelID, layout_summary
+from tessera.mig import planner
 from tessera.models import model_ids
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,7 +76,6 @@ def test_bad_example_names_its_field(path: Path) -> None:
 
 
 def test_example_layouts_fit_their_models() -> None:
-    planner = pytest.importorskip("tessera.mig.planner")
     checked = 0
     for path in GOOD:
         obj = load_manifest(_load(path))

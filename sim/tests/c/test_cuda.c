@@ -154,6 +154,52 @@ int main(void)
     CHECK_EQ(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
     CHECK_EQ(free0 - free_b, 0);
 
+    /* Physical memory needs no current context (the real driver's cuMemCreate does not). */
+    CHECK_EQ(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemCreate(&h, 2 * gran, &prop, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_EQ(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+    CHECK_EQ(free0 - free_b, 2 * gran);
+    CHECK_EQ(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+    CHECK_EQ(cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_EQ(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+    CHECK_EQ(free0 - free_b, 0);
+
+    /* Registered host memory: page-locked in place, not device memory. */
+    static char hostbuf[3 * 4096] __attribute__((aligned(4096)));
+    CHECK_EQ(cuMemHostRegister(hostbuf, 2 * 4096, 7u << 4), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(cuMemHostRegister(hostbuf, 2 * 4096, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_SUCCESS);
+    CHECK_EQ(cuMemHostRegister(hostbuf + 4096, 4096, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    CHECK_EQ(cuMemHostRegister(hostbuf + 2 * 4096, 4096, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+    CHECK_EQ(free0 - free_b, 0);
+    CHECK_EQ(cuMemHostUnregister(hostbuf + 1), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK_EQ(cuMemHostUnregister(hostbuf), CUDA_SUCCESS);
+    CHECK_EQ(cuMemHostUnregister(hostbuf), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    CHECK_EQ(cuMemHostUnregister(hostbuf + 2 * 4096), CUDA_SUCCESS);
+
+    /* Mipmapped arrays: every level is charged (rows padded to 512 bytes). */
+    CUmipmappedArray mm;
+    CUDA_ARRAY3D_DESCRIPTOR md = {.Width = 256, .Height = 256, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    CHECK_EQ(cuMipmappedArrayCreate(&mm, &md, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(cuMipmappedArrayCreate(&mm, &md, 10), CUDA_ERROR_INVALID_VALUE); /* 256: 9 levels */
+    CHECK_EQ(cuMipmappedArrayCreate(&mm, &md, 3), CUDA_SUCCESS);
+    CHECK_EQ(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+    CHECK_EQ(free0 - free_b, 1024 * 256 + 512 * 128 + 512 * 64);
+    CUarray lvl;
+    CUDA_ARRAY_DESCRIPTOR ld;
+    CHECK_EQ(cuMipmappedArrayGetLevel(&lvl, mm, 3), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(cuMipmappedArrayGetLevel(&lvl, mm, 2), CUDA_SUCCESS);
+    CHECK_EQ(cuArrayGetDescriptor(&ld, lvl), CUDA_SUCCESS);
+    CHECK_EQ(ld.Width, 64);
+    CHECK_EQ(ld.Height, 64);
+    CHECK_EQ(cuMipmappedArrayDestroy(mm), CUDA_SUCCESS);
+    CHECK_EQ(cuMipmappedArrayDestroy(mm), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(cuArrayGetDescriptor(&ld, lvl), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+    CHECK_EQ(free0 - free_b, 0);
+
     /* Modules and the kernel time model: 10 blocks x 100 us = 1 ms per launch. */
     CUmodule mod;
     CUfunction f, fp;
