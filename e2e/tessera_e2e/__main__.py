@@ -8,7 +8,7 @@ import sys
 import threading
 from types import FrameType
 
-from tessera_e2e.build import ensure_built
+from tessera_e2e.build import ensure_built, ensure_containerd
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.demo import main_demo
 from tessera_e2e.errors import ControlPlaneError
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             ensure_built(force=args.force)
+            ensure_containerd(force=args.force)
         elif args.command == "cluster":
             _cluster(args)
         else:
