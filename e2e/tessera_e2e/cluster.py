@@ -88,6 +88,7 @@ class LocalCluster:
         apiserver_port: int | None = None,
         controllers: bool = True,
         nodes: int = 0,
+        containerd_bin: Path | None = None,
         extra_args: Mapping[str, list[str]] | None = None,
         report: Reporter = _report_to_stderr,
     ) -> None:
@@ -96,6 +97,8 @@ class LocalCluster:
         self.apiserver_port = apiserver_port
         self.controllers = controllers or nodes > 0
         self.node_count = nodes
+        # Binaries come from the build cache even when runs live elsewhere (tests' layouts).
+        self.containerd_bin = containerd_bin or containerd_product(default_layout()).bin_dir
         self.network: TestbedNetwork | None = None
         self.nodes: list[Node] = []
         self.host = HOST
@@ -328,7 +331,7 @@ class LocalCluster:
         binaries = NodeBinaries(
             kubelet=self.bin_dir / "kubelet",
             kube_proxy=self.bin_dir / "kube-proxy",
-            containerd_bin=containerd_product(self.layout).bin_dir,
+            containerd_bin=self.containerd_bin,
             sim_build=SIM_BUILD,
         )
         for path, hint in ((binaries.kubelet, "make controlplane"),

@@ -40,6 +40,8 @@ BUSYBOX = Path("/usr/bin/busybox")  # Debian's busybox-static
 BUSYBOX_APPLETS = (
     "sh", "cat", "echo", "env", "grep", "hostname", "httpd", "id", "ls", "mkdir", "nc",
     "ps", "sleep", "test", "true", "false", "wget", "date", "head", "tail", "wc", "kill",
+    "timeout", "printf",
+    "ssl_client",  # what busybox wget runs for https://
 )
 C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),

@@ -19,9 +19,11 @@ nvidia-smi) are in its /var/lib/tessera/gpu (GPU_DIR).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +39,7 @@ from tessera_e2e.network import TestbedNetwork, run
 from tessera_e2e.nodeconfig import (
     CNI_CONF_DIR,
     CONTAINERD_SOCKET,
+    KUBELET_PORT,
     KUBELET_ROOT,
     NodeSettings,
     cni_conflist,
@@ -147,14 +150,26 @@ class Node:
             "--v=2",
         ])
 
-    def stop_kubelet(self, kill: bool = False) -> None:
-        """Stop only the kubelet (SIGTERM, or SIGKILL): its containers keep running."""
+    def restart_kubelet(self, kill: bool = False) -> None:
+        """Stop only the kubelet (SIGTERM, or SIGKILL as in a crash) and start it again; its
+        containers keep running. Returns once the new kubelet serves its API."""
         kubelet = self.daemons.pop("kubelet")
         if kill:
             kubelet.process.kill()
             kubelet.process.wait()
         else:
             kubelet.stop()
+        self.start_kubelet()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            self.check_alive()
+            with contextlib.suppress(OSError), socket.create_connection((self.ip, KUBELET_PORT),
+                                                                        timeout=1):
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"{self.name}: the restarted kubelet does not listen on "
+                                        f"{self.ip}:{KUBELET_PORT}")
+            time.sleep(0.1)
 
     def stop(self) -> list[str]:
         """Stop the node as a machine that goes away: every process (daemons, shims,

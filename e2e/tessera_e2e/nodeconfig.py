@@ -32,6 +32,7 @@ CNI_CONF_DIR = "/var/lib/cni/net.d"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 RUNC = "/usr/sbin/runc"  # Debian's runc
 KUBELET_ROOT = "/var/lib/kubelet"
+KUBELET_PORT = 10250  # on the node's own address: every node has its own network namespace
 RELAXED_EVICTION = {
     "memory.available": "1Mi",
     "nodefs.available": "1%",
@@ -119,7 +120,7 @@ def kubelet_config(node: NodeSettings) -> dict[str, Any]:
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": node.node_ip,
-        "port": 10250,
+        "port": KUBELET_PORT,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": 10248,
@@ -161,6 +162,7 @@ def kube_proxy_config(node: NodeSettings) -> dict[str, Any]:
         "hostnameOverride": node.name,
         "bindAddress": node.node_ip,
         "clusterCIDR": node.cluster_cidr,
+        "nodePortAddresses": ["primary"],  # the node's InternalIP, not every local address
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         # The node's netns is fresh: nothing to tune, and conntrack sysctls are global.
