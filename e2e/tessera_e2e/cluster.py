@@ -40,6 +40,7 @@ SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: first address of SERVICE_CIDR
 PORT_ATTEMPTS = 3
 NODE_READY_TIMEOUT_S = 120.0
+DEFAULT_NODES = 2  # `make cluster` and the node_cluster test fixture
 # The node lifecycle controller's timings, shortened so that tests see a stopped node's pods
 # evicted within seconds (defaults 5 s / 50 s); the kubelets renew their lease every 3 s.
 NODE_MONITOR_PERIOD = "2s"

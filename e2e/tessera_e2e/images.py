@@ -18,6 +18,7 @@ digest. The tarballs are cached under the cache's images/ by a hash of their inp
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import subprocess
@@ -156,9 +157,11 @@ def _compile(source: Path, output: Path, extra: list[str]) -> None:
 
 
 def _cuda_include() -> Path:
-    import nvidia.cuda_runtime  # the pinned wheel with the real cuda.h (dev dependency)
-
-    return Path(next(iter(nvidia.cuda_runtime.__path__))) / "include"
+    """cuda.h of the pinned wheel nvidia-cuda-runtime-cu12 (a dev dependency, as for sim/)."""
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    if spec is None or not spec.submodule_search_locations:
+        raise ControlPlaneError("nvidia-cuda-runtime-cu12 is not installed: run `make install`")
+    return Path(next(iter(spec.submodule_search_locations))) / "include"
 
 
 def _required(path: Path, hint: str) -> bytes:

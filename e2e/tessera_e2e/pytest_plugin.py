@@ -3,9 +3,9 @@
 - `cluster` (session): one LocalCluster for the whole run; `cluster.kubectl(*args)` returns a
   CompletedProcess, `cluster.kubeconfig` and `cluster.server` say where it is.
 - `namespace` (per test): a fresh namespace, deleted afterwards.
-- `node_cluster` (session): a second LocalCluster with NODES real nodes (kubelet, containerd,
-  runc, kube-proxy); `node_namespace` (per test) is a fresh namespace in it. Started only when
-  a test asks for it.
+- `node_cluster` (session): a second LocalCluster with DEFAULT_NODES real nodes (kubelet,
+  containerd, runc, kube-proxy); `node_namespace` (per test) is a fresh namespace in it.
+  Started only when a test asks for it.
 
 The binaries must be built first (`make controlplane`): a missing build fails the tests with
 that instruction rather than silently skipping them. Component logs are kept when any test
@@ -22,13 +22,12 @@ import pytest
 
 from tessera_e2e.build import build_inputs
 from tessera_e2e.cache import default_layout
-from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.cluster import DEFAULT_NODES, LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 
 _kept_logs: list[str] = []
 
 
-NODES = 2
 CLUSTER_FIXTURES = ("cluster", "node_cluster")
 
 
@@ -61,7 +60,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="session")
 def node_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    yield from _session_cluster(request, nodes=NODES)
+    yield from _session_cluster(request, nodes=DEFAULT_NODES)
 
 
 @pytest.fixture

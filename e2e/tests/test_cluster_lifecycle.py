@@ -62,7 +62,7 @@ RUNNER = textwrap.dedent("""
 def test_sigkill_of_the_runner_kills_components_and_next_start_sweeps(
     bin_dir: Path, tmp_path: Path
 ) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # tessera_e2e, tessera_sim
     runner = subprocess.Popen(
         [sys.executable, "-c", RUNNER, str(bin_dir), str(tmp_path)],
         stdout=subprocess.PIPE, text=True, env=env,
@@ -150,7 +150,7 @@ def test_a_port_taken_after_the_check_names_the_bind_error(
 def test_make_cluster_prints_kubeconfig_and_stops_cleanly(
     bin_dir: Path, stop_signal: signal.Signals
 ) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # tessera_e2e, tessera_sim
     cli = subprocess.Popen(
         [sys.executable, "-m", "tessera_e2e", "cluster"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,

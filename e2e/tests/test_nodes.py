@@ -92,7 +92,8 @@ def test_nodes_are_ready_with_their_own_address_runtime_and_version(
         assert addresses["InternalIP"] == node_cluster.network.plan.node_ip(index)
         info = node["status"]["nodeInfo"]
         assert info["kubeletVersion"] == build_inputs().pins.kubernetes
-        assert info["containerRuntimeVersion"] == "containerd://" + load_containerd_version().lstrip("v")
+        runtime = "containerd://" + load_containerd_version().lstrip("v")
+        assert info["containerRuntimeVersion"] == runtime
         ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True", ready
 
