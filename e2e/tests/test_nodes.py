@@ -96,6 +96,11 @@ def test_nodes_are_ready_with_their_own_address_runtime_and_version(
         assert info["containerRuntimeVersion"] == runtime
         ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True", ready
+    for local in node_cluster.nodes:
+        # Pods and nodes reach each other and the API server, and nothing beyond this machine.
+        routes = local.exec_on_node("ip", "route").stdout
+        assert "default" not in routes and local.ip in routes, routes
+        assert local.exec_on_node("hostname").stdout.strip() == local.name
 
 
 def test_each_node_has_its_own_device_plugin_folder_and_simulated_gpus(
