@@ -8,7 +8,8 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 export PYTHONPATH := $(CURDIR)/e2e:$(CURDIR)/sim
 
-.PHONY: sysdeps install lint typecheck crds test unit sim hook controlplane cluster demo bench clean
+.PHONY: sysdeps install lint typecheck crds test unit sim hook controlplane cluster images demo bench \
+	clean
 
 install: $(STAMP)
 
@@ -60,6 +61,10 @@ controlplane: install
 NODES ?= 2
 cluster: sysdeps controlplane sim
 	$(PY) -m tessera_e2e cluster --nodes $(NODES)
+
+# The nodes' OCI images (pause, workload), built from local files; prints their digests.
+images: install sim
+	$(PY) -m tessera_e2e images
 
 # The main job: the local demo.
 demo: controlplane sim

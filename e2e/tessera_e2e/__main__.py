@@ -1,4 +1,5 @@
-"""`python -m tessera_e2e build | cluster | demo` (the Makefile's controlplane, cluster, demo)."""
+"""`python -m tessera_e2e build | cluster | images | demo` (the Makefile's controlplane, cluster,
+images, demo)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import threading
 from types import FrameType
 
 from tessera_e2e.build import ensure_built, ensure_containerd
-from tessera_e2e.cluster import DEFAULT_NODES, LocalCluster
+from tessera_e2e.cache import default_layout
+from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
 from tessera_e2e.demo import main_demo
 from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.images import PAUSE, WORKLOAD
+from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
 
 
 def _wait_for_interrupt() -> None:
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
                          help=f"real nodes (kubelet + containerd), default {DEFAULT_NODES}")
+    commands.add_parser("images", help="build the nodes' OCI images, print their digests")
     demo = commands.add_parser("demo", help="cluster + CRDs + examples, until Ctrl-C")
     demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
     args = parser.parse_args(argv)
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             ensure_containerd(force=args.force)
         elif args.command == "cluster":
             _cluster(args)
+        elif args.command == "images":
+            for image in ensure_images(default_layout(), SIM_BUILD / "lib").values():
+                print(f"{image.ref} {image.digest} {image.archive}")
         else:
             _demo(args)
     except ControlPlaneError as error:

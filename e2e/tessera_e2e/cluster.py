@@ -343,13 +343,15 @@ class LocalCluster:
         started = time.monotonic()
         images = ensure_images(self.layout, SIM_BUILD / "lib")
         self.report(f"images built in {time.monotonic() - started:.1f}s")
+        started = time.monotonic()
         for index in range(self.node_count):
-            node = Node(index, self.run, self.network, binaries, self.pki, self.server, images,
-                        self.report)
+            node = Node(index, self.run, self.network, binaries, self.pki, self.server, images)
             self.nodes.append(node)
             node.start()
         self.network.route({node.index: node.holder_pid for node in self.nodes})
+        self.report(f"{self.node_count} nodes started in {time.monotonic() - started:.1f}s")
         self.wait_for_nodes_ready()
+        self.report(f"{self.node_count} nodes Ready in {time.monotonic() - started:.1f}s")
 
     def _launch(self, name: str, args: list[str]) -> None:
         assert self.run is not None

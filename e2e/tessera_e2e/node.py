@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +79,6 @@ class Node:
         pki: Pki,
         server: str,
         images: dict[str, Image],
-        report: Callable[[str], None],
     ) -> None:
         self.index = index
         self.name = f"node-{index}"
@@ -89,7 +88,6 @@ class Node:
         self.pki = pki
         self.server = server
         self.images = images
-        self.report = report
         self.path = run_dir.path / "nodes" / self.name
         self.cgroup = NodeCgroup(f"tessera-{run_dir.path.name}-{self.name}")
         self.holder: Component | None = None

@@ -17,11 +17,12 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tessera_e2e.build import build_inputs
-from tessera_e2e.cache import default_layout
+from tessera_e2e.cache import BINARIES, default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 
@@ -51,6 +52,17 @@ def _session_cluster(request: pytest.FixtureRequest, nodes: int) -> Iterator[Loc
     kept = local.stop(keep_logs=request.session.testsfailed > 0)
     if kept is not None:
         _kept_logs.append(str(kept))
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    """The built binaries, for tests that start clusters of their own."""
+    path = default_layout().bin_dir(build_inputs().pins)
+    missing = [name for name in BINARIES if not (path / name).exists()]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not built in {path}: run `make controlplane`",
+                    pytrace=False)
+    return path
 
 
 @pytest.fixture(scope="session")

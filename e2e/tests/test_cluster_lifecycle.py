@@ -18,21 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.build import build_inputs
-from tessera_e2e.cache import Layout, default_layout
+from tessera_e2e.cache import Layout
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.processes import is_running
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def bin_dir() -> Path:
-    path = default_layout().bin_dir(build_inputs().pins)
-    if not (path / "kube-apiserver").exists():
-        pytest.fail(f"control plane not built in {path}: run `make controlplane`", pytrace=False)
-    return path
 
 
 def _quiet(line: str) -> None:

@@ -18,23 +18,17 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.build import build_inputs
-from tessera_e2e.cache import Layout, default_layout
+from tessera_e2e.cache import Layout
 from tessera_e2e.cgroups import hierarchies
 from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.processes import cmdline, is_running
+from tessera_e2e.operators import wait_until
+from tessera_e2e.processes import cmdline, is_running, process_start_time
 
 pytestmark = pytest.mark.integration
 
 THIS_DIR = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def bin_dir() -> Path:
-    path = default_layout().bin_dir(build_inputs().pins)
-    if not (path / "kubelet").exists():
-        pytest.fail(f"control plane not built in {path}: run `make controlplane`", pytrace=False)
-    return path
 
 
 def _quiet(line: str) -> None:
@@ -46,6 +40,10 @@ def _namespace_inode(pid: int, kind: str) -> str:
         return os.readlink(f"/proc/{pid}/ns/{kind}")
     except OSError:
         return ""
+
+
+def _ticks_since_boot() -> int:
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
 
 
 def _all_pids() -> list[int]:
@@ -63,6 +61,7 @@ class Footprint:
     links: list[str]
     pod_subnets: list[str]
     container_pids: list[int] = field(default_factory=list)
+    taken_at: int = 0  # clock ticks since boot, as in /proc/<pid>/stat
 
     @classmethod
     def of(cls, cluster: LocalCluster) -> Footprint:
@@ -82,6 +81,7 @@ class Footprint:
             pod_subnets=[plan.pod_subnet(node.index) for node in cluster.nodes],
             container_pids=[pid for pid in pids if pid not in daemons
                             and "containerd-shim" not in cmdline(pid)],
+            taken_at=_ticks_since_boot(),
         )
 
     def left(self) -> list[str]:
@@ -90,7 +90,10 @@ class Footprint:
                   if self.run in cmdline(pid) and pid != os.getpid()]
         found += [f"cgroup {hierarchy / name}" for hierarchy in hierarchies()
                   for name in self.cgroups if (hierarchy / name).exists()]
-        in_use = {_namespace_inode(pid, kind) for pid in _all_pids() for kind in ("net", "mnt")}
+        # A freed namespace's inode number can be reused by another program's new namespace:
+        # only processes older than the footprint count.
+        in_use = {_namespace_inode(pid, kind) for pid in _all_pids() for kind in ("net", "mnt")
+                  if (process_start_time(pid) or self.taken_at + 1) <= self.taken_at}
         found += [f"namespace {ns} still in use" for ns in self.namespaces if ns in in_use]
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         found += [f"interface {link}" for link in self.links if f" {link}:" in links
@@ -137,7 +140,7 @@ def test_a_stopped_node_is_unreachable_and_its_pods_are_evicted(
     """The node lifecycle controller (grace period shortened to 20 s) marks the silent node
     Unknown and taints it NoExecute; its pods, tolerating that for 2 s, are evicted and the
     Deployment's replacement runs on the node that is left."""
-    from test_nodes import spread, wait_for  # same folder: pytest puts it on sys.path
+    from test_nodes import spread  # same folder: pytest puts it on sys.path
 
     with LocalCluster(bin_dir, Layout(tmp_path), nodes=2, report=_quiet) as cluster:
         cluster.wait_for_service_account("default")
@@ -178,7 +181,7 @@ def test_a_stopped_node_is_unreachable_and_its_pods_are_evicted(
             return ready["status"] == "Unknown" and (
                 "node.kubernetes.io/unreachable", "NoExecute") in taints
 
-        wait_for(node_unreachable, 60, "node-1 to be Unknown and tainted unreachable")
+        wait_until("node-1 to be Unknown and tainted unreachable", node_unreachable, 60)
 
         def evicted_and_replaced() -> bool:
             now = pods()
@@ -189,7 +192,8 @@ def test_a_stopped_node_is_unreachable_and_its_pods_are_evicted(
             return all("deletionTimestamp" in p["metadata"] for p in victim) and \
                 len(running_on_0) == 2
 
-        wait_for(evicted_and_replaced, 60, "the pod on node-1 evicted, both replicas on node-0")
+        wait_until("the pod on node-1 evicted, both replicas on node-0", evicted_and_replaced,
+                   60)
 
 
 def test_teardown_leaves_nothing_behind(bin_dir: Path, tmp_path: Path) -> None:
@@ -245,10 +249,8 @@ def test_after_the_runner_is_sigkilled_the_next_start_removes_its_nodes(
     assert line, "the runner did not start its cluster"
     started = json.loads(line)
     footprint = Footprint(**started["footprint"])
-    from test_nodes import wait_for
-
-    wait_for(lambda: not any(is_running(pid) for pid in started["daemons"]), 10,
-             "the runner's daemons to die with it (PDEATHSIG)")
+    wait_until("the runner's daemons to die with it (PDEATHSIG)",
+               lambda: not any(is_running(pid) for pid in started["daemons"]), 10)
     # Containers and their shims are not children of the runner: they outlive it ...
     assert any(is_running(pid) for pid in footprint.container_pids), footprint
     # ... until the next start sweeps the killed run.

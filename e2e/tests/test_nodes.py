@@ -8,8 +8,6 @@ test_node_lifecycle.py, on clusters of their own.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,23 +16,12 @@ from tessera_e2e.build import build_inputs
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.images import WORKLOAD
 from tessera_e2e.node import GPU_DIR
+from tessera_e2e.operators import wait_until
 from tessera_e2e.pins import load_containerd_version
 
 pytestmark = pytest.mark.integration
 
 NODE_NAMES = ["node-0", "node-1"]
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` and its last value."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
 
 
 def apply(cluster: LocalCluster, namespace: str, manifest: dict[str, Any]) -> None:
@@ -76,7 +63,7 @@ def wait_phase(cluster: LocalCluster, namespace: str, name: str, phases: set[str
         got = get(cluster, namespace, "pod", name)
         return got if got["status"].get("phase") in phases else None
 
-    found: dict[str, Any] = wait_for(phase, timeout_s, f"pod {name} to be {sorted(phases)}")
+    found: dict[str, Any] = wait_until(f"pod {name} to be {sorted(phases)}", phase, timeout_s)
     return found
 
 
@@ -188,8 +175,8 @@ def test_logs_and_exec_reach_the_kubelet(node_cluster: LocalCluster, node_namesp
     apply(node_cluster, node_namespace,
           pod("talker", "echo first line; echo second line; exec sleep 3600", "node-1"))
     wait_phase(node_cluster, node_namespace, "talker", {"Running"})
-    logs = wait_for(lambda: node_cluster.kubectl("logs", "-n", node_namespace, "talker").stdout,
-                    30, "the pod's log")
+    logs = wait_until("the pod's log", lambda: node_cluster.kubectl(
+        "logs", "-n", node_namespace, "talker").stdout, 30)
     assert logs.splitlines() == ["first line", "second line"]
     executed = node_cluster.kubectl("exec", "-n", node_namespace, "talker", "--",
                                     "sh", "-c", "echo $((6 * 7)) $(hostname)")
@@ -240,7 +227,7 @@ def test_running_pods_survive_a_kubelet_restart(node_cluster: LocalCluster,
                                      "cat", "/tmp/started")
         return again.stdout if again.returncode == 0 else ""
 
-    assert wait_for(exec_works, 60, "exec after the restart") == started  # the same process
+    assert wait_until("exec after the restart", exec_works, 60) == started  # the same process
     after = get(node_cluster, node_namespace, "pod", "survivor")
     old, new = before["status"]["containerStatuses"][0], after["status"]["containerStatuses"][0]
     assert new["containerID"] == old["containerID"]
