@@ -137,13 +137,14 @@ def test_a_port_taken_after_the_check_names_the_bind_error(
     assert list((tmp_path / "runs").iterdir()) == []
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(("stop_signal", "nodes"), [(signal.SIGINT, []), (signal.SIGTERM, ["0"])])
 def test_make_cluster_prints_kubeconfig_and_stops_cleanly(
-    bin_dir: Path, stop_signal: signal.Signals
+    bin_dir: Path, stop_signal: signal.Signals, nodes: list[str]
 ) -> None:
+    """`make cluster` (by default with nodes) and `--nodes 0` (the control plane alone)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # tessera_e2e, tessera_sim
     cli = subprocess.Popen(
-        [sys.executable, "-m", "tessera_e2e", "cluster"],
+        [sys.executable, "-m", "tessera_e2e", "cluster", *(["--nodes", *nodes] if nodes else [])],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )
     assert cli.stdout is not None
@@ -158,6 +159,8 @@ def test_make_cluster_prints_kubeconfig_and_stops_cleanly(
     namespaces = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "ns"],
                                 capture_output=True, text=True, check=False)
     assert "kube-system" in namespaces.stdout, namespaces.stderr
+    ready = [li for li in lines if li.startswith("Cluster ready")]
+    assert ready and ready[0].rstrip().endswith("with 0 nodes" if nodes else "with 2 nodes")
     run = kubeconfig.parent
     pids = [int(p.read_text()) for p in run.glob("*.pid")]
 
