@@ -41,6 +41,7 @@ SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: first address of SERVICE_CI
 PORT_ATTEMPTS = 3
 NODE_READY_TIMEOUT_S = 120.0
 DEFAULT_NODES = 2  # `make cluster` and the node_cluster test fixture
+APISERVER_STOP_GRACE_S = 2.0  # after nodes (see stop())
 # The node lifecycle controller's timings, shortened so that tests see a stopped node's pods
 # evicted within seconds (defaults 5 s / 50 s); the kubelets renew their lease every 3 s.
 NODE_MONITOR_PERIOD = "2s"
@@ -158,13 +159,20 @@ class LocalCluster:
     def stop(self, keep_logs: bool = False) -> Path | None:
         """Stop every component (newest first), delete the run directory; with keep_logs the
         component logs are moved to the cache's logs/ and their path returned."""
+        had_nodes = bool(self.nodes)
         for node in reversed(self.nodes):
             left = node.stop()
             if left:
                 self.report(f"{node.name}: could not remove {', '.join(left)}")
         self.nodes = []
         for component in reversed(self.components):
-            component.stop()
+            if had_nodes and component.name == "kube-apiserver":
+                # A stopped node's last packets (its connections' FINs) can be lost with its
+                # network namespace: the API server's graceful shutdown would wait for those
+                # half-open connections until SIGKILL. Its state is thrown away anyway.
+                component.stop(grace_s=APISERVER_STOP_GRACE_S)
+            else:
+                component.stop()
         self.components = []
         if self.network is not None:
             self.network.remove()
