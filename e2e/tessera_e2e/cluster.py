@@ -31,6 +31,7 @@ from tessera_e2e.images import ensure_images
 from tessera_e2e.kubeconfig import write_kubeconfig
 from tessera_e2e.network import TestbedNetwork, delete_link
 from tessera_e2e.node import Node, NodeBinaries, sweep_node
+from tessera_e2e.nodeconfig import CNI_BIN_DIR, RUNC
 from tessera_e2e.pki import Pki, issue, write_pki
 from tessera_e2e.processes import Component, RunDirectory, sweep_killed_runs
 
@@ -47,6 +48,9 @@ APISERVER_STOP_GRACE_S = 2.0  # after nodes (see stop())
 NODE_MONITOR_PERIOD = "2s"
 NODE_MONITOR_GRACE = "20s"
 SIM_BUILD = Path(__file__).resolve().parents[2] / "sim" / "build"
+# What nodes use from Debian's packages (`make sysdeps`): runc, the CNI plugins, iptables.
+NODE_TOOLS = (RUNC, f"{CNI_BIN_DIR}/bridge", f"{CNI_BIN_DIR}/host-local",
+              f"{CNI_BIN_DIR}/portmap", "/usr/sbin/iptables")
 
 Reporter = Callable[[str], None]
 
@@ -343,11 +347,15 @@ class LocalCluster:
             containerd_bin=self.containerd_bin,
             sim_build=SIM_BUILD,
         )
-        for path, hint in ((binaries.kubelet, "make controlplane"),
-                           (binaries.containerd_bin / "containerd", "make controlplane"),
-                           (SIM_BUILD / "lib" / "libcuda.so.1", "make sim")):
+        needed = [(binaries.kubelet, "make controlplane"),
+                  (binaries.containerd_bin / "containerd", "make controlplane"),
+                  (SIM_BUILD / "lib" / "libcuda.so.1", "make sim")]
+        needed += [(Path(tool), "make sysdeps") for tool in NODE_TOOLS]
+        for path, hint in needed:
             if not path.exists():
                 raise ControlPlaneError(f"{path} is missing: run `{hint}` first")
+        if os.geteuid() != 0:
+            raise ControlPlaneError("real nodes need root (namespaces, cgroups, interfaces)")
         started = time.monotonic()
         images = ensure_images(self.layout, SIM_BUILD / "lib")
         self.report(f"images built in {time.monotonic() - started:.1f}s")
