@@ -56,7 +56,7 @@ class NodeCgroup:
         for hierarchy in hierarchies(self.mounts):
             path = hierarchy / self.name
             path.mkdir(exist_ok=True)
-            if (path / "cpuset.cpus").exists():
+            if (hierarchy / "cpuset.cpus").exists() and (path / "cpuset.cpus").exists():
                 # A v1 cpuset cgroup takes no process until it has CPUs and memory nodes.
                 for knob in ("cpuset.cpus", "cpuset.mems"):
                     (path / knob).write_text((hierarchy / knob).read_text())
