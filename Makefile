@@ -20,12 +20,13 @@ install: $(STAMP)
 SYSDEPS_OK := $(shell command -v clang >/dev/null && command -v valgrind >/dev/null && \
 	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 && \
 	test -x /usr/sbin/runc && test -x /usr/lib/cni/bridge && test -x /usr/sbin/iptables && \
-	test -x /usr/bin/busybox && busybox --list | grep -qx httpd && echo yes)
+	test -x /usr/bin/busybox && busybox --list | grep -qx httpd && command -v ip >/dev/null && \
+	command -v nsenter >/dev/null && echo yes)
 sysdeps:
 ifneq ($(SYSDEPS_OK),yes)
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev valgrind \
-		runc containernetworking-plugins iptables busybox-static
+		runc containernetworking-plugins iptables busybox-static iproute2 util-linux
 endif
 
 $(STAMP): pyproject.toml
