@@ -8,18 +8,25 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 export PYTHONPATH := $(CURDIR)/e2e:$(CURDIR)/sim
 
-.PHONY: sysdeps install lint typecheck crds test unit sim hook controlplane cluster demo bench clean
+.PHONY: sysdeps install lint typecheck crds test unit sim hook controlplane cluster images demo bench \
+	clean
 
 install: $(STAMP)
 
-# System tools the tests use: clang + libFuzzer runtime (hook fuzz targets), valgrind.
-# Installed from Debian's packages when missing (the machines run as root).
+# System tools the tests use: clang + libFuzzer runtime (hook fuzz targets), valgrind; for the
+# test bed's nodes runc, the CNI plugins, iptables (kube-proxy, CNI) and a static busybox (the
+# workload image's shell), see e2e/README.md. Installed from Debian's packages when missing
+# (the machines run as root).
 SYSDEPS_OK := $(shell command -v clang >/dev/null && command -v valgrind >/dev/null && \
-	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 && echo yes)
+	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 && \
+	test -x /usr/sbin/runc && test -x /usr/lib/cni/bridge && test -x /usr/sbin/iptables && \
+	test -x /usr/bin/busybox && busybox --list | grep -qx httpd && command -v ip >/dev/null && \
+	command -v nsenter >/dev/null && echo yes)
 sysdeps:
 ifneq ($(SYSDEPS_OK),yes)
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev valgrind
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev valgrind \
+		runc containernetworking-plugins iptables busybox-static iproute2 util-linux
 endif
 
 $(STAMP): pyproject.toml
@@ -45,14 +52,20 @@ sim: install
 hook: install sim
 	$(MAKE) -C hook PYTHON=$(CURDIR)/$(PY)
 
-# kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kubectl, built once
-# from the Go module proxy into the cache (TESSERA_CACHE, default ~/.cache/tessera).
+# kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy
+# and containerd, built once from the Go module proxy into the cache (TESSERA_CACHE, default
+# ~/.cache/tessera).
 controlplane: install
 	$(PY) -m tessera_e2e build
 
-# A local control plane for a person; prints the KUBECONFIG to use.
-cluster: controlplane
-	$(PY) -m tessera_e2e cluster
+# A local cluster for a person, with NODES real nodes; prints the KUBECONFIG to use.
+NODES ?= 2
+cluster: sysdeps controlplane sim
+	$(PY) -m tessera_e2e cluster --nodes $(NODES)
+
+# The nodes' OCI images (pause, workload), built from local files; prints their digests.
+images: install sim
+	$(PY) -m tessera_e2e images
 
 # The main job: the local demo.
 demo: controlplane sim

@@ -1,4 +1,5 @@
-"""`python -m tessera_e2e build | cluster | demo` (the Makefile's controlplane, cluster, demo)."""
+"""`python -m tessera_e2e build | cluster | images | demo` (the Makefile's controlplane, cluster,
+images, demo)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import sys
 import threading
 from types import FrameType
 
-from tessera_e2e.build import ensure_built
-from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.build import ensure_built, ensure_containerd
+from tessera_e2e.cache import default_layout
+from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
 from tessera_e2e.demo import main_demo
 from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
 
 
 def _wait_for_interrupt() -> None:
@@ -27,11 +30,19 @@ def _wait_for_interrupt() -> None:
 
 
 def _cluster(args: argparse.Namespace) -> None:
-    with LocalCluster(ensure_built()) as cluster:
-        print(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
+    if args.nodes:
+        ensure_containerd()
+    with LocalCluster(ensure_built(), nodes=args.nodes) as cluster:
+        print(f"Cluster ready in {cluster.ready_seconds:.1f}s at {cluster.server} with "
+              f"{len(cluster.nodes)} nodes")
+        for node in cluster.nodes:
+            print(f"  {node.name} {node.ip}: a shell on it: "
+                  f"{' '.join(node.nsenter('-m', '-n', '-u'))} bash")
         print("Use it from another shell:")
         print(f"  export KUBECONFIG={cluster.kubeconfig}")
         print(f"  alias kubectl={cluster.kubectl_path}")
+        if cluster.nodes:
+            print(f"  images (imagePullPolicy: Never): {PAUSE}, {WORKLOAD}")
         print("Stop it with Ctrl-C here (everything it started is removed).", flush=True)
         _wait_for_interrupt()
 
@@ -46,15 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build the control plane binaries into the cache")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
+    cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
+    cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
+                         help=f"real nodes (kubelet + containerd), default {DEFAULT_NODES}")
+    commands.add_parser("images", help="build the nodes' OCI images, print their digests")
     demo = commands.add_parser("demo", help="cluster + CRDs + examples, until Ctrl-C")
     demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
             ensure_built(force=args.force)
+            ensure_containerd(force=args.force)
         elif args.command == "cluster":
             _cluster(args)
+        elif args.command == "images":
+            for image in ensure_images(default_layout(), SIM_BUILD / "lib").values():
+                print(f"{image.ref} {image.digest} {image.archive}")
         else:
             _demo(args)
     except ControlPlaneError as error:

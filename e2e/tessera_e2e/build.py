@@ -20,12 +20,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tessera_e2e.cache import BINARIES, Layout, default_layout
+from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.pins import ETCD_MODULE, MODULE_DIR, Pins, load_pins
+from tessera_e2e.pins import (
+    CONTAINERD_MODULE,
+    CONTAINERD_MODULE_DIR,
+    ETCD_MODULE,
+    MODULE_DIR,
+    Pins,
+    load_containerd_version,
+    load_go_directive,
+    load_pins,
+)
 
 MIN_GO = (1, 24)
 HEARTBEAT_S = 30.0
@@ -38,8 +47,11 @@ PACKAGES: dict[str, str] = {
     "k8s.io/kubernetes/cmd/kube-controller-manager": "kube-controller-manager",
     "k8s.io/kubernetes/cmd/kube-scheduler": "kube-scheduler",
     "k8s.io/kubernetes/cmd/kubectl": "kubectl",
+    "k8s.io/kubernetes/cmd/kubelet": "kubelet",
+    "k8s.io/kubernetes/cmd/kube-proxy": "kube-proxy",
 }
 GO_OUTPUT_NAME = {ETCD_MODULE: "server"}
+CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 _NETWORK_ERRORS = re.compile(
     r"dial tcp|no such host|connection refused|i/o timeout|TLS handshake timeout|"
@@ -68,7 +80,7 @@ def version_ldflags(pins: Pins) -> str:
 
 @dataclass(frozen=True)
 class BuildInputs:
-    """Everything that decides the binaries' content; the stamp stores it."""
+    """Everything that decides the control plane binaries' content; the stamp stores it."""
 
     pins: Pins
     go_sum_sha256: str
@@ -83,23 +95,89 @@ class BuildInputs:
         }
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def build_inputs(module_dir: Path = MODULE_DIR) -> BuildInputs:
     pins = load_pins(module_dir)
-    go_sum = hashlib.sha256((module_dir / "go.sum").read_bytes()).hexdigest()
-    return BuildInputs(pins=pins, go_sum_sha256=go_sum, ldflags=version_ldflags(pins))
+    return BuildInputs(pins=pins, go_sum_sha256=_sha256(module_dir / "go.sum"),
+                       ldflags=version_ldflags(pins))
+
+
+@dataclass(frozen=True)
+class Product:
+    """One wrapper module's build: what to compile, where it goes, how to check it."""
+
+    title: str  # "Kubernetes v1.34.4 + etcd v3.6.4"
+    module_dir: Path
+    directory: Path  # in the cache: bin/, stamp.json, build.log
+    packages: Mapping[str, str]  # Go package -> installed binary name
+    ldflags: str
+    inputs: Mapping[str, str]  # what the stamp must match
+    versions: Mapping[str, tuple[tuple[str, ...], str]]  # binary -> (args, must print)
+    cold_minutes: str  # for the start message, e.g. "7-15"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.directory / "bin"
+
+    @property
+    def stamp(self) -> Path:
+        return self.directory / "stamp.json"
+
+
+def controlplane_product(layout: Layout, module_dir: Path = MODULE_DIR) -> Product:
+    inputs = build_inputs(module_dir)
+    pins = inputs.pins
+    return Product(
+        title=f"Kubernetes {pins.kubernetes} + etcd {pins.etcd}",
+        module_dir=module_dir,
+        directory=layout.bin_dir(pins).parent,
+        packages=PACKAGES,
+        ldflags=inputs.ldflags,
+        inputs=inputs.as_json(),
+        versions={
+            "kube-apiserver": (("--version",), pins.kubernetes),
+            "kubelet": (("--version",), pins.kubernetes),
+            "kubectl": (("version", "--client"), pins.kubernetes),
+            "etcd": (("--version",), pins.etcd.lstrip("v")),
+        },
+        cold_minutes="7-15",
+    )
+
+
+def containerd_product(layout: Layout, module_dir: Path = CONTAINERD_MODULE_DIR) -> Product:
+    version = load_containerd_version(module_dir)
+    ldflags = f"-s -w -X {CONTAINERD_MODULE}/version.Version={version}"
+    return Product(
+        title=f"containerd {version}",
+        module_dir=module_dir,
+        directory=layout.root / "containerd" / f"containerd-{version}",
+        packages={f"{CONTAINERD_MODULE}/cmd/{name}": name for name in CONTAINERD_BINARIES},
+        ldflags=ldflags,
+        inputs={"containerd": version, "go_sum_sha256": _sha256(module_dir / "go.sum"),
+                "ldflags": ldflags},
+        versions={"containerd": (("--version",), version)},
+        cold_minutes="2-4",
+    )
+
+
+def product_up_to_date(product: Product) -> bool:
+    """True when the stamp matches the inputs and every binary is there and executable."""
+    try:
+        stamp = json.loads(product.stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(stamp, dict) or stamp.get("inputs") != dict(product.inputs):
+        return False
+    return all(os.access(product.bin_dir / name, os.X_OK) for name in product.packages.values())
 
 
 def is_up_to_date(layout: Layout, inputs: BuildInputs) -> bool:
-    """True when the stamp matches the inputs and every binary is there and executable."""
-    try:
-        stamp = json.loads(layout.stamp(inputs.pins).read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(stamp, dict) or stamp.get("inputs") != inputs.as_json():
-        return False
-    return all(
-        os.access(layout.binary(inputs.pins, name), os.X_OK) for name in BINARIES
-    )
+    """The control plane's stamp matches `inputs` and every binary is there."""
+    product = controlplane_product(layout)
+    return product_up_to_date(replace(product, inputs=inputs.as_json()))
 
 
 def parse_go_version(output: str) -> tuple[int, int] | None:
@@ -122,16 +200,17 @@ def find_go(env: Mapping[str, str]) -> str:
     )
 
 
-def check_go_version(go: str, env: Mapping[str, str]) -> str:
+def check_go_version(go: str, env: Mapping[str, str], minimum: tuple[int, int] = MIN_GO) -> str:
     result = subprocess.run(
         [go, "version"], env=dict(env), capture_output=True, text=True, check=False
     )
     version = parse_go_version(result.stdout)
     if result.returncode != 0 or version is None:
         raise ControlPlaneError(f"`{go} version` failed: {result.stderr.strip() or result.stdout}")
-    if version < MIN_GO:
+    if version < minimum:
         raise ControlPlaneError(
-            f"{go} is Go {version[0]}.{version[1]}, too old for Kubernetes (need Go >= 1.24): "
+            f"{go} is Go {version[0]}.{version[1]}, too old (need Go >= "
+            f"{minimum[0]}.{minimum[1]}): "
             "install a newer Go from https://go.dev/dl/ or set TESSERA_GO"
         )
     return result.stdout.strip()
@@ -209,18 +288,12 @@ def _run_stage(
     return elapsed
 
 
-def _verify_versions(bin_dir: Path, pins: Pins) -> None:
+def _verify_versions(bin_dir: Path, product: Product) -> None:
     """The built binaries must report the pinned versions (ldflags took effect)."""
-    checks = {
-        "kube-apiserver": ["--version"],
-        "kubectl": ["version", "--client"],
-        "etcd": ["--version"],
-    }
-    for name, args in checks.items():
+    for name, (args, want) in product.versions.items():
         out = subprocess.run(
             [str(bin_dir / name), *args], capture_output=True, text=True, check=False
         ).stdout
-        want = pins.etcd.lstrip("v") if name == "etcd" else pins.kubernetes
         if want not in out:
             raise ControlPlaneError(
                 f"built {name} reports {out.strip()!r}, expected version {want}: "
@@ -236,74 +309,84 @@ def ensure_built(
     report: Reporter = stderr_reporter,
     force: bool = False,
 ) -> Path:
-    """Build the binaries unless the stamp says they are current; returns the bin directory."""
-    layout = layout or default_layout()
-    inputs = build_inputs(module_dir)
-    bin_dir = layout.bin_dir(inputs.pins)
-    if not force and is_up_to_date(layout, inputs):
-        report(f"up to date: Kubernetes {inputs.pins.kubernetes}, etcd {inputs.pins.etcd} "
-               f"in {bin_dir}")
-        return bin_dir
-    build_root = bin_dir.parent
-    build_root.mkdir(parents=True, exist_ok=True)
-    with (build_root / ".lock").open("w") as lock:
+    """Build the control plane unless the stamp says it is current; returns its bin directory."""
+    product = controlplane_product(layout or default_layout(), module_dir)
+    return ensure_product(product, env=env, report=report, force=force)
+
+
+def ensure_containerd(
+    layout: Layout | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    report: Reporter = stderr_reporter,
+    force: bool = False,
+) -> Path:
+    """Build containerd, its runc shim and ctr unless current; returns their bin directory."""
+    product = containerd_product(layout or default_layout())
+    return ensure_product(product, env=env, report=report, force=force)
+
+
+def ensure_product(
+    product: Product,
+    *,
+    env: Mapping[str, str] | None = None,
+    report: Reporter = stderr_reporter,
+    force: bool = False,
+) -> Path:
+    if not force and product_up_to_date(product):
+        report(f"up to date: {product.title} in {product.bin_dir}")
+        return product.bin_dir
+    product.directory.mkdir(parents=True, exist_ok=True)
+    with (product.directory / ".lock").open("w") as lock:
         # Two sessions building at once would share bin.partial: the second waits, then
         # finds the stamp written by the first.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and is_up_to_date(layout, inputs):
-            report(f"built meanwhile by another process: {bin_dir}")
-            return bin_dir
-        return _build(layout, inputs, module_dir, env, report)
+        if not force and product_up_to_date(product):
+            report(f"built meanwhile by another process: {product.bin_dir}")
+            return product.bin_dir
+        return _build(product, env, report)
 
 
-def _build(
-    layout: Layout,
-    inputs: BuildInputs,
-    module_dir: Path,
-    env: Mapping[str, str] | None,
-    report: Reporter,
-) -> Path:
-    bin_dir = layout.bin_dir(inputs.pins)
-    build_root = bin_dir.parent
+def _build(product: Product, env: Mapping[str, str] | None, report: Reporter) -> Path:
+    bin_dir = product.bin_dir
     base_env = go_environment(env if env is not None else os.environ)
     go = find_go(base_env)
-    go_version = check_go_version(go, base_env)
-    log_path = build_root / "build.log"
+    go_version = check_go_version(go, base_env, load_go_directive(product.module_dir))
+    log_path = product.directory / "build.log"
     log_path.write_text(f"{go_version}\n")
-    staging = build_root / "bin.partial"
+    staging = product.directory / "bin.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     report(
-        f"building Kubernetes {inputs.pins.kubernetes} + etcd {inputs.pins.etcd} with "
-        f"{go_version.split()[2]} into {bin_dir} (a cold build takes ~7-15 min on 2 cores; "
-        f"log: {log_path})"
+        f"building {product.title} with {go_version.split()[2]} into {bin_dir} (a cold build "
+        f"takes ~{product.cold_minutes} min on 2 cores; log: {log_path})"
     )
     times: dict[str, float] = {}
     times["download modules"] = _run_stage(
         "stage 1/3 download modules", [go, "mod", "download", "-x"],
-        cwd=module_dir, env=base_env, log_path=log_path, report=report,
+        cwd=product.module_dir, env=base_env, log_path=log_path, report=report,
         progress_noun="log lines",
     )
     times["compile and link"] = _run_stage(
         "stage 2/3 compile and link", [
-            go, "build", "-v", "-trimpath", "-ldflags", inputs.ldflags,
-            "-o", f"{staging}/", *PACKAGES,
+            go, "build", "-v", "-trimpath", "-ldflags", product.ldflags,
+            "-o", f"{staging}/", *product.packages,
         ],
-        cwd=module_dir, env=base_env, log_path=log_path, report=report,
+        cwd=product.module_dir, env=base_env, log_path=log_path, report=report,
         progress_noun="packages compiled",
     )
     started = time.monotonic()
-    for package, name in PACKAGES.items():
+    for package, name in product.packages.items():
         built = staging / GO_OUTPUT_NAME.get(package, name)
         if built != staging / name:
             built.rename(staging / name)
-    _verify_versions(staging, inputs.pins)
+    _verify_versions(staging, product)
     shutil.rmtree(bin_dir, ignore_errors=True)
     staging.rename(bin_dir)
-    sizes = {name: (bin_dir / name).stat().st_size for name in BINARIES}
+    sizes = {name: (bin_dir / name).stat().st_size for name in product.packages.values()}
     times["verify and install"] = time.monotonic() - started
-    layout.stamp(inputs.pins).write_text(json.dumps({
-        "inputs": inputs.as_json(),
+    product.stamp.write_text(json.dumps({
+        "inputs": dict(product.inputs),
         "go": go_version,
         "stage_seconds": {k: round(v, 1) for k, v in times.items()},
         "sizes_bytes": sizes,

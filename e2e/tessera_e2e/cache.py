@@ -12,7 +12,10 @@ from pathlib import Path
 
 from tessera_e2e.pins import Pins
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+BINARIES = (
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet",
+    "kube-proxy",
+)
 
 
 def cache_root() -> Path:
@@ -41,6 +44,11 @@ class Layout:
     def runs(self) -> Path:
         """One directory per running cluster: pid files, certificates, etcd data, logs."""
         return self.root / "runs"
+
+    @property
+    def images(self) -> Path:
+        """OCI image tarballs for the nodes (see images.py)."""
+        return self.root / "images"
 
     @property
     def kept_logs(self) -> Path:

@@ -1,15 +1,19 @@
-"""A local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
+"""A local cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and N nodes.
 
-Everything listens on 127.0.0.1 on free ports, uses certificates made for this run, and lives in
-one run directory under the cache (see processes.py for why stopping is reliable). There is no
-kubelet, so pods are scheduled but never run; the controller manager gives namespace deletion,
-garbage collection and the `default` ServiceAccount.
+Without nodes everything listens on 127.0.0.1 on free ports, and pods are scheduled but never
+run. With nodes (node.py: kubelet + containerd + runc + kube-proxy, each node in namespaces of
+its own) the API server listens on the test bed bridge's host address instead (network.py), so
+that nodes and pods reach it. Certificates are made for this run; everything lives in one run
+directory under the cache (see processes.py for why stopping is reliable). The controller
+manager gives namespace deletion, garbage collection, the `default` ServiceAccount, and the
+node lifecycle (a node silent for NODE_MONITOR_GRACE is marked unreachable and tainted).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -20,16 +24,33 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
+from tessera_e2e.build import containerd_product
 from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.images import ensure_images
 from tessera_e2e.kubeconfig import write_kubeconfig
-from tessera_e2e.pki import Pki, write_pki
+from tessera_e2e.network import TestbedNetwork, delete_link
+from tessera_e2e.node import Node, NodeBinaries, sweep_node
+from tessera_e2e.nodeconfig import CNI_BIN_DIR, RUNC
+from tessera_e2e.pki import Pki, issue, write_pki
 from tessera_e2e.processes import Component, RunDirectory, sweep_killed_runs
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: first address of SERVICE_CIDR
 PORT_ATTEMPTS = 3
+NODE_READY_TIMEOUT_S = 120.0
+DEFAULT_NODES = 2  # `make cluster` and the node_cluster test fixture
+APISERVER_STOP_GRACE_S = 2.0  # after nodes (see stop())
+# The node lifecycle controller's timings, shortened so that tests see a stopped node's pods
+# evicted within seconds (defaults 5 s / 50 s); the kubelets renew their lease every 3 s.
+NODE_MONITOR_PERIOD = "2s"
+NODE_MONITOR_GRACE = "20s"
+SIM_BUILD = Path(__file__).resolve().parents[2] / "sim" / "build"
+# What nodes use from Debian's packages (`make sysdeps`): runc, the CNI plugins, iptables.
+NODE_TOOLS = (RUNC, f"{CNI_BIN_DIR}/bridge", f"{CNI_BIN_DIR}/host-local",
+              f"{CNI_BIN_DIR}/portmap", "/usr/sbin/iptables")
 
 Reporter = Callable[[str], None]
 
@@ -62,6 +83,7 @@ class LocalCluster:
 
     `extra_args` appends flags per component (e.g. {"kube-apiserver": ["--v=4"]}).
     `controllers=False` runs only etcd and kube-apiserver (faster; no namespace deletion).
+    `nodes=N` adds N real nodes (needs root, the controllers, containerd built, sim/ built).
     """
 
     def __init__(
@@ -71,13 +93,21 @@ class LocalCluster:
         *,
         apiserver_port: int | None = None,
         controllers: bool = True,
+        nodes: int = 0,
+        containerd_bin: Path | None = None,
         extra_args: Mapping[str, list[str]] | None = None,
         report: Reporter = _report_to_stderr,
     ) -> None:
         self.bin_dir = bin_dir
         self.layout = layout or default_layout()
         self.apiserver_port = apiserver_port
-        self.controllers = controllers
+        self.controllers = controllers or nodes > 0
+        self.node_count = nodes
+        # Binaries come from the build cache even when runs live elsewhere (tests' layouts).
+        self.containerd_bin = containerd_bin or containerd_product(default_layout()).bin_dir
+        self.network: TestbedNetwork | None = None
+        self.nodes: list[Node] = []
+        self.host = HOST
         self.extra_args = dict(extra_args or {})
         self.report = report
         self.run: RunDirectory | None = None
@@ -97,7 +127,8 @@ class LocalCluster:
                     f"{self.bin_dir / name} is missing: run `make controlplane` first "
                     "(the first build takes ~7-15 min)"
                 )
-        for swept in sweep_killed_runs(self.layout.runs, self.layout.kept_logs):
+        for swept in sweep_killed_runs(self.layout.runs, self.layout.kept_logs,
+                                       before_remove=_sweep_run_network):
             self.report(
                 f"swept a killed run {swept.run.name}: killed {len(swept.killed)} leftover "
                 f"processes; its logs are in {swept.logs}"
@@ -132,9 +163,24 @@ class LocalCluster:
     def stop(self, keep_logs: bool = False) -> Path | None:
         """Stop every component (newest first), delete the run directory; with keep_logs the
         component logs are moved to the cache's logs/ and their path returned."""
+        had_nodes = bool(self.nodes)
+        for node in reversed(self.nodes):
+            left = node.stop()
+            if left:
+                self.report(f"{node.name}: could not remove {', '.join(left)}")
+        self.nodes = []
         for component in reversed(self.components):
-            component.stop()
+            if had_nodes and component.name == "kube-apiserver":
+                # A stopped node's last packets (its connections' FINs) can be lost with its
+                # network namespace: the API server's graceful shutdown would wait for those
+                # half-open connections until SIGKILL. Its state is thrown away anyway.
+                component.stop(grace_s=APISERVER_STOP_GRACE_S)
+            else:
+                component.stop()
         self.components = []
+        if self.network is not None:
+            self.network.remove()
+            self.network = None
         if self.run is None:
             return None
         run, self.run = self.run, None
@@ -193,6 +239,27 @@ class LocalCluster:
         assert self.run is not None
         return self.run.logs / f"{name}.log"
 
+    def node(self, name: str) -> Node:
+        return next(node for node in self.nodes if node.name == name)
+
+    def wait_for_nodes_ready(self, timeout_s: float = NODE_READY_TIMEOUT_S) -> None:
+        """Until every node reports Ready (its kubelet registered, CNI configured)."""
+        deadline = time.monotonic() + timeout_s
+        ready: set[str] = set()
+        while time.monotonic() < deadline:
+            self._check_alive()
+            got = self.kubectl("get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name}="
+                               '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}')
+            ready = {line.split("=")[0] for line in got.stdout.split() if line.endswith("=True")}
+            if ready >= {node.name for node in self.nodes}:
+                return
+            time.sleep(0.5)
+        missing = sorted({node.name for node in self.nodes} - ready)
+        raise ControlPlaneError(
+            f"nodes {', '.join(missing)} not Ready after {timeout_s:.0f}s: see their kubelet "
+            f"logs in {self.run.logs if self.run else '?'}"
+        )
+
     def _ports(self) -> tuple[int, int, int]:
         requested = self.apiserver_port
         if requested is not None and port_in_use(requested):
@@ -206,8 +273,14 @@ class LocalCluster:
         assert self.run is not None
         run = self.run.path
         etcd_port, peer_port, api_port = self._ports()
-        self.pki = pki = write_pki(run / "pki")
-        self.server = f"https://{HOST}:{api_port}"
+        if self.node_count:
+            self.network = TestbedNetwork.claim()
+            (run / "network.json").write_text(json.dumps({"bridge": self.network.plan.bridge}))
+            self.host = self.network.plan.host_ip
+        self.pki = pki = write_pki(run / "pki", sorted({self.host, HOST, SERVICE_IP}))
+        kubelet_client = issue(pki, run / "pki" / "apiserver-kubelet-client",
+                               "kube-apiserver-kubelet-client", "system:masters")
+        self.server = f"https://{self.host}:{api_port}"
         self.kubeconfig = write_kubeconfig(run / "kubeconfig", self.server, pki)
         etcd_url = f"http://{HOST}:{etcd_port}"
         self._launch("etcd", [
@@ -223,18 +296,27 @@ class LocalCluster:
         ])
         self._launch("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
-            f"--bind-address={HOST}",
-            f"--advertise-address={HOST}",
+            f"--bind-address={self.host}",
+            f"--advertise-address={self.host}",
             f"--secure-port={api_port}",
             f"--cert-dir={run / 'pki'}",
             f"--tls-cert-file={pki.serving_cert}",
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
-            f"--service-account-issuer=https://{HOST}:{api_port}",
+            f"--service-account-issuer=https://{self.host}:{api_port}",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
+            # Nodes: kubelets may only touch their own Node and its pods.
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            # logs/exec/port-forward: the API server calls kubelets with a client certificate
+            # and checks theirs; webhooks and aggregated APIs are reached at their endpoints.
+            f"--kubelet-client-certificate={kubelet_client[0]}",
+            f"--kubelet-client-key={kubelet_client[1]}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--enable-aggregator-routing=true",
             "--allow-privileged=true",
             # Without the controller manager nobody creates `default` ServiceAccounts.
             *([] if self.controllers else ["--disable-admission-plugins=ServiceAccount"]),
@@ -250,8 +332,42 @@ class LocalCluster:
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--controllers=*",
+                f"--node-monitor-period={NODE_MONITOR_PERIOD}",
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
             ])
             self._launch("kube-scheduler", [kubeconfig, "--leader-elect=false", "--secure-port=0"])
+        if self.node_count:
+            self._start_nodes()
+
+    def _start_nodes(self) -> None:
+        assert self.run is not None and self.network is not None and self.pki is not None
+        binaries = NodeBinaries(
+            kubelet=self.bin_dir / "kubelet",
+            kube_proxy=self.bin_dir / "kube-proxy",
+            containerd_bin=self.containerd_bin,
+            sim_build=SIM_BUILD,
+        )
+        needed = [(binaries.kubelet, "make controlplane"),
+                  (binaries.containerd_bin / "containerd", "make controlplane"),
+                  (SIM_BUILD / "lib" / "libcuda.so.1", "make sim")]
+        needed += [(Path(tool), "make sysdeps") for tool in NODE_TOOLS]
+        for path, hint in needed:
+            if not path.exists():
+                raise ControlPlaneError(f"{path} is missing: run `{hint}` first")
+        if os.geteuid() != 0:
+            raise ControlPlaneError("real nodes need root (namespaces, cgroups, interfaces)")
+        started = time.monotonic()
+        images = ensure_images(self.layout, SIM_BUILD / "lib")
+        self.report(f"images built in {time.monotonic() - started:.1f}s")
+        started = time.monotonic()
+        for index in range(self.node_count):
+            node = Node(index, self.run, self.network, binaries, self.pki, self.server, images)
+            self.nodes.append(node)
+            node.start()
+        self.network.route({node.index: node.holder_pid for node in self.nodes})
+        self.report(f"{self.node_count} nodes started in {time.monotonic() - started:.1f}s")
+        self.wait_for_nodes_ready()
+        self.report(f"{self.node_count} nodes Ready in {time.monotonic() - started:.1f}s")
 
     def _launch(self, name: str, args: list[str]) -> None:
         assert self.run is not None
@@ -259,6 +375,8 @@ class LocalCluster:
         self.components.append(self.run.start(name, argv))
 
     def _check_alive(self) -> None:
+        for node in self.nodes:
+            node.check_alive()
         for component in self.components:
             code = component.exited()
             if code is None:
@@ -286,7 +404,8 @@ class LocalCluster:
         last_answer = "no answer"
         while time.monotonic() < deadline:
             self._check_alive()
-            connection = http.client.HTTPSConnection(HOST, api_port, context=context, timeout=2)
+            connection = http.client.HTTPSConnection(self.host, api_port, context=context,
+                                                     timeout=2)
             with contextlib.suppress(OSError, http.client.HTTPException):
                 connection.request("GET", "/readyz")
                 response = connection.getresponse()
@@ -301,3 +420,16 @@ class LocalCluster:
             f"kube-apiserver not ready after {READY_TIMEOUT_S:.0f}s ({last_answer}): "
             f"see its log: {self._log('kube-apiserver')}"
         )
+
+
+def _sweep_run_network(run: Path) -> None:
+    """What a killed run's nodes left behind: their processes, cgroups, interfaces."""
+    nodes = run / "nodes"
+    if nodes.is_dir():
+        for node in sorted(nodes.iterdir()):
+            sweep_node(node)
+    try:
+        bridge = json.loads((run / "network.json").read_text())["bridge"]
+    except (OSError, ValueError, KeyError):
+        return
+    delete_link(str(bridge))

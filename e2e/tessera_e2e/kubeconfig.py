@@ -1,4 +1,5 @@
-"""A cluster-admin kubeconfig for the local cluster (client certificate, group system:masters)."""
+"""Kubeconfigs for the local cluster: cluster-admin (group system:masters) by default, or any
+client certificate the cluster's CA signed (a node's kubelet, kube-proxy)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from tessera_e2e.pki import Pki
 CONTEXT = "tessera-local"
 
 
-def render_kubeconfig(server: str, pki: Pki) -> dict[str, Any]:
-    """Pure: the kubeconfig document; file paths (not inline data) keep it readable."""
+def render_kubeconfig(
+    server: str, pki: Pki, client: tuple[Path, Path] | None = None
+) -> dict[str, Any]:
+    """Pure: the kubeconfig document; file paths (not inline data) keep it readable.
+    `client` is (certificate, key), the admin's when None."""
+    cert, key = client or (pki.admin_cert, pki.admin_key)
     return {
         "apiVersion": "v1",
         "kind": "Config",
@@ -24,8 +29,8 @@ def render_kubeconfig(server: str, pki: Pki) -> dict[str, Any]:
         "users": [{
             "name": CONTEXT,
             "user": {
-                "client-certificate": str(pki.admin_cert),
-                "client-key": str(pki.admin_key),
+                "client-certificate": str(cert),
+                "client-key": str(key),
             },
         }],
         "contexts": [{
@@ -37,7 +42,9 @@ def render_kubeconfig(server: str, pki: Pki) -> dict[str, Any]:
     }
 
 
-def write_kubeconfig(path: Path, server: str, pki: Pki) -> Path:
-    path.write_text(yaml.safe_dump(render_kubeconfig(server, pki), sort_keys=False))
+def write_kubeconfig(
+    path: Path, server: str, pki: Pki, client: tuple[Path, Path] | None = None
+) -> Path:
+    path.write_text(yaml.safe_dump(render_kubeconfig(server, pki, client), sort_keys=False))
     path.chmod(0o600)
     return path

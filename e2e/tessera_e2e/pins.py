@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODULE_DIR = Path(__file__).resolve().parent.parent / "controlplane"
+CONTAINERD_MODULE_DIR = Path(__file__).resolve().parent.parent / "containerd"
 
 KUBERNETES_MODULE = "k8s.io/kubernetes"
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"
+CONTAINERD_MODULE = "github.com/containerd/containerd"
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,16 @@ def parse_pins(go_mod: str) -> Pins:
 
 def load_pins(module_dir: Path = MODULE_DIR) -> Pins:
     return parse_pins((module_dir / "go.mod").read_text())
+
+
+def load_containerd_version(module_dir: Path = CONTAINERD_MODULE_DIR) -> str:
+    """The containerd version its wrapper module requires, e.g. 'v1.7.35'."""
+    return _required_version((module_dir / "go.mod").read_text(), CONTAINERD_MODULE)
+
+
+def load_go_directive(module_dir: Path) -> tuple[int, int]:
+    """The oldest Go a wrapper module builds with: its go.mod's `go 1.N[.P]` line."""
+    match = re.search(r"^go (\d+)\.(\d+)", (module_dir / "go.mod").read_text(), re.MULTILINE)
+    if match is None:
+        raise ValueError(f"{module_dir / 'go.mod'} has no go directive")
+    return int(match.group(1)), int(match.group(2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class Pki:
     """Paths of the PEM files written for a cluster."""
 
     ca_cert: Path
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -82,8 +84,9 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def write_pki(directory: Path) -> Pki:
-    """Create a CA, serving, admin and service-account material under `directory` (0700)."""
+def write_pki(directory: Path, serving_ips: Sequence[str] = ("127.0.0.1", "10.0.0.1")) -> Pki:
+    """Create a CA, serving, admin and service-account material under `directory` (0700);
+    the API server's certificate names `serving_ips` (where it listens, the Service IP)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("tessera-local-ca")
@@ -102,8 +105,7 @@ def write_pki(directory: Path) -> Pki:
     )
     san = x509.SubjectAlternativeName(
         [x509.DNSName(name) for name in SERVING_DNS_NAMES]
-        + [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-           x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]
+        + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in serving_ips]
     )
     serving_cert, serving_key = _leaf(
         ca_key, ca_name, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, san
@@ -115,6 +117,7 @@ def write_pki(directory: Path) -> Pki:
 
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         admin_cert=directory / "admin.crt",
@@ -124,6 +127,7 @@ def write_pki(directory: Path) -> Pki:
     )
     pem = serialization.Encoding.PEM
     pki.ca_cert.write_bytes(ca_cert.public_bytes(pem))
+    pki.ca_key.write_bytes(_key_pem(ca_key))
     pki.serving_cert.write_bytes(serving_cert.public_bytes(pem))
     pki.serving_key.write_bytes(_key_pem(serving_key))
     pki.admin_cert.write_bytes(admin_cert.public_bytes(pem))
@@ -136,3 +140,34 @@ def write_pki(directory: Path) -> Pki:
         if path.suffix == ".key":
             path.chmod(0o600)
     return pki
+
+
+def issue(
+    pki: Pki,
+    stem: Path,
+    common_name: str,
+    organization: str | None = None,
+    *,
+    server_ips: Sequence[str] = (),
+) -> tuple[Path, Path]:
+    """A certificate signed by the cluster's CA, written to `<stem>.crt` and `<stem>.key`:
+    a client certificate, or with `server_ips` a serving certificate for those addresses.
+    Kubernetes reads the user from CN and the groups from O (e.g. system:node:<name>,
+    system:nodes)."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    san = None
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH
+    if server_ips:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH
+        san = x509.SubjectAlternativeName(
+            [x509.DNSName(common_name)]
+            + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips]
+        )
+    cert, key = _leaf(ca_key, ca_name, _name(common_name, organization), usage, san)
+    cert_path, key_path = stem.with_suffix(".crt"), stem.with_suffix(".key")
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(_key_pem(key))
+    key_path.chmod(0o600)
+    return cert_path, key_path

@@ -28,12 +28,17 @@ STOP_GRACE_S = 10.0
 KEPT_LOG_DIRS = 20
 
 
-def die_with_parent() -> Callable[[], None]:
-    """preexec_fn: ask the kernel to SIGKILL the child when its parent thread exits."""
+def die_with_parent(cgroup_procs: Path | None = None) -> Callable[[], None]:
+    """preexec_fn: ask the kernel to SIGKILL the child when its parent thread exits; with
+    `cgroup_procs`, move the child into that cgroup first (what it starts inherits it)."""
     libc = ctypes.CDLL(None, use_errno=True)  # resolved before fork: preexec must stay minimal
     parent = os.getpid()
+    procs = str(cgroup_procs) if cgroup_procs is not None else None
 
     def preexec() -> None:
+        if procs is not None:
+            with open(procs, "w") as cgroup:
+                cgroup.write(str(os.getpid()))
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died between fork and prctl
             os._exit(1)
@@ -121,16 +126,22 @@ class RunDirectory:
         return cls(path)
 
     def start(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        cgroup_procs: Path | None = None,
     ) -> Component:
         """Start a component in its own session (a terminal's Ctrl-C reaches only us, and we
-        stop components in order), dying with us, output to logs/<name>.log."""
+        stop components in order), dying with us, output to logs/<name>.log; optionally in
+        the cgroup whose `cgroup.procs` file is given."""
         log_path = self.logs / f"{name}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None, start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=die_with_parent(cgroup_procs),
             )
         (self.path / f"{name}.pid").write_text(str(process.pid))
         return Component(name=name, process=process, log_path=log_path)
@@ -185,8 +196,11 @@ class SweptRun:
     logs: Path | None
 
 
-def sweep_killed_runs(runs: Path, kept_logs: Path) -> list[SweptRun]:
-    """Clean up after runs whose owner died without stopping them (SIGKILL, power loss)."""
+def sweep_killed_runs(
+    runs: Path, kept_logs: Path, before_remove: Callable[[Path], None] | None = None
+) -> list[SweptRun]:
+    """Clean up after runs whose owner died without stopping them (SIGKILL, power loss);
+    `before_remove(run)` cleans up what is not a recorded process (e.g. a node's cgroups)."""
     swept: list[SweptRun] = []
     if not runs.is_dir():
         return swept
@@ -195,5 +209,7 @@ def sweep_killed_runs(runs: Path, kept_logs: Path) -> list[SweptRun]:
         if not path.is_dir() or run.owner_alive():
             continue
         killed = run.kill_recorded()
+        if before_remove is not None:
+            before_remove(path)
         swept.append(SweptRun(run=path, killed=killed, logs=run.remove(kept_logs)))
     return swept

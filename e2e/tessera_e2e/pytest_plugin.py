@@ -3,6 +3,9 @@
 - `cluster` (session): one LocalCluster for the whole run; `cluster.kubectl(*args)` returns a
   CompletedProcess, `cluster.kubeconfig` and `cluster.server` say where it is.
 - `namespace` (per test): a fresh namespace, deleted afterwards.
+- `node_cluster` (session): a second LocalCluster with DEFAULT_NODES real nodes (kubelet,
+  containerd, runc, kube-proxy); `node_namespace` (per test) is a fresh namespace in it.
+  Started only when a test asks for it.
 
 The binaries must be built first (`make controlplane`): a missing build fails the tests with
 that instruction rather than silently skipping them. Component logs are kept when any test
@@ -14,41 +17,75 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tessera_e2e.build import build_inputs
-from tessera_e2e.cache import default_layout
-from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.cache import BINARIES, default_layout
+from tessera_e2e.cluster import DEFAULT_NODES, LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 
 _kept_logs: list[str] = []
 
 
+CLUSTER_FIXTURES = ("cluster", "node_cluster")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Anything using the cluster is an integration test (`-m "not integration"` skips it)."""
+    """Anything using a cluster is an integration test (`-m "not integration"` skips it)."""
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        if any(name in getattr(item, "fixturenames", ()) for name in CLUSTER_FIXTURES):
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+def _session_cluster(request: pytest.FixtureRequest, nodes: int) -> Iterator[LocalCluster]:
     layout = default_layout()
     bin_dir = layout.bin_dir(build_inputs().pins)
-    local = LocalCluster(bin_dir, layout, report=lambda line: print(f"[cluster] {line}"))
+    local = LocalCluster(bin_dir, layout, nodes=nodes,
+                         report=lambda line: print(f"[cluster] {line}"))
     try:
         local.start()
     except ControlPlaneError as error:
-        pytest.fail(f"local control plane: {error}", pytrace=False)
+        pytest.fail(f"local cluster: {error}", pytrace=False)
     yield local
     kept = local.stop(keep_logs=request.session.testsfailed > 0)
     if kept is not None:
         _kept_logs.append(str(kept))
 
 
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    """The built binaries, for tests that start clusters of their own."""
+    path = default_layout().bin_dir(build_inputs().pins)
+    missing = [name for name in BINARIES if not (path / name).exists()]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not built in {path}: run `make controlplane`",
+                    pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    yield from _session_cluster(request, nodes=0)
+
+
+@pytest.fixture(scope="session")
+def node_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    yield from _session_cluster(request, nodes=DEFAULT_NODES)
+
+
 @pytest.fixture
 def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _namespace(cluster, request)
+
+
+@pytest.fixture
+def node_namespace(node_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _namespace(node_cluster, request)
+
+
+def _namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"t-{slug}-{uuid.uuid4().hex[:6]}"
     created = cluster.kubectl("create", "namespace", name)

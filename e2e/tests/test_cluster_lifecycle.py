@@ -18,21 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.build import build_inputs
-from tessera_e2e.cache import Layout, default_layout
+from tessera_e2e.cache import Layout
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.processes import is_running
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def bin_dir() -> Path:
-    path = default_layout().bin_dir(build_inputs().pins)
-    if not (path / "kube-apiserver").exists():
-        pytest.fail(f"control plane not built in {path}: run `make controlplane`", pytrace=False)
-    return path
 
 
 def _quiet(line: str) -> None:
@@ -62,7 +53,7 @@ RUNNER = textwrap.dedent("""
 def test_sigkill_of_the_runner_kills_components_and_next_start_sweeps(
     bin_dir: Path, tmp_path: Path
 ) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # tessera_e2e, tessera_sim
     runner = subprocess.Popen(
         [sys.executable, "-c", RUNNER, str(bin_dir), str(tmp_path)],
         stdout=subprocess.PIPE, text=True, env=env,
@@ -146,13 +137,14 @@ def test_a_port_taken_after_the_check_names_the_bind_error(
     assert list((tmp_path / "runs").iterdir()) == []
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(("stop_signal", "nodes"), [(signal.SIGINT, []), (signal.SIGTERM, ["0"])])
 def test_make_cluster_prints_kubeconfig_and_stops_cleanly(
-    bin_dir: Path, stop_signal: signal.Signals
+    bin_dir: Path, stop_signal: signal.Signals, nodes: list[str]
 ) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    """`make cluster` (by default with nodes) and `--nodes 0` (the control plane alone)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # tessera_e2e, tessera_sim
     cli = subprocess.Popen(
-        [sys.executable, "-m", "tessera_e2e", "cluster"],
+        [sys.executable, "-m", "tessera_e2e", "cluster", *(["--nodes", *nodes] if nodes else [])],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )
     assert cli.stdout is not None
@@ -167,6 +159,8 @@ def test_make_cluster_prints_kubeconfig_and_stops_cleanly(
     namespaces = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "ns"],
                                 capture_output=True, text=True, check=False)
     assert "kube-system" in namespaces.stdout, namespaces.stderr
+    ready = [li for li in lines if li.startswith("Cluster ready")]
+    assert ready and ready[0].rstrip().endswith("with 0 nodes" if nodes else "with 2 nodes")
     run = kubeconfig.parent
     pids = [int(p.read_text()) for p in run.glob("*.pid")]
 
