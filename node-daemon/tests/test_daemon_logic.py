@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
+
 from tessera.api.inventory import node_labels, parse_gpus, to_annotation
 from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_PARTITION_STATUS, LABEL_GPU_COUNT
 from tessera.api.partition import NodePartitionStatus

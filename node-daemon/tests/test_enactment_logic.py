@@ -9,6 +9,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
+from gpu_model import Refused, instance, model_id, new_gpu, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +26,6 @@ from tessera_node.layout.batch import (
 from tessera_node.layout.desired import GPUTarget
 from tessera_node.layout.enact import Outcome, placement_support
 from tessera_node.layout.plan import GPUPlan, plan
-
-from gpu_model import Refused, instance, model_id, new_gpu, run
 
 H100 = "H100-80GB"
 LAYOUTS = [tuple(sorted(x)) for x in maximal_layouts(H100)] + [
@@ -153,7 +152,7 @@ def test_a_busy_instance_in_the_way_waits_or_refuses_naming_processes_and_pods()
 def test_mode_changes_wait_for_idle_gpus_and_ampere_resets_only_when_allowed() -> None:
     a100 = new_gpu("A100-40GB")
     t = target(("3g.20gb",))
-    end, ran = converge(t, a100, ampere=True)
+    _, ran = converge(t, a100, ampere=True)
     assert ran == ["enable-mig", "reset-gpu", "create-gi", "create-ci"]
     pending = replace(a100, mig_pending="enabled")
     assert plan(t, pending, allow_reset=False).phase == "Pending"
