@@ -84,11 +84,12 @@ class SimNode:
         return subprocess.run([str(BIN_DIR / "nvidia-smi"), *args], env=self.env,
                               capture_output=True, text=True, timeout=60)
 
-    def fault(self, fn: str, count: int, code: int) -> None:
+    def fault(self, fn: str, count: int, code: int, delay_us: int = 0) -> None:
         """Make the node's next ``count`` calls of ``fn`` fail with ``code`` (count -1: all,
-        0: clear)."""
+        0: clear; code 0 with a delay: only slow)."""
         subprocess.run([sys.executable, "-m", "tessera_sim", "fault", "--fn", fn, "--count",
-                        str(count), "--code", str(code)], env=self.env, check=True)
+                        str(count), "--code", str(code), "--delay-us", str(delay_us)],
+                       env=self.env, check=True)
 
 
 class NodeDaemonProcess:

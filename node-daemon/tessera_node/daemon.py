@@ -199,7 +199,7 @@ class NodeDaemon:
         w = wanted(node, self.partitions.values(), self.snapshot, self.read_error,
                    self.sockets, self.opts.device_plugin_dir,
                    lambda p: refused or self.work.outcome(p), datetime.now(UTC),
-                   self.holders, self.opts.allow_gpu_reset, self.work.working())
+                   self.holders, self.opts.allow_gpu_reset)
         # beside another MIG manager the reports fail and nothing is touched
         if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
             for p in w.plans:

@@ -54,10 +54,6 @@ class GPUWork:
         last = self.outcomes.get(plan.index)
         return last[1] if last is not None and last[0] == plan else None
 
-    def working(self) -> frozenset[int]:
-        """GPUs with a plan queued or being carried out."""
-        return frozenset(self._pending) | frozenset(self._running)
-
     def forget(self, keep: set[int]) -> None:
         """Drop what is known about GPUs that have nothing to do (no partition wants
         anything of them, or their plan is done or waits): a plan coming back later runs."""

@@ -36,8 +36,6 @@ class Situation:
     holders: Holders = field(default_factory=dict)
     """Pods holding devices (the kubelet's PodResources)."""
     allow_reset: bool = True
-    working: frozenset[int] = frozenset()
-    """GPUs whose plan is being carried out now."""
 
     def outcome(self, index: int) -> Outcome | None:
         return self.outcomes.get(index)
@@ -60,7 +58,7 @@ def gpu_phase(p: GPUPlan, s: Situation) -> tuple[NodePhase, str, str | None]:
     o = s.outcome(p.index)
     if p.phase is not None:  # nothing can be done now: the plan says why
         return p.phase, p.message, p.reason
-    if o is not None and not o.done and p.index not in s.working:
+    if o is not None and not o.done:  # also while it is retried: no flapping
         said = o.message if o.message.startswith(f"GPU {p.index}:") else (
             f"{p.describe()} ({o.message})")
         return o.phase, said, o.reason

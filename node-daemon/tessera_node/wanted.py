@@ -62,8 +62,7 @@ def wanted(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
            snapshot: DeviceSnapshot | None, read_error: str | None,
            sockets: Iterable[str], socket_dir: str,
            outcome: Callable[[GPUPlan], Outcome | None], now: datetime,
-           holders: Holders | None = None, allow_reset: bool = True,
-           working: frozenset[int] = frozenset()) -> Wanted:
+           holders: Holders | None = None, allow_reset: bool = True) -> Wanted:
     meta = node.get("metadata") or {}
     have_labels: Mapping[str, str] = meta.get("labels") or {}
     have_annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -91,7 +90,7 @@ def wanted(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
              if snapshot is not None else ())
     outcomes = {p.index: o for p in plans if (o := outcome(p)) is not None}
     situation = reports.Situation(snapshot, read_error, tuple(found), outcomes,
-                                  holders or {}, allow_reset, working)
+                                  holders or {}, allow_reset)
     before = old_reports(node)
     after = reports.merge(before, reports.build(owned, situation, misfits(views, inv)), now)
     if after:

@@ -49,7 +49,7 @@ class NvidiaSmi:
              gpu: int | None = None, timeout: float = 300.0) -> SmiResult:
         """Run it (never raises): exit status -1 when it could not run or timed out."""
         started = time.monotonic()
-        log.info("nvidia-smi start", extra={"gpu": gpu, "args": list(args)})
+        log.info("nvidia-smi start", extra={"gpu": gpu, "argv": list(args)})
         try:
             out = subprocess.run([self.path, *args], capture_output=True, text=True,
                                  timeout=timeout, check=False,
@@ -62,7 +62,7 @@ class NvidiaSmi:
         metrics.SMI_COMMANDS.labels(kind, "ok" if rc == 0 else "error").inc()
         metrics.SMI_SECONDS.labels(kind).observe(seconds)
         (log.info if rc == 0 else log.warning)(
-            "nvidia-smi done", extra={"gpu": gpu, "args": list(args), "rc": rc,
+            "nvidia-smi done", extra={"gpu": gpu, "argv": list(args), "rc": rc,
                                       "output": result.output[-2000:],
                                       "seconds": round(seconds, 4)})
         return result

@@ -88,8 +88,8 @@ def placement_support(path: str, rc: int, output: str) -> str | None:
         return (f"{path} does not know MIG placements (`nvidia-smi mig -lgipp`: "
                 f"{' '.join(output.split())[:200]}), so it cannot create instances at "
                 "explicit start slots (`-cgi <profile>:<start>`, newer drivers only); the "
-                "driver would choose the slots and tessera-node could not guarantee minimal "
-                "disruption, so it changes no MIG layout")
+                "driver would choose the slots, so tessera-node cannot guarantee minimal "
+                "disruption and changes no MIG layout")
     return None
 
 
