@@ -147,7 +147,7 @@ class SmiEnactor:
         log.info("MIG apply finished", extra={
             "gpu": plan.index, "partition": plan.target.partition,
             "target": plan.target.summary(), "phase": outcome.phase,
-            "message": outcome.message, "commands": stats["commands"],
+            "detail": outcome.message, "commands": stats["commands"],
             "seconds": round(seconds, 4), "smiSeconds": round(stats["smi_s"], 4)})
         return outcome
 
