@@ -227,9 +227,9 @@ def test_sigkill_after_each_command_converges_without_orphans_or_duplicates(
                 if e is not None and e.phase == "Ready" and e.observed_generation == generation:
                     break
                 try:
-                    wait_until("the next nvidia-smi command", lambda done=done: len(
+                    wait_until("the next nvidia-smi command", lambda done=done, g=generation: len(
                         smi_commands(d)) > done or ((e := reports(chart, d.node).get(part))
-                        and e.phase == "Ready" and e.observed_generation == generation), 60,
+                        and e.phase == "Ready" and e.observed_generation == g), 60,
                         0.05)
                 except TimeoutError as exc:
                     raise TimeoutError(f"{exc}: {d.log.read_text()[-2000:]}") from None
