@@ -5,7 +5,12 @@ against the local control plane (etcd + kube-apiserver only: nothing else writes
 2. one daemon idle for 60 s (partitions settled, resync every 5 s, NVML read every second):
    its CPU (utime+stime from /proc) and peak RSS (goals: < 1 % of a core, < 80 MiB), and
    its writes in that minute (goal: 0) -- counted twice: its own write counter and its
-   Node's resourceVersion (no other writer runs).
+   Node's resourceVersion (no other writer runs);
+3. the partition changed to seven 1g.10gb instances per GPU (MIG enabled, 7 GIs, 7 CIs on
+   each of 400 GPUs): per node the time from the change to its Ready entry (p50/p99),
+   split into the time inside nvidia-smi (the slowest GPU's commands: GPUs run in
+   parallel) and the daemon's own (the rest: watch, NVML reads, planning, writes);
+   nvidia-smi invocations and API writes per node for the change.
 
 Each daemon authenticates with a token bound to a pod on its Node, as in a DaemonSet, so the
 chart's node-restriction policy is evaluated on every write.
@@ -15,10 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "operator"),
@@ -116,11 +123,76 @@ def main() -> int:
               f"{w1 - w0:.0f} by its counter, Node resourceVersion "
               f"{'unchanged' if rv0 == rv1 else f'{rv0} -> {rv1}'} (goal 0)", flush=True)
         ok = cpu < 0.01 and peak < 80 and w1 == w0 and rv0 == rv1
-        return 0 if ok else 1
+        return 0 if apply_seven_1g(cluster, daemons, part) and ok else 1
     finally:
         for d in daemons:
             d.stop()
         cluster.stop()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def log_records(d: NodeDaemonProcess, since: float) -> list[dict[str, Any]]:
+    out = []
+    for line in d.log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("ts", 0) >= since:
+            out.append(rec)
+    return out
+
+
+def apply_seven_1g(cluster: LocalCluster, daemons: list[NodeDaemonProcess],
+                   part: dict[str, Any]) -> bool:
+    """Step 3: the layout change, timed per node."""
+    writes0 = {d.node: sum(d.metric("tessera_node_api_writes_total", kind=k) or 0
+                           for k in ("node", "event")) for d in daemons}
+    part["spec"]["layout"] = {"profiles": [{"name": "1g.10gb", "count": 7}]}
+    t0 = time.time()
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(part))
+    ready: dict[str, float] = {}
+    deadline = time.monotonic() + 900
+    while len(ready) < len(daemons) and time.monotonic() < deadline:
+        out = cluster.kubectl("get", "nodes", "-l", "pool=bench", "-o", "json")
+        now = time.time()
+        for n in json.loads(out.stdout)["items"] if out.returncode == 0 else []:
+            name = n["metadata"]["name"]
+            raw = (n["metadata"].get("annotations") or {}).get(ANNOTATION_PARTITION_STATUS)
+            e = json.loads(raw or "{}").get("bench-whole") or {}
+            if (name not in ready and e.get("phase") == "Ready"
+                    and e.get("observedGeneration") == 2):
+                ready[name] = now - t0
+        time.sleep(0.2)
+    if len(ready) < len(daemons):
+        print(f"only {len(ready)} of {len(daemons)} nodes Ready", flush=True)
+        return False
+    smi_s, own_s, invocations, writes = [], [], [], []
+    for d in daemons:
+        recs = log_records(d, t0)
+        applied = [r for r in recs if r.get("msg") == "MIG apply finished"]
+        node_smi = max(float(r["smiSeconds"]) for r in applied)
+        smi_s.append(node_smi)
+        own_s.append(ready[d.node] - node_smi)
+        invocations.append(sum(1 for r in recs if r.get("msg") == "nvidia-smi done"
+                               and "-lgipp" not in r.get("argv", [])))
+        writes.append(sum(d.metric("tessera_node_api_writes_total", kind=k) or 0
+                          for k in ("node", "event")) - writes0[d.node])
+    lat = list(ready.values())
+    print(f"7x1g.10gb applied on {len(daemons)} nodes x {GPUS} GPUs: apply -> Ready "
+          f"p50 {pct(lat, .5):.1f} s, p99 {pct(lat, .99):.1f} s; inside nvidia-smi "
+          f"(slowest GPU) p50 {pct(smi_s, .5):.1f} s, p99 {pct(smi_s, .99):.1f} s; "
+          f"daemon's own p50 {pct(own_s, .5):.1f} s, p99 {pct(own_s, .99):.1f} s",
+          flush=True)
+    print(f"per node and change: nvidia-smi invocations {statistics.mean(invocations):.1f} "
+          f"(min {min(invocations)}, max {max(invocations)}; {GPUS} GPUs x -mig 1, -cgi, "
+          f"-cci), API writes {statistics.mean(writes):.1f} (min {min(writes):.0f}, max "
+          f"{max(writes):.0f})", flush=True)
+    return True
 
 
 if __name__ == "__main__":
