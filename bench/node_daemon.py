@@ -135,18 +135,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def log_records(d: NodeDaemonProcess, since: float) -> list[dict[str, Any]]:
-    out = []
-    for line in d.log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("ts", 0) >= since:
-            out.append(rec)
-    return out
-
-
 def apply_seven_1g(cluster: LocalCluster, daemons: list[NodeDaemonProcess],
                    part: dict[str, Any]) -> bool:
     """Step 3: the layout change, timed per node."""
@@ -173,7 +161,7 @@ def apply_seven_1g(cluster: LocalCluster, daemons: list[NodeDaemonProcess],
         return False
     smi_s, own_s, invocations, writes = [], [], [], []
     for d in daemons:
-        recs = log_records(d, t0)
+        recs = d.log_records(t0)
         applied = [r for r in recs if r.get("msg") == "MIG apply finished"]
         node_smi = max(float(r["smiSeconds"]) for r in applied)
         smi_s.append(node_smi)

@@ -151,6 +151,18 @@ class NodeDaemonProcess:
                     return float(sample.value)
         return None
 
+    def log_records(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines (all its runs) logged at or after ``since``."""
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("ts", 0) >= since:
+                out.append(rec)
+        return out
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -71,15 +71,8 @@ def instances(e: NodePartitionStatus, gpu: int = 0) -> dict[tuple[str, int], tup
 
 def smi_commands(d: NodeDaemonProcess) -> list[dict[str, Any]]:
     """The daemon's log lines for finished nvidia-smi MIG commands (not the start check)."""
-    out = []
-    for line in d.log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("msg") == "nvidia-smi done" and "-lgipp" not in rec.get("argv", []):
-            out.append(rec)
-    return out
+    return [r for r in d.log_records() if r.get("msg") == "nvidia-smi done"
+            and "-lgipp" not in r.get("argv", [])]
 
 
 def cleanup(cluster: Any, *names: str) -> None:
