@@ -59,7 +59,7 @@ def converge(t: GPUTarget, g: GPUState, ampere: bool = False,
     raise AssertionError(f"no convergence: {ran}")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(have=st.one_of(st.none(), st.sampled_from(LAYOUTS)),
        want=st.one_of(st.none(), st.sampled_from(LAYOUTS)), ampere=st.booleans())
 def test_plans_converge_one_command_per_step_kind_keeping_unchanged_instances(
@@ -82,7 +82,7 @@ def test_plans_converge_one_command_per_step_kind_keeping_unchanged_instances(
         assert ran == []
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(have=st.sampled_from(LAYOUTS), want=st.one_of(st.none(), st.sampled_from(LAYOUTS)),
        crash_at=st.integers(0, 6), part=st.integers(0, 3))
 def test_a_crash_inside_or_between_commands_converges_without_orphans_or_duplicates(
@@ -250,3 +250,42 @@ def test_the_work_queue_retries_failures_after_the_interval_only() -> None:
         assert len(rec.applied) == 2
         await work.close()
     asyncio.run(go())
+
+
+@settings(max_examples=100, deadline=None)
+@given(have=st.sampled_from(LAYOUTS), want=st.one_of(st.none(), st.sampled_from(LAYOUTS)),
+       busy=st.sets(st.integers(0, 6), max_size=3), by_pod=st.booleans(),
+       policy=st.sampled_from(["WaitForIdle", "Refuse"]))
+def test_a_busy_instance_is_never_destroyed_and_the_gpu_never_switched_under_it(
+        have: tuple[str, ...], want: tuple[str, ...] | None, busy: set[int], by_pod: bool,
+        policy: str) -> None:
+    g = built(have)
+    used = [i for k, i in enumerate(g.instances) if k in busy]
+    holders: dict[str, list[str]] = {}
+    if by_pod:
+        holders = {i.uuid: [f"ns/pod-{i.gi_id}"] for i in used}
+    else:
+        g = replace(g, instances=tuple(replace(i, processes=(f"pid {i.gi_id}",))
+                                       if i in used else i for i in g.instances))
+    t = target(want, policy)
+    for _ in range(16):
+        p = plan(t, g, holders)
+        if p.done or p.blocked:
+            break
+        c = next_command(p)
+        assert c is not None
+        if used:
+            assert c.action not in ("disable-mig", "reset-gpu")
+        assert not {i.gi_id for i in used} & {s.gi_id for s in p.steps
+                                              if s.action.startswith("destroy")}
+        g = run(g, c)
+    still = {(i.profile, i.start) for i in g.instances}
+    assert all((i.profile, i.start) in still for i in used)  # every busy one is still there
+    if p.blocked:
+        assert p.phase == ("Failed" if policy == "Refuse" else "WaitingForIdle")
+        assert p.reason == "InUse"
+        assert used and any(  # names the busy instances in the way (not those that stay)
+            (f"pod ns/pod-{i.gi_id}" if by_pod else f"pid {i.gi_id}") in p.message
+            for i in used)
+    else:
+        assert p.done
