@@ -128,11 +128,16 @@ class NodeDaemon:
             await asyncio.sleep(self.opts.poll_interval_s)
 
     def _work_done(self) -> None:
-        """A GPU's worker finished: read the GPUs now (not at the next poll) and reconcile."""
-        task = asyncio.create_task(self.read_devices())
+        """A GPU's worker finished: read the GPUs now (not at the next poll), then reconcile
+        (with what the worker left, not the snapshot from before it)."""
+        async def refresh() -> None:
+            try:
+                await self.read_devices()
+            finally:
+                self._dirty.set()
+        task = asyncio.create_task(refresh())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self._dirty.set()
 
     def _read_holders(self) -> None:
         try:
