@@ -84,10 +84,22 @@ def main() -> int:
             return sum(len(json.loads((n["metadata"].get("annotations") or {}).get(
                 ANNOTATION_GPUS, "[]"))) == GPUS for n in items)
 
+        def restart_exited() -> bool:
+            """A daemon that exited at start (its free port taken meanwhile by another
+            process of this busy machine) is started again on a new port."""
+            for k, d in enumerate(daemons):
+                if d.proc is not None and d.proc.poll() is not None:
+                    print(f"{d.node}: daemon exited at start, restarted", flush=True)
+                    daemons[k] = NodeDaemonProcess(d.node, d.sim, d.kubeconfig, work,
+                                                   d.extra)
+                    daemons[k].start_async()
+            return False
+
         started = time.monotonic()
         for d in daemons:  # all at once: no waiting for each one's port
             d.start_async()
-        wait_until("every inventory", lambda: published() == NODES, 600, 0.25)
+        wait_until("every inventory", lambda: restart_exited() or published() == NODES,
+                   600, 0.25)
         all_published = time.monotonic() - started
         print(f"{NODES} daemons x {GPUS} GPUs: all inventories published "
               f"{all_published:.1f} s after start", flush=True)

@@ -99,6 +99,8 @@ class NodeDaemonProcess:
                  extra: list[str] | None = None) -> None:
         self.node = node
         self.sim = sim
+        self.kubeconfig = kubeconfig
+        self.extra = extra
         self.port = free_port()
         self.log = logdir / f"daemon-{node}.log"
         self.plugin_dir = logdir / f"device-plugins-{node}"
