@@ -1,6 +1,6 @@
-"""Demo v1: a local cluster with tessera's CRDs and the example resources applied.
-
-Later issues add the operator and simulated GPU nodes; until then it shows exactly this.
+"""The demo: a local cluster with tessera's CRDs and the example resources applied, the
+operator admitting pods under a quota, and three simulated GPU nodes whose tessera-node
+daemons enact the example GPUPartitions with nvidia-smi.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from pathlib import Path
 import yaml
 
 from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.demo_nodes import show_gpu_nodes
 from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.node_daemons import NodeDaemonProcess
 from tessera_e2e.operators import LocalOperators, show_quota_admission
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -93,9 +95,12 @@ def run_demo(
     repo: Path = REPO_ROOT,
     *,
     stays: bool,
+    daemons: list[NodeDaemonProcess] | None = None,
 ) -> None:
-    """Install CRDs and examples into a started cluster, start the operator and show a quota
-    at work; when the cluster `stays` running, say how to use it and how to stop it."""
+    """Install CRDs and examples into a started cluster, start the operator, show a quota
+    at work and GPU nodes enacting the partitions (their daemons are appended to
+    ``daemons`` for the caller to stop); when the cluster `stays` running, say how to use
+    it and how to stop it."""
     say(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
     crds = install_crds(cluster, repo)
     say(f"Installed {len(crds)} CRD file(s) from crds/: all Established")
@@ -114,7 +119,9 @@ def run_demo(
     say("$ kubectl get tessera -A")
     say(_checked(cluster, "get", "tessera", "-A").rstrip())
     say("")
-    say("No GPU node daemon runs yet, so GPUPartitions select no node and report no layout.")
+    assert cluster.run is not None
+    show_gpu_nodes(cluster.kubectl, cluster.kubeconfig, cluster.run.logs / "nodes", say,
+                   daemons if daemons is not None else [])
     if not stays:
         say("Stopping the cluster now (--exit); without --exit it keeps running until Ctrl-C.")
         return
@@ -129,9 +136,12 @@ def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], Non
     assert cluster.run is not None, "the cluster must be started"
     operators = LocalOperators(cluster.kubectl, cluster.kubeconfig, cluster.run.logs,
                                names=("operator",))
+    daemons: list[NodeDaemonProcess] = []
     try:
-        run_demo(cluster, operators, stays=not exit_after)
+        run_demo(cluster, operators, stays=not exit_after, daemons=daemons)
         if not exit_after:
             wait()
     finally:
+        for d in daemons:
+            d.stop()
         operators.stop_all()

@@ -84,11 +84,12 @@ class SimNode:
         return subprocess.run([str(BIN_DIR / "nvidia-smi"), *args], env=self.env,
                               capture_output=True, text=True, timeout=60)
 
-    def fault(self, fn: str, count: int, code: int) -> None:
+    def fault(self, fn: str, count: int, code: int, delay_us: int = 0) -> None:
         """Make the node's next ``count`` calls of ``fn`` fail with ``code`` (count -1: all,
-        0: clear)."""
+        0: clear; code 0 with a delay: only slow)."""
         subprocess.run([sys.executable, "-m", "tessera_sim", "fault", "--fn", fn, "--count",
-                        str(count), "--code", str(code)], env=self.env, check=True)
+                        str(count), "--code", str(code), "--delay-us", str(delay_us)],
+                       env=self.env, check=True)
 
 
 class NodeDaemonProcess:
@@ -98,6 +99,8 @@ class NodeDaemonProcess:
                  extra: list[str] | None = None) -> None:
         self.node = node
         self.sim = sim
+        self.kubeconfig = kubeconfig
+        self.extra = extra
         self.port = free_port()
         self.log = logdir / f"daemon-{node}.log"
         self.plugin_dir = logdir / f"device-plugins-{node}"
@@ -149,6 +152,18 @@ class NodeDaemonProcess:
                                                for k, v in labels.items()):
                     return float(sample.value)
         return None
+
+    def log_records(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines (all its runs) logged at or after ``since``."""
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("ts", 0) >= since:
+                out.append(rec)
+        return out
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -15,7 +15,7 @@ from tessera_e2e.demo import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
-ENV = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "e2e"))
+ENV = dict(os.environ, PYTHONPATH=f"{REPO_ROOT / 'e2e'}:{REPO_ROOT / 'sim'}")
 DEMO = [sys.executable, "-m", "tessera_e2e", "demo"]
 
 
@@ -28,6 +28,13 @@ def _assert_shows_the_resources(out: str) -> None:
     assert "pod small: admitted" in out and '"tessera.dev/vgpu-memory":"2048"' in out
     assert "pod medium: admitted" in out
     assert "pod too-big: refused" in out and 'exceeded GPUQuota "team"' in out
+    # Three simulated GPU nodes: their daemons enact the example partitions.
+    ready = out.split("# every selected node Ready", 1)[1]
+    for name in ("h100-inference", "a100-experiments", "a30-small-jobs"):
+        row = next(line.split() for line in ready.splitlines() if line.startswith(name))
+        assert row[1:3] == ["1", "1"], row  # selected 1, Ready 1
+    lgi = out.split("$ nvidia-smi mig -lgi", 1)[1]
+    assert lgi.count("MIG 3g.20gb") == 4 and lgi.count("MIG 2g.10gb") == 8
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -42,7 +49,7 @@ def _processes_naming(text: str) -> list[int]:
 
 
 def test_demo_exit_runs_once_non_interactively() -> None:
-    result = subprocess.run([*DEMO, "--exit"], capture_output=True, text=True, timeout=180,
+    result = subprocess.run([*DEMO, "--exit"], capture_output=True, text=True, timeout=400,
                             env=ENV, check=False)
     assert result.returncode == 0, result.stderr
     _assert_shows_the_resources(result.stdout)

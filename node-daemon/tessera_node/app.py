@@ -13,9 +13,11 @@ from tessera.kube import serve
 from tessera.kube.client import Kube, load_credentials
 from tessera.kube.health import Health, supervise
 from tessera_node.daemon import NodeDaemon
+from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
+from tessera_node.device.pods import NoPods
 from tessera_node.device.smi import NvidiaSmi
-from tessera_node.layout.enact import NoEnactment
+from tessera_node.layout.enact import SmiEnactor
 from tessera_node.settings import Options
 
 log = logging.getLogger("tessera_node")
@@ -31,7 +33,11 @@ async def run(opts: Options) -> None:
     except OSError as exc:
         log.warning("state directory not usable", extra={"dir": opts.state_dir,
                                                          "error": str(exc)})
-    daemon = NodeDaemon(kube, opts, reader, NoEnactment(), health)
+    pods = NoPods()  # the kubelet's PodResources client comes with the device plugin
+    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), pods,
+                         allow_reset=opts.allow_gpu_reset, recheck_s=opts.retry_interval_s)
+    await asyncio.to_thread(enactor.prepare)
+    daemon = NodeDaemon(kube, opts, reader, enactor, health, pods)
     runner = await serve.start(serve.health_app(health, not_ready=daemon.not_ready),
                                opts.metrics_host, opts.metrics_port)
     log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,

@@ -28,7 +28,17 @@ _HELP = {
     "poll_interval_s": "seconds between NVML reads",
     "resync_interval_s": "seconds between full reconcile passes when nothing happens",
     "stuck_after_s": "seconds a watch or NVML may fail before /healthz reports it",
+    "retry_interval_s": "seconds before a failed MIG change is tried again",
+    "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
 }
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
 
 
 def _flag(name: str) -> str:
@@ -43,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(Options):
         default: Any = getattr(DEFAULTS, f.name)
         env = ENV[f.name]
-        kind = type(default) if default is not None else str
+        kind: Any = type(default) if default is not None else str
+        if kind is bool:
+            kind = _bool
         from_env = os.environ.get(env)
         run.add_argument(_flag(f.name), dest=f.name, type=kind,
                          default=kind(from_env) if from_env else default,
@@ -55,8 +67,9 @@ def options(args: argparse.Namespace) -> Options:
     opts = Options(**{f.name: getattr(args, f.name) for f in fields(Options)})
     if not opts.node_name:
         raise ValueError(f"--node-name (or {ENV['node_name']}) is required")
-    if opts.poll_interval_s <= 0 or opts.resync_interval_s <= 0:
-        raise ValueError("--poll-interval and --resync-interval must be positive")
+    if min(opts.poll_interval_s, opts.resync_interval_s, opts.retry_interval_s) <= 0:
+        raise ValueError("--poll-interval, --resync-interval and --retry-interval must be "
+                         "positive")
     return opts
 
 

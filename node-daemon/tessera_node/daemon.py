@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from tessera.kube.health import Health
 from tessera_node import metrics
 from tessera_node.coexistence import device_plugin_sockets
 from tessera_node.device.nvml import DeviceError, GPUReader
+from tessera_node.device.pods import PodResources
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.gpu_work import GPUWork
 from tessera_node.inventory import node_gpus
@@ -48,13 +50,14 @@ def reported_state(snapshot: DeviceSnapshot | None) -> Any:
     if snapshot is None:
         return None
     return (node_gpus(snapshot), tuple(
-        (g.mig_pending, tuple((i.gi_id, i.size, bool(i.memory_used_bytes))
-                              for i in g.instances)) for g in snapshot.gpus))
+        (g.mig_pending, g.processes, tuple((i.gi_id, i.size, bool(i.memory_used_bytes),
+                                            i.processes) for i in g.instances))
+        for g in snapshot.gpus))
 
 
 class NodeDaemon:
     def __init__(self, kube: Kube, opts: Options, reader: GPUReader, enactor: Enactor,
-                 health: Health) -> None:
+                 health: Health, pods: PodResources) -> None:
         self.kube = kube
         self.opts = opts
         self.reader = reader
@@ -65,8 +68,12 @@ class NodeDaemon:
         self.snapshot: DeviceSnapshot | None = None
         self.read_error: str | None = None
         self.sockets: tuple[str, ...] = ()
+        self.pods = pods
+        self.holders: Mapping[str, Sequence[str]] = {}
+        self.pods_error: str | None = None
         self._dirty = asyncio.Event()
-        self.work = GPUWork(enactor, self._dirty.set)
+        self.work = GPUWork(enactor, self._work_done, opts.retry_interval_s)
+        self._tasks: set[asyncio.Task[None]] = set()
         self._logged: set[str] = set()
         self._last_seen: tuple[Any, ...] | None = None
 
@@ -120,7 +127,32 @@ class NodeDaemon:
             await self.read_devices()
             await asyncio.sleep(self.opts.poll_interval_s)
 
+    def _work_done(self) -> None:
+        """A GPU's worker finished: read the GPUs now (not at the next poll), then reconcile
+        (with what the worker left, not the snapshot from before it)."""
+        async def refresh() -> None:
+            try:
+                await self.read_devices()
+            finally:
+                self._dirty.set()
+        task = asyncio.create_task(refresh())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _read_holders(self) -> None:
+        try:
+            self.holders, self.pods_error = self.pods.holders(), None
+        except OSError as exc:  # fail closed: nothing is changed while pods are unknown
+            if self.pods_error is None:
+                log.error("cannot ask the kubelet which pods hold devices",
+                          extra={"error": str(exc)})
+            self.pods_error = f"kubelet PodResources: {exc}"
+            metrics.ERRORS.labels("podresources").inc()
+
     async def read_devices(self) -> None:
+        if self.work.enactor.refusal() is not None:
+            await asyncio.to_thread(self.work.enactor.prepare)
+        await asyncio.to_thread(self._read_holders)
         try:
             snapshot = await asyncio.to_thread(self.reader.read)
         except DeviceError as exc:
@@ -140,7 +172,8 @@ class NodeDaemon:
             metrics.observe(snapshot)
         self.sockets = device_plugin_sockets(self.opts.device_plugin_dir)
         # wake the reconciler only for what a report or the inventory shows
-        seen = (reported_state(self.snapshot), self.read_error, self.sockets)
+        seen = (reported_state(self.snapshot), self.read_error, self.sockets,
+                sorted((k, tuple(v)) for k, v in self.holders.items()), self.pods_error)
         if seen != self._last_seen:
             self._last_seen = seen
             self._dirty.set()
@@ -166,15 +199,18 @@ class NodeDaemon:
         if (node is None or not self.health.synced(PARTITION_WATCH)
                 or (self.snapshot is None and self.read_error is None)):
             return  # nothing to write to, or not everything known yet
-        refusal = self.work.enactor.refusal()
-        refused = Outcome(False, refusal) if refusal is not None else None
+        refusal = self.work.enactor.refusal() or self.pods_error
+        refused = Outcome("Pending", refusal) if refusal is not None else None
         w = wanted(node, self.partitions.values(), self.snapshot, self.read_error,
                    self.sockets, self.opts.device_plugin_dir,
-                   lambda p: refused or self.work.outcome(p), datetime.now(UTC))
-        for p in w.plans:
-            if not p.done and refused is None:
-                self.work.submit(p)
-        self.work.forget({p.index for p in w.plans if not p.done})
+                   lambda p: refused or self.work.outcome(p), datetime.now(UTC),
+                   self.holders, self.opts.allow_gpu_reset)
+        # beside another MIG manager the reports fail and nothing is touched
+        if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
+            for p in w.plans:
+                if p.steps:
+                    self.work.submit(p)
+        self.work.forget({p.index for p in w.plans if p.steps})
         for f in w.findings:
             if f.message not in self._logged:
                 self._logged.add(f.message)

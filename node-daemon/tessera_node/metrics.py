@@ -3,7 +3,7 @@ what it wrote and what failed."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.inventory import model_of
@@ -28,6 +28,21 @@ REPORT_WRITES = Counter("tessera_node_report_writes_total",
 API_WRITES = Counter("tessera_node_api_writes_total",
                      "Every write the daemon sent to the API server, by kind.", ["kind"])
 ERRORS = Counter("tessera_node_errors_total", "Failures, by stage (logged).", ["stage"])
+MIG_INSTANCES = Gauge("tessera_mig_instances", "MIG instances per GPU and profile.",
+                      ["gpu", "profile"])
+MIG_APPLIES = Counter("tessera_node_mig_applies_total",
+                      "MIG layout applies on one GPU, by outcome (the node entry's phase).",
+                      ["outcome"])
+MIG_APPLY_SECONDS = Histogram("tessera_node_mig_apply_seconds",
+                              "Duration of one GPU's MIG apply (reads, plans, nvidia-smi).",
+                              ["outcome"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+                                                    120, 300))
+SMI_COMMANDS = Counter("tessera_node_nvidia_smi_commands_total",
+                       "nvidia-smi commands run, by kind (enable-mig, create-gi, …) and result.",
+                       ["command", "result"])
+SMI_SECONDS = Histogram("tessera_node_nvidia_smi_seconds", "Duration of one nvidia-smi "
+                        "command, by kind.", ["command"],
+                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120))
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 
@@ -35,7 +50,7 @@ FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or fore
 def observe(snapshot: DeviceSnapshot) -> None:
     """Set the per-GPU and per-instance gauges to this snapshot (gone GPUs/instances too)."""
     for g in (GPU_MEMORY_TOTAL, GPU_MEMORY_USED, GPU_UTILIZATION, GPU_MIG_MODE,
-              MIG_MEMORY_TOTAL, MIG_MEMORY_USED):
+              MIG_MEMORY_TOTAL, MIG_MEMORY_USED, MIG_INSTANCES):
         g.clear()
     for gpu in snapshot.gpus:
         model = model_of(gpu)
@@ -45,6 +60,9 @@ def observe(snapshot: DeviceSnapshot) -> None:
         if gpu.utilization_percent is not None:
             GPU_UTILIZATION.labels(*labels).set(gpu.utilization_percent)
         GPU_MIG_MODE.labels(*labels, gpu.mig_mode).set(1)
+        for name in {i.profile for i in gpu.instances}:
+            MIG_INSTANCES.labels(str(gpu.index), name).set(
+                sum(i.profile == name for i in gpu.instances))
         for i in gpu.instances:
             mig = (str(gpu.index), gpu.uuid, i.profile, str(i.start), str(i.gi_id), i.uuid)
             if i.memory_total_bytes is not None:

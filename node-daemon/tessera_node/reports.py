@@ -14,14 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tessera.api.partition import GPUStatus, MigInstanceStatus, NodePartitionStatus
+from tessera.api.partition import GPUStatus, MigInstanceStatus, NodePartitionStatus, NodePhase
 from tessera.kube.events import EventType
 from tessera_node.device.state import DeviceSnapshot, GPUState
 from tessera_node.findings import Finding
 from tessera_node.inventory import model_of
-from tessera_node.layout.desired import GPUTarget
+from tessera_node.layout.desired import GPUTarget, Misfit
 from tessera_node.layout.enact import Outcome
-from tessera_node.layout.plan import GPUPlan, plan
+from tessera_node.layout.plan import LAYOUT_DOES_NOT_FIT, GPUPlan, Holders, plan
 
 
 @dataclass(frozen=True)
@@ -33,17 +33,36 @@ class Situation:
     findings: tuple[Finding, ...] = ()
     outcomes: Mapping[int, Outcome] = field(default_factory=dict)
     """What the enactor said about each GPU's current plan."""
+    holders: Holders = field(default_factory=dict)
+    """Pods holding devices (the kubelet's PodResources)."""
+    allow_reset: bool = True
 
     def outcome(self, index: int) -> Outcome | None:
         return self.outcomes.get(index)
 
 
-def plans(targets: Mapping[str, Mapping[int, GPUTarget]], snapshot: DeviceSnapshot
-          ) -> list[GPUPlan]:
+def plans(targets: Mapping[str, Mapping[int, GPUTarget]], snapshot: DeviceSnapshot,
+          holders: Holders | None = None, allow_reset: bool = True) -> list[GPUPlan]:
     """The plan of every owned GPU NVML shows."""
     gpus = {g.index: g for g in snapshot.gpus}
-    return [plan(t, gpus[i]) for owned in targets.values() for i, t in sorted(owned.items())
-            if i in gpus]
+    return [plan(t, gpus[i], holders, allow_reset) for owned in targets.values()
+            for i, t in sorted(owned.items()) if i in gpus]
+
+
+SEVERITY: tuple[NodePhase, ...] = ("Applying", "Pending", "WaitingForIdle", "Failed")
+"""Of several GPUs not Ready, the entry takes the phase of the worst."""
+
+
+def gpu_phase(p: GPUPlan, s: Situation) -> tuple[NodePhase, str, str | None]:
+    """One GPU that is not done: its phase, what to say and the reason."""
+    o = s.outcome(p.index)
+    if p.phase is not None:  # nothing can be done now: the plan says why
+        return p.phase, p.message, p.reason
+    if o is not None and not o.done:  # also while it is retried: no flapping
+        said = o.message if o.message.startswith(f"GPU {p.index}:") else (
+            f"{p.describe()} ({o.message})")
+        return o.phase, said, o.reason
+    return "Applying", p.describe(), None
 
 
 def gpu_status(g: GPUState) -> GPUStatus:
@@ -73,7 +92,8 @@ def entry(owned: Mapping[int, GPUTarget], s: Situation) -> NodePartitionStatus:
     wrong = [f.message for f in s.findings
              if f.kind in ("ProfileMismatch", "UnknownModel") and f.gpu in owned]
     other_manager = [f.message for f in s.findings if f.kind == "OtherMigManager"]
-    todo = [p for p in (plan(t, gpus[i]) for i, t in sorted(owned.items())) if not p.done]
+    todo = [p for p in (plan(t, gpus[i], s.holders, s.allow_reset)
+                        for i, t in sorted(owned.items())) if not p.done]
     status = [gpu_status(gpus[i]) for i in sorted(owned)]
     if wrong:
         return NodePartitionStatus(phase="Failed", observed_generation=generation,
@@ -86,15 +106,32 @@ def entry(owned: Mapping[int, GPUTarget], s: Situation) -> NodePartitionStatus:
             phase="Failed", observed_generation=generation, gpus=status,
             message=f"{differences}. tessera-node leaves MIG to the other MIG manager on this "
                     f"node ({'; '.join(other_manager)})")
-    refusals = sorted({o.message for p in todo if (o := s.outcome(p.index)) and not o.done})
-    reason = f" ({'; '.join(refusals)})" if refusals else ""
-    return NodePartitionStatus(phase="Pending", observed_generation=generation, gpus=status,
-                               message=f"{differences}{reason}")
+    phases = [gpu_phase(p, s) for p in todo]
+    worst = max(SEVERITY.index(ph) for ph, _, _ in phases)
+    phase = SEVERITY[worst]
+    if phase == "Applying":
+        message = differences
+    else:
+        message = "; ".join(dict.fromkeys(m for ph, m, _ in phases if ph == phase))
+    reason = next((r for ph, _, r in phases if ph == phase and r), None)
+    return NodePartitionStatus(phase=phase, observed_generation=generation, gpus=status,
+                               message=message, reason=reason)
 
 
-def build(targets: Mapping[str, Mapping[int, GPUTarget]], s: Situation
-          ) -> dict[str, NodePartitionStatus]:
-    return {name: entry(owned, s) for name, owned in sorted(targets.items()) if owned}
+def misfit_entry(m: Misfit) -> NodePartitionStatus:
+    return NodePartitionStatus(phase="Failed", observed_generation=m.generation,
+                               message="; ".join(m.reasons), reason=LAYOUT_DOES_NOT_FIT)
+
+
+def build(targets: Mapping[str, Mapping[int, GPUTarget]], s: Situation,
+          misfits: Mapping[str, Misfit] | None = None) -> dict[str, NodePartitionStatus]:
+    """One entry per partition owning a GPU here; a partition whose layout does not fit a
+    GPU here that it selects is Failed with the planner's reason (even beside GPUs that
+    apply: one entry per node)."""
+    out = {name: entry(owned, s) for name, owned in sorted(targets.items()) if owned}
+    for name, m in sorted((misfits or {}).items()):
+        out[name] = misfit_entry(m)
+    return out
 
 
 def merge(old: Mapping[str, NodePartitionStatus], new: Mapping[str, NodePartitionStatus],

@@ -22,7 +22,8 @@ class Options:
     nvidia_smi: str = ""
     """Path of nvidia-smi; empty: ``<driver root>/usr/bin/nvidia-smi``, then ``bin/``."""
     state_dir: str = "/var/lib/tessera"
-    """Host directory the daemon owns (budget files and ledgers, later)."""
+    """Host directory the daemon owns: the per-GPU locks of MIG changes (budget files and
+    ledgers, later)."""
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     """The kubelet's device-plugin directory, where another GPU device plugin's socket shows."""
     metrics_host: str = "0.0.0.0"
@@ -34,6 +35,11 @@ class Options:
     """How often the whole state is reconciled again even when nothing was heard."""
     stuck_after_s: float = 60.0
     """A watch, or NVML, failing this long makes /healthz fail (the kubelet restarts us)."""
+    retry_interval_s: float = 30.0
+    """A MIG change that failed (an nvidia-smi error) is tried again after this long."""
+    allow_gpu_reset: bool = True
+    """Whether the daemon may reset an idle GPU to finish a MIG mode change that waits for
+    one (Ampere); false: the node entry says the change is pending a reset."""
 
 
 DEFAULTS = Options()
@@ -50,5 +56,7 @@ ENV = {
     "poll_interval_s": "TESSERA_POLL_INTERVAL",
     "resync_interval_s": "TESSERA_RESYNC_INTERVAL",
     "stuck_after_s": "TESSERA_STUCK_AFTER",
+    "retry_interval_s": "TESSERA_RETRY_INTERVAL",
+    "allow_gpu_reset": "TESSERA_ALLOW_GPU_RESET",
 }
 """The environment variable each setting falls back to when its flag is not given."""

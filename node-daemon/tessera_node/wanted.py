@@ -30,9 +30,9 @@ from tessera_node.coexistence import detect
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.findings import Finding
 from tessera_node.inventory import node_gpus
-from tessera_node.layout.desired import partition_views, targets
+from tessera_node.layout.desired import being_reset, misfits, partition_views, targets
 from tessera_node.layout.enact import Outcome
-from tessera_node.layout.plan import GPUPlan
+from tessera_node.layout.plan import GPUPlan, Holders
 from tessera_node.node_patch import OWNED_LABELS
 
 
@@ -61,7 +61,8 @@ def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
 def wanted(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
            snapshot: DeviceSnapshot | None, read_error: str | None,
            sockets: Iterable[str], socket_dir: str,
-           outcome: Callable[[GPUPlan], Outcome | None], now: datetime) -> Wanted:
+           outcome: Callable[[GPUPlan], Outcome | None], now: datetime,
+           holders: Holders | None = None, allow_reset: bool = True) -> Wanted:
     meta = node.get("metadata") or {}
     have_labels: Mapping[str, str] = meta.get("labels") or {}
     have_annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -82,12 +83,16 @@ def wanted(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
     found += detect(node, sockets, socket_dir)
     inv = NodeInventory(name=str(meta.get("name", "")), labels={**have_labels, **labels},
                         gpus=gpus)
-    owned = targets(partition_views(partitions), inv)
-    plans = tuple(reports.plans(owned, snapshot)) if snapshot is not None else ()
+    objects = list(partitions)
+    views = partition_views(objects)
+    owned = targets(views, inv, being_reset(objects))
+    plans = (tuple(reports.plans(owned, snapshot, holders, allow_reset))
+             if snapshot is not None else ())
     outcomes = {p.index: o for p in plans if (o := outcome(p)) is not None}
-    situation = reports.Situation(snapshot, read_error, tuple(found), outcomes)
+    situation = reports.Situation(snapshot, read_error, tuple(found), outcomes,
+                                  holders or {}, allow_reset)
     before = old_reports(node)
-    after = reports.merge(before, reports.build(owned, situation), now)
+    after = reports.merge(before, reports.build(owned, situation, misfits(views, inv)), now)
     if after:
         annotations[ANNOTATION_PARTITION_STATUS] = node_report.to_annotation(after)
     if found:

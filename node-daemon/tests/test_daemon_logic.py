@@ -8,13 +8,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from tessera.api.inventory import node_labels, parse_gpus, to_annotation
 from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_PARTITION_STATUS, LABEL_GPU_COUNT
 from tessera.api.partition import NodePartitionStatus
 from tessera.mig.catalog import profiles
+from tessera.mig.planner import fit
 from tessera.models import get_model
 from tessera_node import reports
 from tessera_node.cli import build_parser, options
@@ -23,7 +22,6 @@ from tessera_node.device.state import DeviceSnapshot, GPUState, MigInstanceState
 from tessera_node.inventory import node_gpus
 from tessera_node.layout.desired import GPUTarget
 from tessera_node.layout.enact import Outcome
-from tessera_node.layout.plan import GPUPlan, plan
 from tessera_node.node_patch import node_patch
 from tessera_node.wanted import wanted
 
@@ -34,8 +32,10 @@ def gpu(index: int = 0, model: str = "H100-80GB", mig: str = "disabled",
         instances: tuple[str, ...] = (), with_profiles: bool = True) -> GPUState:
     m = get_model(model)
     table = {p.name: p for p in profiles(model)}
-    insts = tuple(MigInstanceState(table[n].smi_profile_id, n, k, table[n].memory_slices,
-                                   20 + k, f"MIG-{index}-{k}") for k, n in enumerate(instances))
+    placed = fit(model, list(instances)) if instances else []
+    insts = tuple(MigInstanceState(table[p.profile].smi_profile_id, p.profile, p.start,
+                                   p.size, 20 + k, f"MIG-{index}-{k}")
+                  for k, p in enumerate(placed))
     infos = tuple(ProfileInfo(p.smi_profile_id, p.name, p.memory_mib, p.compute_slices,
                               p.max_count, p.sm_count) for p in profiles(model))
     return GPUState(index, f"GPU-{index}", m.nvml_name, m.pci_device_id, m.memory_mib << 20,
@@ -71,36 +71,6 @@ def test_a_profile_table_nvml_disagrees_with_is_one_finding() -> None:
     assert node_gpus(DeviceSnapshot((g,))).findings == ()
 
 
-def apply(p: GPUPlan, g: GPUState) -> GPUState:
-    """What a GPU looks like after a plan's steps (a model of the hardware)."""
-    mig, insts = g.mig_mode, list(g.instances)
-    for s in p.steps:
-        if s.action == "enable-mig":
-            mig = "enabled"
-        elif s.action == "disable-mig":
-            mig = "disabled"
-        elif s.action == "destroy-instance":
-            insts = [i for i in insts if i.gi_id != s.gi_id]
-        else:
-            insts.append(MigInstanceState(0, s.profile, 0, 1, 100 + len(insts)))
-    return replace(g, mig_mode=mig, instances=tuple(insts))
-
-
-NAMES = [p.name for p in profiles("H100-80GB") if p.max_count > 1]
-
-
-@given(mig=st.booleans(), have=st.lists(st.sampled_from(NAMES), max_size=4),
-       want_mig=st.booleans(), want=st.lists(st.sampled_from(NAMES), min_size=1, max_size=4))
-def test_a_plan_carried_out_verifies_and_a_matching_gpu_gets_none(
-        mig: bool, have: list[str], want_mig: bool, want: list[str]) -> None:
-    g = gpu(0, mig="enabled" if mig else "disabled", instances=tuple(have) if mig else ())
-    target = GPUTarget("p", 1, want_mig, tuple(sorted(want)) if want_mig else ())
-    p = plan(target, g)
-    assert plan(target, apply(p, g)).done
-    if (mig, tuple(sorted(have)) if mig else ()) == (want_mig, target.profiles):
-        assert p.done
-
-
 def situation(*gpus: GPUState, **kw: object) -> reports.Situation:
     return reports.Situation(DeviceSnapshot(gpus), **kw)  # type: ignore[arg-type]
 
@@ -109,10 +79,16 @@ def test_reports_are_ready_only_when_every_owned_gpu_has_the_layout() -> None:
     want = GPUTarget("p", 3, True, ("3g.40gb", "3g.40gb"))
     done = gpu(0, mig="enabled", instances=("3g.40gb", "3g.40gb"))
     out = reports.build({"p": {0: want, 1: want}}, situation(done, gpu(1)))
-    assert out["p"].phase == "Pending"
+    assert out["p"].phase == "Applying"
     assert out["p"].message == "GPU 1: has MIG disabled, wants 2x3g.40gb"
-    refused = situation(done, gpu(1), outcomes={1: Outcome(False, "not yet")})
-    assert reports.build({"p": {0: want, 1: want}}, refused)["p"].message.endswith("(not yet)")
+    refused = situation(done, gpu(1), outcomes={1: Outcome("Pending", "not yet")})
+    entry = reports.build({"p": {0: want, 1: want}}, refused)["p"]
+    assert (entry.phase, entry.message) == ("Pending", "GPU 1: has MIG disabled, wants "
+                                            "2x3g.40gb (not yet)")
+    failed = situation(done, gpu(1), outcomes={1: Outcome("Failed", "GPU 1: boom", "X")})
+    entry = reports.build({"p": {0: want, 1: want}}, failed)["p"]
+    assert (entry.phase, entry.message, entry.reason) == ("Failed", "GPU 1: boom", "X")
+
     ready = reports.build({"p": {0: want}}, situation(done, gpu(1)))["p"]
     assert (ready.phase, ready.observed_generation, ready.message) == ("Ready", 3, None)
     assert [len(g.instances) for g in ready.gpus] == [2]
@@ -186,7 +162,7 @@ def test_wanted_is_stable_once_written_and_follows_claims_and_deletions() -> Non
     retained = {**old, "metadata": {**old["metadata"],  # type: ignore[dict-item]
                                     "deletionTimestamp": "2026-01-03T00:00:00Z"}}
     w = wanted(written, [retained, new], snap, None, (), "/x", lambda p: None, NOW)
-    assert set(w.reports) == {"new"} and w.reports["new"].phase == "Pending"
+    assert set(w.reports) == {"new"} and w.reports["new"].phase == "Applying"
     assert json.loads(w.annotations[ANNOTATION_PARTITION_STATUS]).keys() == {"new"}
     down = wanted(written, [old], None, "NVML: Unknown Error", (), "/x", lambda p: None, NOW)
     assert down.annotations[ANNOTATION_GPUS] == w.annotations[ANNOTATION_GPUS]

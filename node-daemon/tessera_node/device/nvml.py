@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +39,24 @@ class GPUReader(Protocol):
     def read(self) -> DeviceSnapshot:
         """Every GPU of the node now; raises :class:`DeviceError`."""
         ...
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """NVML closed (no handle of ours open) and no read until the block ends: a GPU
+        reset refuses while clients hold the GPU."""
+        ...
+
+
+NO_ID = 0xFFFFFFFF
+"""NVML's "no GPU/compute instance" in a process record."""
+
+
+def process_name(pid: int) -> str:
+    """``pid 4242 (python3)``; the name from /proc when this PID namespace shows it."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return f"pid {pid}"
+    return f"pid {pid} ({comm})"
 
 
 def find_library(driver_root: str) -> str | None:
@@ -83,10 +102,19 @@ class NvmlReader:
 
     def close(self) -> None:
         with self._lock:
-            if self._started:
-                self._started = False
-                with contextlib.suppress(pynvml.NVMLError):
-                    pynvml.nvmlShutdown()
+            self._shutdown()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            self._shutdown()
+            yield
+
+    def _shutdown(self) -> None:
+        if self._started:
+            self._started = False
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
 
     def _start(self) -> None:
         if self._started:
@@ -126,15 +154,25 @@ class NvmlReader:
             util = None
         instances: tuple[MigInstanceState, ...] = ()
         profiles: tuple[ProfileInfo, ...] = ()
+        by_gi = self._processes(h)
         if mode == "enabled":
             profiles = self._profile_table(h, uuid)
-            instances = self._instances(h, profiles)
+            instances = self._instances(h, profiles, by_gi)
         return GPUState(
             index=index, uuid=uuid, name=_text(pynvml.nvmlDeviceGetName(h)),
             pci_device_id=int(pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId),
             memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
             utilization_percent=util, mig_mode=mode, mig_pending=pending_mode,
-            instances=instances, profiles=profiles)
+            instances=instances, profiles=profiles, processes=by_gi.get(NO_ID, ()))
+
+    def _processes(self, h: Any) -> dict[int, tuple[str, ...]]:
+        """Processes on the GPU by GPU-instance ID (:data:`NO_ID`: outside MIG instances)."""
+        out: dict[int, list[str]] = {}
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            gi = getattr(p, "gpuInstanceId", NO_ID)
+            out.setdefault(NO_ID if gi is None else int(gi), []).append(
+                process_name(int(p.pid)))
+        return {k: tuple(sorted(set(v))) for k, v in out.items()}
 
     def _profile_table(self, h: Any, uuid: str) -> tuple[ProfileInfo, ...]:
         known = self._profiles.get(uuid)
@@ -153,8 +191,8 @@ class NvmlReader:
         self._profiles[uuid] = table = tuple(out)
         return table
 
-    def _instances(self, h: Any, profiles: tuple[ProfileInfo, ...]
-                   ) -> tuple[MigInstanceState, ...]:
+    def _instances(self, h: Any, profiles: tuple[ProfileInfo, ...],
+                   by_gi: dict[int, tuple[str, ...]]) -> tuple[MigInstanceState, ...]:
         devices: dict[int, tuple[str, int, int]] = {}
         for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
             try:
@@ -178,5 +216,5 @@ class NvmlReader:
                     profile_id=p.profile_id, profile=p.name,
                     start=int(info.placement.start), size=int(info.placement.size),
                     gi_id=int(info.id), uuid=uuid, memory_total_bytes=total,
-                    memory_used_bytes=used))
+                    memory_used_bytes=used, processes=by_gi.get(int(info.id), ())))
         return tuple(sorted(out, key=lambda i: (i.start, i.gi_id)))

@@ -1,17 +1,32 @@
 """``nvidia-smi``: the tool every MIG change goes through (the driver's own checks and
-messages).  Located once at start; the MIG enactor (next part) runs its commands here."""
+messages).  Each run holds the GPU's host lock (:mod:`.hostlock`), and each command and its
+output is logged as one JSON line and counted."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 
+from tessera_node import metrics
+
 CANDIDATES = ("usr/bin/nvidia-smi", "bin/nvidia-smi")
+USAGE_EXIT = 2
+"""nvidia-smi's exit status for arguments it does not understand."""
+TIMEOUT_EXIT = -1
+
+log = logging.getLogger("tessera_node.nvidia_smi")
 
 
-class SmiError(Exception):
-    """nvidia-smi failed; the message has its exit status and output."""
+@dataclass(frozen=True)
+class SmiResult:
+    args: tuple[str, ...]
+    rc: int
+    output: str
+    """stdout and stderr together (nvidia-smi prints its errors on stdout)."""
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -30,13 +45,24 @@ class NvidiaSmi:
                 return cls(candidate)
         return cls(os.path.join(driver_root, CANDIDATES[0]))
 
-    def run(self, *args: str, timeout: float = 120.0) -> str:
+    def call(self, *args: str, lock_fd: int | None = None, kind: str = "query",
+             gpu: int | None = None, timeout: float = 300.0) -> SmiResult:
+        """Run it (never raises): exit status -1 when it could not run or timed out."""
+        started = time.monotonic()
+        log.info("nvidia-smi start", extra={"gpu": gpu, "argv": list(args)})
         try:
             out = subprocess.run([self.path, *args], capture_output=True, text=True,
-                                 timeout=timeout, check=False)
+                                 timeout=timeout, check=False,
+                                 pass_fds=(lock_fd,) if lock_fd is not None else ())
+            rc, output = out.returncode, out.stdout + out.stderr
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SmiError(f"{self.path} {' '.join(args)}: {exc}") from exc
-        if out.returncode != 0:
-            raise SmiError(f"{self.path} {' '.join(args)}: exit {out.returncode}: "
-                           f"{(out.stdout + out.stderr).strip()[:500]}")
-        return out.stdout
+            rc, output = TIMEOUT_EXIT, f"{self.path}: {exc}"
+        seconds = time.monotonic() - started
+        result = SmiResult(tuple(args), rc, output.strip(), seconds)
+        metrics.SMI_COMMANDS.labels(kind, "ok" if rc == 0 else "error").inc()
+        metrics.SMI_SECONDS.labels(kind).observe(seconds)
+        (log.info if rc == 0 else log.warning)(
+            "nvidia-smi done", extra={"gpu": gpu, "argv": list(args), "rc": rc,
+                                      "output": result.output[-2000:],
+                                      "seconds": round(seconds, 4)})
+        return result

@@ -28,6 +28,16 @@ class MigInstanceState:
     """MIG device UUID; empty while the instance has no compute instance."""
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
+    processes: tuple[str, ...] = ()
+    """Processes NVML shows on this GPU instance (``pid 4242 (python3)``)."""
+
+    @property
+    def has_compute_instance(self) -> bool:
+        """A MIG device exists (a compute instance): what a GPU instance needs to be used."""
+        return bool(self.uuid)
+
+    def __str__(self) -> str:
+        return f"{self.profile}@{self.start} (GI {self.gi_id})"
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class GPUState:
     instances: tuple[MigInstanceState, ...] = ()
     profiles: tuple[ProfileInfo, ...] = ()
     """NVML's GPU-instance profiles (read while MIG is enabled; empty otherwise)."""
+    processes: tuple[str, ...] = ()
+    """Processes NVML shows on the GPU outside any MIG instance (``pid 4242 (python3)``)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tessera.api.inventory import NodeInventory
-from tessera.api.partition import GPUPartitionSpec, Layout
+from tessera.api.partition import DisruptionPolicy, GPUPartitionSpec, Layout
 from tessera.partition.logic import PartitionView, resolve
 
 log = logging.getLogger("tessera_node.layout")
@@ -32,6 +32,11 @@ class GPUTarget:
     mig_enabled: bool
     profiles: tuple[str, ...] = ()
     """The wanted instances as a sorted multiset of profile names."""
+    policy: DisruptionPolicy = "WaitForIdle"
+    """What to do when busy instances stand in the way (``spec.disruptionPolicy``)."""
+    deleting: bool = False
+    """The partition is being deleted with ``deletionPolicy: Reset``: a change that cannot
+    finish fails instead of waiting for ever."""
 
     def summary(self) -> str:
         return summary(self.mig_enabled, self.profiles)
@@ -77,8 +82,24 @@ def partition_views(objects: Iterable[Mapping[str, Any]]) -> list[PartitionView]
     return out
 
 
-def targets(partitions: Iterable[PartitionView], node: NodeInventory
-            ) -> dict[str, dict[int, GPUTarget]]:
+def being_reset(objects: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Partitions being deleted with ``deletionPolicy: Reset`` (their GPUs go back to MIG
+    disabled, and the operator's finalizer waits for that)."""
+    return frozenset(str((o.get("metadata") or {}).get("name", "")) for o in objects
+                     if (o.get("metadata") or {}).get("deletionTimestamp"))
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """GPUs of this node a partition selects but whose model cannot hold its layout."""
+
+    generation: int
+    reasons: tuple[str, ...]
+    """The planner's reason per GPU (``GPU 0 (A30-24GB): …``)."""
+
+
+def targets(partitions: Iterable[PartitionView], node: NodeInventory,
+            deleting: frozenset[str] = frozenset()) -> dict[str, dict[int, GPUTarget]]:
     """Partition name -> GPU index -> target, for the GPUs of ``node`` each partition owns.
     Partitions that own none of its GPUs are absent."""
     views = list(partitions)
@@ -90,6 +111,21 @@ def targets(partitions: Iterable[PartitionView], node: NodeInventory
         enabled = layout.mig_mode == "Enabled"
         wanted = tuple(sorted(layout.profile_names())) if enabled else ()
         for claim in res.claims:
-            out.setdefault(name, {})[claim.index] = GPUTarget(name, v.generation, enabled,
-                                                              wanted)
+            out.setdefault(name, {})[claim.index] = GPUTarget(
+                name, v.generation, enabled, wanted, v.spec.disruption_policy,
+                name in deleting)
+    return out
+
+
+def misfits(partitions: Iterable[PartitionView], node: NodeInventory) -> dict[str, Misfit]:
+    """Partitions whose layout does not fit a GPU of ``node`` they select (by model), with
+    the planner's reason: the node reports them Failed instead of saying nothing."""
+    views = list(partitions)
+    by_name = {v.name: v for v in views}
+    out: dict[str, Misfit] = {}
+    for name, res in resolve(views, [node]).items():
+        why = tuple(p.message for p in res.problems
+                    if p.node == node.name and p.reason == "LayoutDoesNotFit")
+        if why:
+            out[name] = Misfit(by_name[name].generation, why)
     return out

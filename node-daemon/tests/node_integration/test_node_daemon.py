@@ -126,29 +126,21 @@ def test_reports_of_three_nodes_for_two_partitions_with_deletions(
             assert (e.phase, e.observed_generation, e.message) == ("Ready", 1, None)
             assert [g.index for g in e.gpus] == [0, 1]
             assert mig not in reports(chart, d.node)  # its GPUs belong to the older one
-        e = wait_until("n3 reports", lambda: reports(chart, n3.node).get(mig))
-        assert e.phase == "Pending"  # never a false Ready
-        assert "GPU 0: has MIG disabled, wants 2x3g.40gb" in (e.message or "")
-        assert "does not change MIG layouts yet" in (e.message or "")
-        # the layout made by hand: the report follows
-        for i in ("0", "1"):
-            assert n3.sim.smi("-i", i, "-mig", "1").returncode == 0
-            assert n3.sim.smi("mig", "-i", i, "-cgi", "3g.40gb,3g.40gb", "-C").returncode == 0
-        wait_until("n3 Ready", lambda: reports(chart, n3.node)[mig].phase == "Ready", 15)
-        e = reports(chart, n3.node)[mig]
-        assert [sorted(i.profile for i in g.instances) for g in e.gpus] == [
-            ["3g.40gb", "3g.40gb"]] * 2
+        e = wait_until("n3 Ready", lambda: (e := reports(chart, n3.node).get(mig))
+                       and e.phase == "Ready" and e, 30)
+        assert [sorted((i.profile, i.start) for i in g.instances) for g in e.gpus] == [
+            [("3g.40gb", 0), ("3g.40gb", 4)]] * 2  # made by the daemon, at explicit starts
         time.sleep(3)  # resyncs every second: no Event twice
         ready = [ev for ev in events(chart, whole) if ev["reason"] == "NodeReady"]
         assert sorted(ev["message"].split(":")[0] for ev in ready) == sorted(
             f"node {d.node}" for d in (n1, n2))
         assert all(ev.get("count", 1) == 1 for ev in ready)
-        assert len([ev for ev in events(chart, mig) if ev["reason"] == "NodePending"]) == 1
+        assert len([ev for ev in events(chart, mig) if ev["reason"] == "NodeReady"]) == 1
         # deleting the older partition: its entries go, the other takes n1 and n2
         assert chart.kubectl("delete", "gpupartition", whole).returncode == 0
         for d in (n1, n2):
             wait_until(f"{d.node} follows {mig}", lambda d=d: set(reports(
-                chart, d.node)) == {mig} and reports(chart, d.node)[mig].phase == "Pending")
+                chart, d.node)) == {mig} and reports(chart, d.node)[mig].phase == "Ready", 30)
         assert chart.kubectl("delete", "gpupartition", mig).returncode == 0
         for d in (n1, n2, n3):
             wait_until(f"{d.node} report gone", lambda d=d: ANNOTATION_PARTITION_STATUS

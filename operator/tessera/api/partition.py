@@ -187,6 +187,9 @@ class NodePartitionStatus(ApiModel):
     """The partition generation this report is about."""
     message: str | None = None
     """Why the node is not Ready, in plain words."""
+    reason: str | None = None
+    """Why, as one CamelCase word: InUse, LayoutDoesNotFit, CommandFailed, RebootRequired
+    (a MIG mode change only a reboot finishes), ResetPending."""
     last_update_time: Timestamp | None = None
     """When the daemon last wrote this entry."""
     gpus: list[GPUStatus] = Field(default_factory=list)
