@@ -38,17 +38,20 @@ def preferred(
     for d in sorted(available, key=_share_order):
         first_id.setdefault(unit_of(d), d)
     sign = 1 if policy == "pack" else -1
+    on_gpu = Counter(gpu_of.get(u, u) for u in used_units)
 
-    def key(unit: str) -> tuple[int, int, str]:
+    def key(unit: str) -> tuple[int, int, int, str]:
         gpu = gpu_of.get(unit, unit)
-        return (sign * free_on_gpu[gpu], sign * free_on_unit[unit], unit)
+        # spread: a GPU this container already has comes last
+        spread_first = on_gpu[gpu] if policy == "spread" else 0
+        return (spread_first, sign * free_on_gpu[gpu], sign * free_on_unit[unit], unit)
 
-    for unit in sorted(first_id, key=key):
-        if len(chosen) >= size:
-            break
-        if unit not in used_units:
-            chosen.append(first_id[unit])
-            used_units.add(unit)
+    left = [u for u in first_id if u not in used_units]
+    while left and len(chosen) < size:
+        unit = min(left, key=key)
+        left.remove(unit)
+        chosen.append(first_id[unit])
+        on_gpu[gpu_of.get(unit, unit)] += 1
     return chosen
 
 
