@@ -19,7 +19,6 @@ from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
 from tessera_node.deviceplugin.matcher import (
     ContainerRef,
     Held,
-    PodView,
     allocation_key,
     candidates,
     confirm,
