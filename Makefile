@@ -8,8 +8,8 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 export PYTHONPATH := $(CURDIR)/e2e:$(CURDIR)/sim
 
-.PHONY: sysdeps install lint typecheck crds test unit sim hook controlplane cluster images demo bench \
-	clean
+.PHONY: sysdeps install lint typecheck crds protos test unit sim hook controlplane cluster images demo \
+	bench clean
 
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ typecheck: install
 # Regenerate crds/ from the API types (a test fails when they differ).
 crds: install
 	$(VENV)/bin/tessera crds --out crds
+
+# Regenerate the device plugin's gRPC modules from their .proto files (a test fails when the
+# committed ones are stale).
+protos: install
+	$(PY) -m tessera_node.deviceplugin.protogen
 
 # The simulated GPU node (fake libcuda, libnvidia-ml, nvidia-smi) and libtessera.
 sim: install

@@ -8,6 +8,7 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
     const volatile unsigned char *p = map;
     struct tb_file_header h;
     struct tb_file_dev d[TB_MAX_DEV];
+    char reason[TB_REASON_LEN];
 
     if (map == NULL || len < sizeof h) {
         *why = "file shorter than its header";
@@ -25,6 +26,11 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
         for (size_t i = 0; i < n * sizeof d[0]; i++)
             ((unsigned char *)d)[i] = p[sizeof h + i];
     }
+    reason[0] = 0;
+    if ((h.flags & TB_REFUSED) && len >= TB_REASON_OFF + TB_REASON_LEN)
+        for (size_t i = 0; i < TB_REASON_LEN; i++)
+            reason[i] = (char)p[TB_REASON_OFF + i];
+    reason[TB_REASON_LEN - 1] = 0;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (__atomic_load_n(genp, __ATOMIC_RELAXED) != g1)
         return TB_TORN;
@@ -49,8 +55,23 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
         *why = "file shorter than its entries";
         return TB_BAD;
     }
+    if (h.flags & ~(uint32_t)TB_HDR_FLAGS) {
+        *why = "unknown header flags";
+        return TB_BAD;
+    }
+    if ((h.flags & TB_HDR_FLAGS) == TB_HDR_FLAGS) {
+        *why = "both pending and refused";
+        return TB_BAD;
+    }
+    if ((h.flags & TB_HDR_FLAGS) && h.ndev) {
+        *why = "a pending or refused budget names devices";
+        return TB_BAD;
+    }
     memset(out, 0, sizeof *out);
     out->generation = g1;
+    out->state = h.flags;
+    out->wait_ms = h.wait_ms < TB_WAIT_MAX_MS ? h.wait_ms : TB_WAIT_MAX_MS;
+    memcpy(out->reason, reason, sizeof reason);
     out->ndev = h.ndev;
     for (size_t i = 0; i < n; i++) {
         if (d[i].flags & ~(uint32_t)TB_DEV_FLAGS) {

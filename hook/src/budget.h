@@ -20,6 +20,9 @@ struct tb_dev {
 
 struct tb_budget {
     uint64_t generation;
+    uint32_t state;                  /* header flags: TB_PENDING, TB_REFUSED or 0 (ready) */
+    uint32_t wait_ms;                /* PENDING: capped at TB_WAIT_MAX_MS */
+    char reason[TB_REASON_LEN];      /* REFUSED: why (NUL-terminated; may be empty) */
     uint32_t ndev;
     struct tb_dev dev[TB_MAX_DEV];
 };

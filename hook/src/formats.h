@@ -15,6 +15,9 @@
 
 #define TB_BUDGET_PATH "/run/tessera/budget"
 #define TB_LEDGER_PATH "/run/tessera/ledger"
+/* Mounted read-only by tessera's device plugin into every container it sets up: there, a
+ * missing budget file refuses device memory (no environment fallback). */
+#define TB_MARKER_PATH "/run/tessera/managed"
 
 #define TB_MAX_DEV 16
 
@@ -30,6 +33,16 @@
                                   GPU's ("GPU-..."); the 16 bytes alone do not say which */
 #define TB_DEV_FLAGS (TB_DEV_MEM_LIMIT | TB_DEV_CORE_LIMIT | TB_DEV_UUID | TB_DEV_MIG)
 
+/* Header flags: the state of the whole file.  Neither: ready (the entries are the budget).
+ * PENDING and REFUSED files name no device (ndev = 0), so a hook that predates the flags
+ * finds no device in the budget and refuses device memory too (the version-skew rule). */
+#define TB_PENDING 0x1u /* the daemon does not know the container's pod yet: wait wait_ms */
+#define TB_REFUSED 0x2u /* no device memory for this container; why: text at TB_REASON_OFF */
+#define TB_HDR_FLAGS (TB_PENDING | TB_REFUSED)
+#define TB_WAIT_MAX_MS 120000u /* a PENDING file's wait_ms is capped at this */
+#define TB_REASON_OFF 3840u    /* REFUSED: NUL-terminated reason, at most TB_REASON_LEN bytes */
+#define TB_REASON_LEN 256u
+
 struct tb_file_header {   /* 64 bytes */
     uint32_t magic;       /*  0 TB_MAGIC */
     uint32_t version;     /*  4 TB_VERSION */
@@ -37,8 +50,9 @@ struct tb_file_header {   /* 64 bytes */
     uint32_t header_size; /* 16 sizeof(struct tb_file_header) */
     uint32_t entry_size;  /* 20 sizeof(struct tb_file_dev) */
     uint32_t ndev;        /* 24 entries that follow the header, <= TB_MAX_DEV */
-    uint32_t flags;       /* 28 reserved, 0 */
-    uint8_t reserved[32]; /* 32 */
+    uint32_t flags;       /* 28 TB_PENDING / TB_REFUSED, else 0 (ready) */
+    uint32_t wait_ms;     /* 32 PENDING: how long a process waits on its first GPU call */
+    uint8_t reserved[28]; /* 36 */
 };
 
 struct tb_file_dev {      /* 64 bytes */

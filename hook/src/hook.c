@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 const struct th_entry th_table[IDX_COUNT] = {
@@ -163,9 +164,48 @@ static void deny_all(void)
     apply_budget(&b);
 }
 
+static uint32_t cur_state;        /* header flags of the budget in force (TB_PENDING, ...) */
+static uint32_t cur_wait_ms;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The first read of a mapped budget file.  A pending one (the daemon does not know this
+ * container's pod yet) is waited for, at most the wait it names, in 10 ms steps; if it is
+ * still pending then, device memory stays refused (limit 0) until the daemon writes it. */
+static void budget_first_read(void)
+{
+    budget_reload();
+    if (!(__atomic_load_n(&cur_state, __ATOMIC_RELAXED) & TB_PENDING))
+        return;
+    uint32_t wait = cur_wait_ms;
+    uint64_t deadline = now_ms() + wait;
+    const struct timespec step = {0, 10 * 1000 * 1000};
+    while (now_ms() < deadline) {
+        nanosleep(&step, NULL);
+        budget_check();
+        if (!(__atomic_load_n(&cur_state, __ATOMIC_RELAXED) & TB_PENDING))
+            return;
+    }
+    th_log("budget not ready after %u ms (the node daemon does not know this container's pod "
+           "yet): refusing GPU memory", wait);
+}
+
 static void budget_init(void)
 {
     int fd = open(TB_BUDGET_PATH, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && access(TB_MARKER_PATH, F_OK) == 0) {
+        /* tessera set this container up: it never runs unbudgeted */
+        mode = MODE_FILE;
+        deny_all();
+        th_log("budget file %s missing in a container set up by tessera: refusing GPU memory",
+               TB_BUDGET_PATH);
+        return;
+    }
     if (fd < 0 && errno == ENOENT) {
         const char *m = getenv("TESSERA_MEMORY_LIMIT"), *r = getenv("TESSERA_CORE_RATE"),
                    *b = getenv("TESSERA_CORE_BURST");
@@ -204,6 +244,7 @@ static void budget_init(void)
         return;
     }
     bmap = m;
+    budget_first_read();
 }
 
 /* Slow path: the generation moved.  Returns with cur_* updated (or unchanged on failure). */
@@ -229,7 +270,19 @@ void budget_reload(void)
                        ever_valid ? "last valid budget" : "safe default (no device memory)");
             bad_gen = g;
         } else {
-            apply_budget(&b);
+            if (b.state & TB_REFUSED) {
+                static uint64_t refused_gen = UINT64_MAX;
+                if (refused_gen != g)
+                    th_log("budget refused by the node daemon: %s: refusing GPU memory",
+                           b.reason[0] ? b.reason : "no reason given");
+                refused_gen = g;
+            }
+            if (b.state & (TB_PENDING | TB_REFUSED))
+                deny_all();
+            else
+                apply_budget(&b);
+            cur_wait_ms = b.wait_ms;
+            __atomic_store_n(&cur_state, b.state, __ATOMIC_RELAXED);
             ever_valid = 1;
         }
         __atomic_store_n(&cur_gen, g, __ATOMIC_RELEASE);

@@ -74,6 +74,9 @@ class Container:
         self.budget = BudgetFile(self.budget_path)
         self.env = sim_env(tmp)
         self.mounted_budget = True
+        self.managed = False  # mount the device plugin's marker (a container tessera set up)
+        self.marker = self.dir / "managed"
+        self.marker.touch()
 
     def set(self, *entries: BudgetEntry) -> int:
         return self.budget.update(list(entries))
@@ -97,12 +100,22 @@ class Container:
             target.touch()
         elif target.exists():
             target.unlink()
+        marker = self.rundir / "managed"
+        if self.managed:
+            marker.touch()
+        elif marker.exists():
+            marker.unlink()
         script = (
             "set -e; mount --make-rprivate /; "
             f"mount --bind {self.rundir} /run/tessera; "
             + (
                 f"mount --bind -o ro {self.budget_path} /run/tessera/budget; "
                 if self.mounted_budget
+                else ""
+            )
+            + (
+                f"mount --bind -o ro {self.marker} /run/tessera/managed; "
+                if self.managed
                 else ""
             )
             + f"mount --bind -o ro {self.preload} /etc/ld.so.preload; "

@@ -15,12 +15,14 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 MAGIC = 0x47444254  # b"TBDG" little-endian
 VERSION = 1
 MAX_DEV = 16
 BUDGET_FILE_SIZE = 4096
-HEADER = struct.Struct("<IIQIIII32s")  # magic, version, generation, hsize, esize, ndev, flags
+HEADER = struct.Struct("<IIQIIIII28s")  # magic, version, generation, hsize, esize, ndev,
+#                                         flags (state), wait_ms (pending)
 ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst,
 #                                       context bytes
 GEN_OFFSET = 8
@@ -30,6 +32,18 @@ DEV_CORE_LIMIT = 0x2
 DEV_UUID = 0x4
 DEV_MIG = 0x8  # with DEV_UUID: the UUID is a MIG device's; the 16 bytes alone do not say so
 UUID_PREFIXES = ("GPU-", "MIG-")
+
+# Header flags: the state of the whole file (neither: ready). A pending or refused file names
+# no device, so a hook that predates these flags refuses device memory too (hook/README.md,
+# "Version skew").
+PENDING = 0x1
+REFUSED = 0x2
+HEADER_FLAGS = PENDING | REFUSED
+WAIT_MAX_MS = 120_000
+REASON_OFFSET = 3840
+REASON_LEN = 256
+
+BudgetState = Literal["ready", "pending", "refused"]
 
 assert HEADER.size == 64 and ENTRY.size == 64
 
@@ -130,6 +144,11 @@ class BudgetEntry:
 class Budget:
     generation: int
     entries: list[BudgetEntry] = field(default_factory=list)
+    state: BudgetState = "ready"
+    wait_ms: int = 0
+    """Pending: how long a process waits for the budget on its first GPU call."""
+    reason: str = ""
+    """Refused: why, as the hook prints it."""
 
 
 def _body(entries: list[BudgetEntry]) -> bytes:
@@ -138,8 +157,21 @@ def _body(entries: list[BudgetEntry]) -> bytes:
     return b"".join(e.pack() for e in entries)
 
 
-def _header(generation: int, ndev: int) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, generation, HEADER.size, ENTRY.size, ndev, 0, b"\0" * 32)
+def _header(generation: int, ndev: int, flags: int = 0, wait_ms: int = 0) -> bytes:
+    return HEADER.pack(
+        MAGIC, VERSION, generation, HEADER.size, ENTRY.size, ndev, flags, wait_ms, b"\0" * 28
+    )
+
+
+def _reason_bytes(reason: str) -> bytes:
+    raw = reason.encode("utf-8", "replace")[: REASON_LEN - 1]
+    while raw:  # never cut a character in half
+        try:
+            raw.decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            raw = raw[:-1]
+    return raw
 
 
 class BudgetFile:
@@ -161,16 +193,33 @@ class BudgetFile:
         return value
 
     def update(self, entries: list[BudgetEntry]) -> int:
-        """Publish a new budget; returns its (even) generation."""
-        body = _body(entries)
+        """Publish a new budget (ready); returns its (even) generation."""
+        return self._publish(_body(entries), len(entries))
+
+    def set_pending(self, wait_ms: int) -> int:
+        """The daemon does not know the container's pod yet: no device memory, and a process
+        waits up to ``wait_ms`` on its first GPU call for the budget to become ready."""
+        if not 0 <= wait_ms <= WAIT_MAX_MS:
+            raise ValueError(f"wait_ms must be in [0, {WAIT_MAX_MS}]")
+        return self._publish(b"", 0, flags=PENDING, wait_ms=wait_ms)
+
+    def set_refused(self, reason: str) -> int:
+        """No device memory for this container, and the hook says why (one stderr line)."""
+        return self._publish(b"", 0, flags=REFUSED, reason=reason)
+
+    def _publish(
+        self, body: bytes, ndev: int, flags: int = 0, wait_ms: int = 0, reason: str = ""
+    ) -> int:
         gen = self.generation
         gen = gen + 1 if gen % 2 == 0 else gen + 2  # odd: write in progress
         struct.pack_into("<Q", self._map, GEN_OFFSET, gen)
-        self._map[HEADER.size : HEADER.size + len(body)] = body
-        self._map[HEADER.size + len(body) : BUDGET_FILE_SIZE] = bytes(
-            BUDGET_FILE_SIZE - HEADER.size - len(body)
-        )
-        header = bytearray(_header(gen + 1, len(entries)))
+        tail = bytearray(BUDGET_FILE_SIZE - HEADER.size)
+        tail[: len(body)] = body
+        why = _reason_bytes(reason)
+        at = REASON_OFFSET - HEADER.size
+        tail[at : at + len(why)] = why
+        self._map[HEADER.size : BUDGET_FILE_SIZE] = bytes(tail)
+        header = bytearray(_header(gen + 1, ndev, flags, wait_ms))
         # the header except its generation, then the generation (even: stable)
         self._map[0:GEN_OFFSET] = header[0:GEN_OFFSET]
         self._map[GEN_OFFSET + 8 : HEADER.size] = header[GEN_OFFSET + 8 :]
@@ -204,7 +253,7 @@ def write_budget(path: str | os.PathLike[str], entries: list[BudgetEntry]) -> in
 def parse_budget(raw: bytes) -> Budget:
     if len(raw) < HEADER.size:
         raise ValueError("budget file shorter than its header")
-    magic, version, gen, hsize, esize, ndev, _flags, _res = HEADER.unpack_from(raw, 0)
+    magic, version, gen, hsize, esize, ndev, flags, wait_ms, _res = HEADER.unpack_from(raw, 0)
     if magic != MAGIC:
         raise ValueError("bad magic")
     if version != VERSION:
@@ -215,11 +264,26 @@ def parse_budget(raw: bytes) -> Budget:
         raise ValueError("write in progress")
     if len(raw) < HEADER.size + ndev * ENTRY.size:
         raise ValueError("budget file shorter than its entries")
+    if flags & ~HEADER_FLAGS or flags == HEADER_FLAGS:
+        raise ValueError(f"unknown budget state flags {flags:#x}")
+    if flags and ndev:
+        raise ValueError("a pending or refused budget names devices")
     entries = [
         BudgetEntry.unpack(raw[HEADER.size + i * ENTRY.size : HEADER.size + (i + 1) * ENTRY.size])
         for i in range(ndev)
     ]
-    return Budget(generation=gen, entries=entries)
+    state: BudgetState = "pending" if flags & PENDING else "refused" if flags & REFUSED else "ready"
+    reason = ""
+    if state == "refused" and len(raw) >= REASON_OFFSET + REASON_LEN:
+        field_ = raw[REASON_OFFSET : REASON_OFFSET + REASON_LEN]
+        reason = field_.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return Budget(
+        generation=gen,
+        entries=entries,
+        state=state,
+        wait_ms=min(wait_ms, WAIT_MAX_MS),
+        reason=reason,
+    )
 
 
 def read_budget(path: str | os.PathLike[str]) -> Budget:

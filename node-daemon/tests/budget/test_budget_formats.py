@@ -110,3 +110,31 @@ def test_uuid_text_is_canonical_and_prefixed() -> None:
         BudgetEntry(uuid="abcdef01-2345-6789-abcd-ef0123456789")  # GPU or MIG?
     with pytest.raises(ValueError):
         BudgetEntry(uuid="MIG-GPU-abcdef01-2345-6789-abcd-ef0123456789/1/0")  # no 16 bytes
+
+
+def test_pending_refused_ready_states_round_trip(tmp_path: Path) -> None:
+    """A budget file goes pending -> ready or pending -> refused; each state names no device
+    but the ready one, and a refused file carries its reason."""
+    from tessera_node.budget.formats import BudgetFile, parse_budget
+
+    with BudgetFile(tmp_path / "b") as f:
+        g1 = f.set_pending(2500)
+        b = f.read()
+        assert (b.state, b.wait_ms, b.entries, b.generation) == ("pending", 2500, [], g1)
+        g2 = f.update([BudgetEntry(index=0, memory=1 << 30)])
+        b = f.read()
+        assert b.state == "ready" and b.entries[0].memory == 1 << 30 and g2 > g1
+        f.set_refused("GPU-x memory overcommitted: " + "é" * 300)
+        b = f.read()
+        assert b.state == "refused" and b.entries == []
+        assert b.reason.startswith("GPU-x memory overcommitted: é")
+        assert len(b.reason.encode()) <= 255  # the field keeps its NUL, no half character
+        raw = bytearray((tmp_path / "b").read_bytes())
+    raw[28:32] = (3).to_bytes(4, "little")  # pending and refused at once
+    with pytest.raises(ValueError, match="state flags"):
+        parse_budget(bytes(raw))
+    raw[28:32] = (4).to_bytes(4, "little")  # a flag this version does not know
+    with pytest.raises(ValueError, match="state flags"):
+        parse_budget(bytes(raw))
+    with BudgetFile(tmp_path / "c") as f, pytest.raises(ValueError, match="wait_ms"):
+        f.set_pending(10**9)

@@ -32,10 +32,11 @@ int main(void)
     printf("{\n");
     C(TB_MAGIC); C(TB_VERSION); C(TB_FILE_SIZE); C(TB_MAX_DEV);
     C(TB_DEV_MEM_LIMIT); C(TB_DEV_CORE_LIMIT); C(TB_DEV_UUID); C(TB_DEV_MIG);
+    C(TB_PENDING); C(TB_REFUSED); C(TB_WAIT_MAX_MS); C(TB_REASON_OFF); C(TB_REASON_LEN);
     S(tb_file_header); S(tb_file_dev);
     O(tb_file_header, magic); O(tb_file_header, version); O(tb_file_header, generation);
     O(tb_file_header, header_size); O(tb_file_header, entry_size); O(tb_file_header, ndev);
-    O(tb_file_header, flags);
+    O(tb_file_header, flags); O(tb_file_header, wait_ms);
     O(tb_file_dev, uuid); O(tb_file_dev, index); O(tb_file_dev, flags);
     O(tb_file_dev, mem_limit); O(tb_file_dev, core_target); O(tb_file_dev, reserved0);
     O(tb_file_dev, rate_milli); O(tb_file_dev, burst_milli); O(tb_file_dev, context_bytes);
@@ -100,7 +101,12 @@ def test_budget_file_matches_the_header(tmp_path: Path) -> None:
     ) == (fmt.DEV_MEM_LIMIT, fmt.DEV_CORE_LIMIT, fmt.DEV_UUID, fmt.DEV_MIG)
     assert fmt.HEADER.size == c["sizeof tb_file_header"]
     assert fmt.ENTRY.size == c["sizeof tb_file_dev"]
-    header = ["magic", "version", "generation", "header_size", "entry_size", "ndev", "flags"]
+    assert (
+        c["TB_PENDING"], c["TB_REFUSED"], c["TB_WAIT_MAX_MS"], c["TB_REASON_OFF"],
+        c["TB_REASON_LEN"],
+    ) == (fmt.PENDING, fmt.REFUSED, fmt.WAIT_MAX_MS, fmt.REASON_OFFSET, fmt.REASON_LEN)
+    header = ["magic", "version", "generation", "header_size", "entry_size", "ndev", "flags",
+              "wait_ms"]
     assert offsets(fmt.HEADER)[: len(header)] == [c[f"tb_file_header.{f}"] for f in header]
     assert c["tb_file_header.generation"] == fmt.GEN_OFFSET
     entry = ["uuid", "index", "flags", "mem_limit", "core_target", "reserved0", "rate_milli",

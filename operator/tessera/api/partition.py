@@ -31,6 +31,7 @@ ModelID = Literal[
 MigMode = Literal["Enabled", "Disabled"]
 DisruptionPolicy = Literal["WaitForIdle", "Refuse"]
 DeletionPolicy = Literal["Retain", "Reset"]
+Sharing = Literal["Whole", "Shares"]
 NodePhase = Literal["Pending", "Applying", "WaitingForIdle", "Ready", "Failed"]
 
 MAX_GPU_INDEX = 63
@@ -142,6 +143,11 @@ class GPUPartitionSpec(ApiModel):
     deletion_policy: DeletionPolicy = "Retain"
     """On deletion: Retain leaves the GPUs as they are; Reset destroys the MIG instances and
     disables MIG once the GPUs are idle (disruptionPolicy applies), returning whole GPUs."""
+    sharing: Sharing = "Whole"
+    """How each MIG instance of this layout is handed out: Whole, one container per instance
+    (tessera.dev/mig-<profile>); Shares, shared by budgets (tessera.dev/vgpu shares). Never
+    both: the device plugin advertises each instance under one resource only. GPUs with MIG
+    disabled are always shared."""
 
 
 class MigInstanceStatus(ApiModel):

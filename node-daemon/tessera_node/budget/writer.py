@@ -1,0 +1,106 @@
+"""The budget files of the device plugin's containers, on the host (I/O only).
+
+Layout under the state directory (one per node, e.g. ``/var/lib/tessera/containers``)::
+
+    managed                   tessera's marker, mounted read-only at /run/tessera/managed
+    <key>/budget              the budget file, mounted read-only at /run/tessera/budget
+    <key>/run/                the writable ledger directory, mounted at /run/tessera
+    <key>/alloc.json          what Allocate was given (resource, device IDs, units), so a
+                              restarted daemon still knows its allocations
+
+``<key>`` names one Allocate's device set (``deviceplugin.matcher.allocation_key``). A file is
+created **pending** at Allocate time, rewritten **ready** from the pod's annotation once the
+pod is confirmed, or **refused** with a reason; directories are removed when their pods end.
+Everything is owned by the daemon (root) and mounted read-only but the ledger directory, so a
+budget file is never writable from inside the container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera_node.budget.formats import Budget, BudgetEntry, BudgetFile, read_budget
+
+MARKER = "managed"
+BUDGET = "budget"
+RUN = "run"
+META = "alloc.json"
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    key: str
+    resource: str
+    device_ids: tuple[str, ...]
+    units: tuple[str, ...]
+    created: float
+    """When the last Allocate of these devices happened (wall clock)."""
+
+
+class BudgetWriter:
+    def __init__(self, root: str | os.PathLike[str], pending_wait_ms: int) -> None:
+        self.root = Path(root)
+        self.pending_wait_ms = pending_wait_ms
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        marker = self.root / MARKER
+        if not marker.exists():
+            marker.write_bytes(b"")
+            marker.chmod(0o444)
+
+    @property
+    def marker(self) -> Path:
+        return self.root / MARKER
+
+    def budget_path(self, key: str) -> Path:
+        return self.root / key / BUDGET
+
+    def ledger_dir(self, key: str) -> Path:
+        return self.root / key / RUN
+
+    def allocate(self, key: str, resource: str, device_ids: list[str], units: list[str]) -> None:
+        """A new use of this device set: the budget file pending, a fresh ledger."""
+        d = self.root / key
+        d.mkdir(exist_ok=True, mode=0o755)
+        run = self.ledger_dir(key)
+        if run.exists():
+            shutil.rmtree(run)  # the previous user of these devices has ended
+        run.mkdir(mode=0o755)
+        with BudgetFile(self.budget_path(key)) as f:
+            f.set_pending(self.pending_wait_ms)
+        meta = {"resource": resource, "device_ids": device_ids, "units": units,
+                "created": time.time()}
+        tmp = d / (META + ".tmp")
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(d / META)
+
+    def ready(self, key: str, entries: list[BudgetEntry]) -> None:
+        with BudgetFile(self.budget_path(key)) as f:
+            f.update(entries)
+
+    def refuse(self, key: str, reason: str) -> None:
+        with BudgetFile(self.budget_path(key)) as f:
+            f.set_refused(reason)
+
+    def read(self, key: str) -> Budget:
+        return read_budget(self.budget_path(key))
+
+    def remove(self, key: str) -> None:
+        shutil.rmtree(self.root / key, ignore_errors=False)
+
+    def records(self) -> list[AllocationRecord]:
+        """Every allocation on disk. A directory whose record cannot be read is an error."""
+        out = []
+        for d in sorted(self.root.iterdir()):
+            if not d.is_dir():
+                continue
+            meta = json.loads((d / META).read_text())
+            out.append(AllocationRecord(
+                key=d.name, resource=meta["resource"], device_ids=tuple(meta["device_ids"]),
+                units=tuple(meta["units"]), created=float(meta["created"]),
+            ))
+        return out

@@ -1,0 +1,52 @@
+"""A container's budget file entries from its pod's ``tessera.dev/budget`` annotation (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tessera.api.budget import BudgetError, ContainerBudget, PodBudget, parse_budget
+from tessera.api.names import ANNOTATION_BUDGET
+from tessera_node.budget.formats import BudgetEntry
+
+INITIAL_RATE = 100_000.0
+"""Launch tokens per second until the core controller has learnt the kernels' cost: high
+enough not to throttle; the controller lowers it within its first intervals."""
+
+
+def container_budget(annotations: Mapping[str, str], container: str) -> ContainerBudget:
+    """The container's budget; BudgetError when the pod has none for it (a GPU container
+    admitted by tessera always has one: its absence is an error, not 'unlimited')."""
+    text = annotations.get(ANNOTATION_BUDGET)
+    if text is None:
+        raise BudgetError(f"the pod has no {ANNOTATION_BUDGET} annotation")
+    pod: PodBudget = parse_budget(text)
+    found = pod.containers.get(container)
+    if found is None:
+        raise BudgetError(f"{ANNOTATION_BUDGET} has no budget for container {container}")
+    return found
+
+
+def entries(
+    budget: ContainerBudget, units: Sequence[str], whole: bool,
+    context_bytes: Mapping[str, int],
+) -> list[BudgetEntry]:
+    """One entry per unit, matched by UUID. ``whole``: whole MIG instances (no memory or core
+    limit: the instance is the container's alone)."""
+    out = []
+    for i, u in enumerate(units):
+        ctx = context_bytes.get(u, 0)
+        if whole:
+            out.append(BudgetEntry(index=i, uuid=u, context=ctx))
+            continue
+        cores = budget.cores if budget.cores < 100 else None
+        out.append(BudgetEntry(
+            index=i, uuid=u, memory=budget.memory_bytes, cores=cores,
+            rate=INITIAL_RATE if cores is not None else 0.0,
+            burst=INITIAL_RATE / 20 if cores is not None else 1.0, context=ctx,
+        ))
+    return out
+
+
+def memory_wanted(budget: ContainerBudget, whole: bool, unit_memory: int | None) -> int | None:
+    """What the container's budget takes of each unit's memory: a whole instance all of it."""
+    return unit_memory if whole else budget.memory_bytes

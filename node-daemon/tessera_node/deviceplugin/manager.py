@@ -1,0 +1,213 @@
+"""The device plugin's resource manager: the node's units, the budget files, and the pods
+they belong to. It calls the pure modules and the budget writer; the gRPC servers call it.
+
+``resolve`` is the periodic step (every second while an allocation is pending): it takes one
+PodResources ``List``, confirms pending allocations (budget ready, or refused with an Event
+when memory would overcommit or the pod has no budget), and removes the files of
+allocations whose pods have ended.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tessera.api.budget import BudgetError
+from tessera.api.names import VGPU
+from tessera_node.budget.writer import AllocationRecord, BudgetWriter
+from tessera_node.deviceplugin import budgets, fit
+from tessera_node.deviceplugin.allocation import Policy, decide, preferred
+from tessera_node.deviceplugin.devices import PluginDevice, Sharing, Unit, advertised
+from tessera_node.deviceplugin.matcher import (
+    ContainerRef,
+    Held,
+    PodView,
+    allocation_key,
+    candidates,
+    confirm,
+)
+from tessera_node.deviceplugin.response import (
+    ContainerResponse,
+    HostPaths,
+    SimPaths,
+    Visibility,
+    container_response,
+)
+from tessera_node.deviceplugin.server import AllocateError
+
+Refused = Callable[[PodView, str, str], None]
+"""(pod, container, reason): the daemon posts an Event on the pod."""
+
+
+@dataclass
+class PluginConfig:
+    node: str
+    shares_per_unit: int
+    lib_dir: str
+    visibility: Visibility
+    policy: Policy = "pack"
+    sim: SimPaths | None = None
+    forget_after_s: float = 300.0
+    """A pending allocation the kubelet never shows as held is removed after this long."""
+
+
+@dataclass
+class NodeState:
+    units: list[Unit] = field(default_factory=list)
+    sharing: Mapping[str, Sharing] = field(default_factory=dict)
+    profiles: frozenset[str] = frozenset()
+    context_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+class Manager:
+    def __init__(
+        self,
+        config: PluginConfig,
+        writer: BudgetWriter,
+        pods: Callable[[], Iterable[PodView]],
+        on_refused: Refused,
+    ) -> None:
+        self.config = config
+        self.writer = writer
+        self.pods = pods
+        self.on_refused = on_refused
+        self.state = NodeState()
+        self._lock = threading.Lock()
+        self._matched: dict[str, ContainerRef] = {}
+
+    # -- what is advertised ------------------------------------------------------------
+    def update(self, state: NodeState) -> None:
+        with self._lock:
+            self.state = state
+
+    def advertised(self) -> dict[str, list[PluginDevice]]:
+        s = self.state
+        return advertised(s.units, self.config.shares_per_unit, s.sharing, s.profiles)
+
+    def resource(self, name: str) -> ResourcePlugin:
+        return ResourcePlugin(self, name)
+
+    # -- Allocate ------------------------------------------------------------------------
+    def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerResponse:
+        with self._lock:
+            devices = self.advertised().get(resource, [])
+            decision = decide(device_ids, devices)
+            if decision.error:
+                raise AllocateError(decision.error)
+            matched = frozenset(self._matched.values())
+            cands = candidates(self.pods(), self.config.node, resource, len(device_ids),
+                               matched)
+            if not any(self._fits(p, c, resource, decision.units) is None for p, c in cands):
+                raise AllocateError(
+                    f"no pending pod on {self.config.node} asking for {len(device_ids)} "
+                    f"{resource} fits these devices"
+                )
+            key = allocation_key(resource, device_ids)
+            self._matched.pop(key, None)
+            self.writer.allocate(key, resource, list(device_ids), list(decision.units))
+            return container_response(
+                HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
+                          str(self.writer.ledger_dir(key)), str(self.writer.marker)),
+                decision.units, self.config.visibility, self.config.sim,
+                self._ordinals(decision.units) if self.config.visibility == "sim" else (),
+            )
+
+    def _ordinals(self, units: Sequence[str]) -> list[int]:
+        order = [u.uuid for u in sorted(self.state.units, key=lambda u: (u.gpu_index, u.uuid))]
+        return [order.index(u) for u in units]
+
+    def _held(self, exclude: str | None = None) -> dict[str, list[int]]:
+        """Memory budgeted per unit by ready allocations (a whole instance: all of it)."""
+        mem = {u.uuid: u.memory_bytes for u in self.state.units}
+        held: dict[str, list[int]] = {}
+        for rec in self.writer.records():
+            if rec.key == exclude:
+                continue
+            b = self.writer.read(rec.key)
+            if b.state != "ready":
+                continue
+            for e in b.entries:
+                if e.uuid is None:
+                    continue
+                held.setdefault(e.uuid, []).append(
+                    e.memory if e.memory is not None else (mem.get(e.uuid) or 0)
+                )
+        return held
+
+    def _fits(self, pod: PodView, container: str, resource: str, units: Sequence[str],
+              exclude: str | None = None) -> str | None:
+        """None when the container's budget fits beside the ready ones, else why not."""
+        whole = resource != VGPU
+        try:
+            b = budgets.container_budget(pod.annotations, container)
+        except BudgetError as exc:
+            return str(exc)
+        if not whole and b.shares != len(units):
+            return f"budget is for {b.shares} shares, the container got {len(units)}"
+        mem = {u.uuid: u.memory_bytes for u in self.state.units}
+        want = [budgets.memory_wanted(b, whole, mem.get(u)) for u in units]
+        if any(w is None for w in want):
+            return "memory of a device is unknown"
+        held = self._held(exclude)
+        for u, w in zip(units, want, strict=True):
+            why = fit.overcommit([u], w or 0, mem, held)
+            if why:
+                return why
+        return None
+
+    # -- the periodic step ---------------------------------------------------------------
+    def resolve(self, listing: Sequence[Held], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            records = {r.key: r for r in self.writer.records()}
+            held = confirm(listing, records)
+            pods = {(p.namespace, p.name): p for p in self.pods()}
+            for key, ref in held.items():
+                if self._matched.get(key) == ref:
+                    continue
+                self._confirm(records[key], ref, pods.get((ref.namespace, ref.pod)))
+            for key, rec in records.items():
+                if key in held:
+                    continue
+                if key in self._matched or now - rec.created > self.config.forget_after_s:
+                    self._matched.pop(key, None)
+                    self.writer.remove(key)
+
+    def _confirm(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None) -> None:
+        self._matched[rec.key] = ref
+        if pod is None:
+            self.writer.refuse(rec.key, f"pod {ref.namespace}/{ref.pod} not found")
+            return
+        whole = rec.resource != VGPU
+        why = self._fits(pod, ref.container, rec.resource, rec.units, exclude=rec.key)
+        if why is not None:
+            self.writer.refuse(rec.key, why)
+            self.on_refused(pod, ref.container, why)
+            return
+        b = budgets.container_budget(pod.annotations, ref.container)
+        self.writer.ready(rec.key, budgets.entries(b, rec.units, whole,
+                                                   self.state.context_bytes))
+
+    def pending(self) -> bool:
+        return any(r.key not in self._matched for r in self.writer.records())
+
+
+class ResourcePlugin:
+    """One resource of the manager, as a plugin server sees it."""
+
+    def __init__(self, manager: Manager, name: str) -> None:
+        self.manager = manager
+        self.name = name
+
+    def devices(self) -> list[PluginDevice]:
+        return self.manager.advertised().get(self.name, [])
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int
+                  ) -> list[str]:
+        gpu_of = {u.uuid: u.gpu_uuid for u in self.manager.state.units}
+        return preferred(available, must_include, size, gpu_of, self.manager.config.policy)
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
+        return self.manager.allocate(self.name, device_ids)

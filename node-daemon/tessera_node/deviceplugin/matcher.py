@@ -1,0 +1,136 @@
+"""Which pod is that? (pure)
+
+``AllocateRequest`` carries only device IDs: nothing names the pod or container. Two steps
+(docs/node-daemon.md, "Which pod is that?"):
+
+1. At Allocate time, the *candidates*: containers of pods bound to this node, not
+   terminating, still Pending, not started, asking for exactly this many of the resource,
+   and not already matched. None: Allocate fails (nothing on this node asked for it). One or
+   more: Allocate succeeds with the container's budget file *pending*.
+2. Afterwards the kubelet's PodResources ``List`` (polled: there is no Watch) shows which
+   pod and container hold exactly these device IDs; that *confirms* the pod, and the budget
+   file is written from its annotation. The kubelet records devices only once Allocate has
+   returned, so the confirmation never comes from inside Allocate.
+
+Several pods admitted at once: each Allocate has its own device IDs, so each confirmation is
+exact whatever order the kubelet admits them in; candidates only decide whether Allocate may
+succeed. An app container handed an init container's devices again gets the same IDs: the
+same budget file, set pending again, then confirmed for the app container.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the matcher needs of a Pod object."""
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str
+    phase: str
+    terminating: bool
+    limits: Mapping[str, Mapping[str, int]]
+    """Container name (init containers included) -> resource -> count."""
+    started: frozenset[str]
+    """Containers that have started (running or terminated) at least once."""
+    annotations: Mapping[str, str]
+
+
+def _count(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView:
+    """A Pod (as the API serves it, JSON) to a PodView; limits that are not whole numbers
+    are left out (extended resources are integers)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    limits: dict[str, dict[str, int]] = {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        lim = (c.get("resources") or {}).get("limits") or {}
+        limits[c["name"]] = {k: n for k, v in lim.items() if (n := _count(v)) is not None}
+    started = set()
+    for cs in [*(status.get("initContainerStatuses") or []),
+               *(status.get("containerStatuses") or [])]:
+        state = cs.get("state") or {}
+        if "running" in state or "terminated" in state or cs.get("restartCount", 0) > 0:
+            started.add(cs["name"])
+    return PodView(
+        uid=meta.get("uid", ""),
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        node_name=spec.get("nodeName", ""),
+        phase=status.get("phase", "Pending"),
+        terminating=meta.get("deletionTimestamp") is not None,
+        limits=limits,
+        started=frozenset(started),
+        annotations=dict(meta.get("annotations") or {}),
+    )
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+def candidates(
+    pods: Iterable[PodView],
+    node: str,
+    resource: str,
+    count: int,
+    matched: frozenset[ContainerRef] = frozenset(),
+) -> list[tuple[PodView, str]]:
+    """Containers that could be the one an Allocate of ``count`` devices of ``resource`` is
+    for, oldest name first (the order only makes the answer deterministic)."""
+    out = []
+    for p in pods:
+        if p.node_name != node or p.terminating or p.phase != "Pending":
+            continue
+        for name, lim in p.limits.items():
+            if lim.get(resource) != count or name in p.started:
+                continue
+            if ContainerRef(p.namespace, p.name, name) in matched:
+                continue
+            out.append((p, name))
+    return sorted(out, key=lambda pc: (pc[0].namespace, pc[0].name, pc[1]))
+
+
+def allocation_key(resource: str, device_ids: Sequence[str]) -> str:
+    """A stable name for one Allocate's device set (its budget file's directory)."""
+    text = "\n".join([resource, *sorted(device_ids)])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class Held:
+    """One row of PodResources ``List``: a container holding devices of one resource."""
+
+    ref: ContainerRef
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+def confirm(listing: Iterable[Held], keys: Iterable[str]) -> dict[str, ContainerRef]:
+    """Allocation keys the kubelet now shows held, and by which container. When an init
+    container and an app container hold the same IDs, the app container (listed later in
+    the pod by the kubelet, and the one that runs now) wins: the last row wins."""
+    wanted = set(keys)
+    out: dict[str, ContainerRef] = {}
+    for h in listing:
+        key = allocation_key(h.resource, h.device_ids)
+        if key in wanted:
+            out[key] = h.ref
+    return out

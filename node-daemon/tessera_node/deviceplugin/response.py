@@ -1,0 +1,114 @@
+"""What Allocate returns for one container (pure): mounts, device visibility, environment.
+
+* libtessera, read-only, from a **versioned** host directory (an upgrade installs a new
+  directory and never rewrites a library a running container has mapped), and an
+  ``ld.so.preload`` that loads it, mounted over ``/etc/ld.so.preload``;
+* the container's ledger directory (writable) at ``/run/tessera``, its budget file
+  (read-only) at ``/run/tessera/budget`` and tessera's marker (read-only) at
+  ``/run/tessera/managed``: with the marker, libtessera refuses GPU memory rather than run
+  without a budget;
+* device visibility. ``cdi``: CDI device names (``nvidia.com/gpu=<UUID>``, the toolkit's
+  CDI spec with UUID names). ``volume-mounts``: the NVIDIA container toolkit's
+  volume-mount device list (``/var/run/nvidia-container-devices/<UUID>``), which, unlike
+  ``NVIDIA_VISIBLE_DEVICES``, a pod cannot set for itself. ``sim``: the simulated node
+  (containerd without CDI): the simulator's libraries and node state are mounted, as the
+  toolkit would mount the driver's, and ``CUDA_VISIBLE_DEVICES`` selects the units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Literal
+
+Visibility = Literal["cdi", "volume-mounts", "sim"]
+
+CONTAINER_LIB_DIR = "/usr/local/lib/tessera"
+LIB_NAME = "libtessera.so"
+PRELOAD_NAME = "ld.so.preload"
+CONTAINER_RUN = "/run/tessera"
+CDI_KIND = "nvidia.com/gpu"
+TOOLKIT_DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+SIM_CONTAINER_DIR = "/usr/local/tessera-sim"
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerResponse:
+    mounts: tuple[Mount, ...] = ()
+    envs: dict[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    lib_dir: str
+    """Versioned host directory holding ``libtessera.so`` and ``ld.so.preload`` (whose line
+    names ``CONTAINER_LIB_DIR/libtessera.so``)."""
+    budget: str
+    ledger_dir: str
+    marker: str
+
+
+@dataclass(frozen=True)
+class SimPaths:
+    """The simulated node: its driver libraries' directory, node description and state."""
+
+    lib_dir: str
+    node: str
+    state: str
+
+
+def preload_line() -> str:
+    """The content of the ``ld.so.preload`` the plugin mounts."""
+    return f"{CONTAINER_LIB_DIR}/{LIB_NAME}\n"
+
+
+def container_response(
+    paths: HostPaths,
+    units: Sequence[str],
+    visibility: Visibility,
+    sim: SimPaths | None = None,
+    cuda_ordinals: Sequence[int] = (),
+) -> ContainerResponse:
+    """``units``: the container's GPU/MIG UUIDs. ``cuda_ordinals`` (sim only): the units'
+    CUDA ordinals on the node, for ``CUDA_VISIBLE_DEVICES``."""
+    lib = PurePosixPath(paths.lib_dir)
+    mounts = [
+        Mount(f"{CONTAINER_LIB_DIR}/{LIB_NAME}", str(lib / LIB_NAME), True),
+        Mount("/etc/ld.so.preload", str(lib / PRELOAD_NAME), True),
+        Mount(CONTAINER_RUN, paths.ledger_dir, False),
+        Mount(f"{CONTAINER_RUN}/budget", paths.budget, True),
+        Mount(f"{CONTAINER_RUN}/managed", paths.marker, True),
+    ]
+    envs: dict[str, str] = {}
+    cdi: tuple[str, ...] = ()
+    if visibility == "cdi":
+        cdi = tuple(f"{CDI_KIND}={u}" for u in units)
+    elif visibility == "volume-mounts":
+        mounts += [Mount(f"{TOOLKIT_DEVICE_LIST_DIR}/{u}", "/dev/null", True) for u in units]
+    else:
+        if sim is None:
+            raise ValueError("the sim visibility needs the simulator's paths")
+        if len(cuda_ordinals) != len(units):
+            raise ValueError("the sim visibility needs one CUDA ordinal per unit")
+        mounts += [
+            Mount(f"{SIM_CONTAINER_DIR}/lib", sim.lib_dir, True),
+            Mount(f"{SIM_CONTAINER_DIR}/node.ini", sim.node, True),
+            # the simulated driver's shared state is the node's, like /dev/nvidia*
+            Mount(f"{SIM_CONTAINER_DIR}/node.state", sim.state, False),
+        ]
+        envs = {
+            "LD_LIBRARY_PATH": f"{SIM_CONTAINER_DIR}/lib",
+            "TESSERA_SIM_NODE": f"{SIM_CONTAINER_DIR}/node.ini",
+            "TESSERA_SIM_STATE": f"{SIM_CONTAINER_DIR}/node.state",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(o) for o in cuda_ordinals),
+        }
+    return ContainerResponse(mounts=tuple(mounts), envs=envs, cdi_devices=cdi)

@@ -1,0 +1,235 @@
+"""Which pod is that, memory fit, what Allocate returns, and the resource manager's whole
+cycle (Allocate -> pending -> PodResources List -> ready / refused -> removed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.names import ANNOTATION_BUDGET, VGPU
+from tessera_node.budget.writer import BudgetWriter
+from tessera_node.deviceplugin import fit
+from tessera_node.deviceplugin.devices import Unit, share_id
+from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
+from tessera_node.deviceplugin.matcher import (
+    ContainerRef,
+    Held,
+    allocation_key,
+    candidates,
+    confirm,
+    pod_view,
+)
+from tessera_node.deviceplugin.response import (
+    HostPaths,
+    SimPaths,
+    container_response,
+    preload_line,
+)
+from tessera_node.deviceplugin.server import AllocateError
+
+GIB = 1 << 30
+G0 = "GPU-00000000-0000-0000-0000-000000000000"
+M0 = "MIG-a0000000-0000-0000-0000-000000000000"
+
+
+def pod(name: str, limits: dict[str, dict[str, int]], node: str = "n1", phase: str = "Pending",
+        started: tuple[str, ...] = (), deleting: bool = False, budget: str | None = None,
+        init: tuple[str, ...] = ()) -> dict[str, Any]:
+    def container(c: str) -> dict[str, Any]:
+        return {"name": c, "resources": {"limits": {k: str(v) for k, v in limits[c].items()}}}
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if budget is not None:
+        meta["annotations"] = {ANNOTATION_BUDGET: budget}
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node,
+                 "initContainers": [container(c) for c in limits if c in init],
+                 "containers": [container(c) for c in limits if c not in init]},
+        "status": {"phase": phase, "containerStatuses": [
+            {"name": c, "state": {"running": {}}} for c in started]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("pods", "want"),
+    [
+        ([pod("a", {"main": {VGPU: 2}})], [("a", "main")]),
+        ([pod("a", {"main": {VGPU: 1}})], []),  # another count
+        ([pod("a", {"main": {VGPU: 2}}, node="n2")], []),  # another node
+        ([pod("a", {"main": {VGPU: 2}}, phase="Running")], []),
+        ([pod("a", {"main": {VGPU: 2}}, deleting=True)], []),
+        ([pod("a", {"main": {VGPU: 2}}, started=("main",))], []),
+        ([pod("a", {"main": {VGPU: 2}}), pod("m", {"main": {VGPU: 2}})],  # matched already
+         [("a", "main")]),
+        # several pods at once: every one is a candidate
+        ([pod("b", {"main": {VGPU: 2}}), pod("a", {"x": {VGPU: 2}, "y": {VGPU: 2}})],
+         [("a", "x"), ("a", "y"), ("b", "main")]),
+        ([pod("a", {"i": {VGPU: 2}, "main": {VGPU: 2}}, init=("i",))],
+         [("a", "i"), ("a", "main")]),
+    ],
+)
+def test_candidates(pods: list[dict[str, Any]], want: list[tuple[str, str]]) -> None:
+    views = [pod_view(p) for p in pods]
+    matched = frozenset({ContainerRef("ns", "m", "main")})
+    got = candidates(views, "n1", VGPU, 2, matched)
+    assert [(p.name, c) for p, c in got] == want
+
+
+def test_confirm_is_exact_and_the_app_container_wins() -> None:
+    ids = ["A::0", "B::3"]
+    key = allocation_key(VGPU, ids)
+    assert key == allocation_key(VGPU, list(reversed(ids)))
+    assert key != allocation_key("tessera.dev/mig-1g.10gb", ids)
+    rows = [
+        Held(ContainerRef("ns", "p", "init"), VGPU, ("B::3", "A::0")),
+        Held(ContainerRef("ns", "p", "main"), VGPU, ("A::0", "B::3")),
+        Held(ContainerRef("ns", "q", "main"), VGPU, ("A::0",)),
+    ]
+    assert confirm(rows, [key, "other"]) == {key: ContainerRef("ns", "p", "main")}
+
+
+@pytest.mark.parametrize(
+    ("held", "want", "fits"),
+    [
+        ([], 80 * GIB, True),
+        ([40 * GIB], 40 * GIB, True),
+        ([40 * GIB, 30 * GIB], 11 * GIB, False),
+        ([80 * GIB], 1, False),
+    ],
+)
+def test_overcommit(held: list[int], want: int, fits: bool) -> None:
+    why = fit.overcommit([G0], want, {G0: 80 * GIB}, {G0: held})
+    assert (why is None) == fits
+    if not fits:
+        assert why and "would exceed its 81920 MiB" in why
+    assert fit.overcommit([M0], 1, {M0: None}, {}) == f"memory of {M0} is unknown"
+
+
+@given(st.lists(st.integers(0, 100 * GIB), max_size=8), st.integers(0, 100 * GIB))
+def test_granting_only_what_fits_never_overcommits(wants: list[int], total: int) -> None:
+    held: dict[str, list[int]] = {G0: []}
+    for w in wants:
+        if fit.overcommit([G0], w, {G0: total}, held) is None:
+            held[G0].append(w)
+    assert sum(held[G0]) <= total
+
+
+PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
+                  "/var/lib/tessera/c/k/run", "/var/lib/tessera/c/managed")
+
+
+@pytest.mark.parametrize(
+    ("visibility", "extra_mounts", "cdi", "envs"),
+    [
+        ("cdi", [], (f"nvidia.com/gpu={G0}", f"nvidia.com/gpu={M0}"), {}),
+        ("volume-mounts",
+         [(f"/var/run/nvidia-container-devices/{G0}", "/dev/null", True),
+          (f"/var/run/nvidia-container-devices/{M0}", "/dev/null", True)], (), {}),
+        ("sim",
+         [("/usr/local/tessera-sim/lib", "/sim/lib", True),
+          ("/usr/local/tessera-sim/node.ini", "/sim/node.ini", True),
+          ("/usr/local/tessera-sim/node.state", "/sim/node.state", False)], (),
+         {"LD_LIBRARY_PATH": "/usr/local/tessera-sim/lib",
+          "TESSERA_SIM_NODE": "/usr/local/tessera-sim/node.ini",
+          "TESSERA_SIM_STATE": "/usr/local/tessera-sim/node.state",
+          "CUDA_VISIBLE_DEVICES": "0,3"}),
+    ],
+)
+def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, bool]],
+                           cdi: tuple[str, ...], envs: dict[str, str]) -> None:
+    r = container_response(PATHS, [G0, M0], visibility,  # type: ignore[arg-type]
+                           SimPaths("/sim/lib", "/sim/node.ini", "/sim/node.state"), [0, 3])
+    base = [
+        ("/usr/local/lib/tessera/libtessera.so", "/opt/tessera/lib/v1.2.3/libtessera.so", True),
+        ("/etc/ld.so.preload", "/opt/tessera/lib/v1.2.3/ld.so.preload", True),
+        ("/run/tessera", "/var/lib/tessera/c/k/run", False),
+        ("/run/tessera/budget", "/var/lib/tessera/c/k/budget", True),
+        ("/run/tessera/managed", "/var/lib/tessera/c/managed", True),
+    ]
+    assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == base + extra_mounts
+    assert r.cdi_devices == cdi and r.envs == envs
+    assert "NVIDIA_VISIBLE_DEVICES" not in r.envs
+    assert preload_line() == "/usr/local/lib/tessera/libtessera.so\n"
+
+
+def budget_of(memory: int, shares: int = 1, container: str = "main") -> str:
+    return PodBudget(containers={container: ContainerBudget(
+        shares=shares, memory_bytes=memory, cores=30)}).to_annotation()
+
+
+class Cycle:
+    def __init__(self, tmp: Path, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.events: list[tuple[str, str, str]] = []
+        self.writer = BudgetWriter(tmp / "containers", pending_wait_ms=5000)
+        self.m = Manager(
+            PluginConfig(node="n1", shares_per_unit=4, lib_dir="/opt/tessera/lib/v1",
+                         visibility="cdi"),
+            self.writer, lambda: [pod_view(p) for p in self.pods],
+            lambda p, c, why: self.events.append((p.name, c, why)),
+        )
+        self.m.update(NodeState(units=[Unit(G0, G0, 0, None, 80 * GIB, True)]))
+
+
+def test_cycle_pending_ready_refused_removed(tmp_path: Path) -> None:
+    c = Cycle(tmp_path, [
+        pod("a", {"main": {VGPU: 1}}, budget=budget_of(50 * GIB)),
+        pod("b", {"main": {VGPU: 1}}, budget=budget_of(40 * GIB)),
+    ])
+    ra = c.m.allocate(VGPU, [share_id(G0, 0)])
+    rb = c.m.allocate(VGPU, [share_id(G0, 1)])
+    ka, kb = allocation_key(VGPU, [share_id(G0, 0)]), allocation_key(VGPU, [share_id(G0, 1)])
+    assert ra.cdi_devices == (f"nvidia.com/gpu={G0}",)
+    assert str(c.writer.budget_path(kb)) in [m.host_path for m in rb.mounts]
+    assert c.writer.read(ka).state == "pending" and c.writer.read(kb).state == "pending"
+    assert c.writer.read(ka).wait_ms == 5000
+    # the kubelet shows a first, then both: the second would overcommit G0
+    c.m.resolve([Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),))])
+    a = c.writer.read(ka)
+    assert a.state == "ready" and a.entries[0].uuid == G0 and a.entries[0].memory == 50 * GIB
+    assert a.entries[0].cores == 30
+    assert c.writer.read(kb).state == "pending"
+    both = [Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),)),
+            Held(ContainerRef("ns", "b", "main"), VGPU, (share_id(G0, 1),))]
+    c.m.resolve(both)
+    b = c.writer.read(kb)
+    assert b.state == "refused" and "would exceed its 81920 MiB" in b.reason
+    assert c.events == [("b", "main", b.reason)]
+    c.m.resolve(both)
+    assert len(c.events) == 1  # one Event, not one per period
+    # a ends: its files go; b's are kept while the kubelet shows it
+    c.m.resolve(both[1:])
+    assert [r.key for r in c.writer.records()] == [kb]
+    assert not (c.writer.root / ka).exists()
+
+
+def test_allocate_fails_only_when_no_pending_pod_fits(tmp_path: Path) -> None:
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(90 * GIB))])
+    with pytest.raises(AllocateError, match="no pending pod on n1 asking for 1"):
+        c.m.allocate(VGPU, [share_id(G0, 0)])
+    c.pods.append(pod("b", {"main": {VGPU: 1}}, budget=budget_of(10 * GIB)))
+    c.m.allocate(VGPU, [share_id(G0, 0)])  # b fits
+    with pytest.raises(AllocateError, match="two shares"):
+        c.m.allocate(VGPU, [share_id(G0, 1), share_id(G0, 2)])
+
+
+def test_pod_without_budget_is_refused_and_stale_pending_is_forgotten(tmp_path: Path) -> None:
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))])
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    key = allocation_key(VGPU, [share_id(G0, 0)])
+    c.pods[0]["metadata"]["annotations"] = {}
+    c.m.resolve([Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),))])
+    assert c.writer.read(key).state == "refused"
+    assert "no tessera.dev/budget annotation" in c.writer.read(key).reason
+    assert [e[:2] for e in c.events] == [("a", "main")]
+    c.pods.append(pod("b", {"main": {VGPU: 1}}, budget=budget_of(GIB)))
+    c.m.allocate(VGPU, [share_id(G0, 1)])  # b's, never shown held by the kubelet
+    c.m.resolve([], now=c.writer.records()[-1].created + 301)
+    assert c.writer.records() == []
