@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tessera_e2e.pins import Pins
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
+            "parse-quantity")
 
 
 def cache_root() -> Path:

@@ -1,7 +1,9 @@
 """A local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
 
 Everything listens on 127.0.0.1 on free ports, uses certificates made for this run, and lives in
-one run directory under the cache (see processes.py for why stopping is reliable). There is no
+one run directory under the cache (see processes.py for why stopping is reliable).  The API
+server shows admission webhooks a client certificate (`write_admission_config`), so webhooks
+can refuse reviews that do not come from it. There is no
 kubelet, so pods are scheduled but never run; the controller manager gives namespace deletion,
 garbage collection and the `default` ServiceAccount.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -55,6 +58,27 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def write_admission_config(directory: Path, pki: Pki) -> Path:
+    """An AdmissionConfiguration under which the API server authenticates to every
+    admission webhook with the webhook client certificate (kubeConfigFile, user ``*``: any
+    webhook host).  Webhooks trusting ``pki.webhook_client_ca`` then know a review comes
+    from the API server."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kubeconfig = directory / "webhook-client.kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{"name": "*", "user": {"client-certificate": str(pki.webhook_client_cert),
+                                        "client-key": str(pki.webhook_client_key)}}]}))
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1",
+              "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": str(kubeconfig)}
+    config = directory / "admission.json"
+    config.write_text(json.dumps({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": name, "configuration": plugin} for name in (
+            "ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+    return config
 
 
 class LocalCluster:
@@ -221,6 +245,7 @@ class LocalCluster:
             "--unsafe-no-fsync=true",
             "--log-level=warn",
         ])
+        admission = write_admission_config(run / "admission", pki)
         self._launch("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
             f"--bind-address={HOST}",
@@ -236,6 +261,7 @@ class LocalCluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
+            f"--admission-control-config-file={admission}",
             # Without the controller manager nobody creates `default` ServiceAccounts.
             *([] if self.controllers else ["--disable-admission-plugins=ServiceAccount"]),
         ])

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tessera_e2e import chart
 from tessera_e2e.processes import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,14 +48,10 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0,
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def render_chart(namespace: str = OPERATOR_NS) -> str:
-    """charts/tessera/templates/*.yaml (RBAC, pod budget protection) with the two values
-    they use filled in, as one multi-document YAML."""
-    values = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())
-    docs = [(t.read_text().replace("{{ .Release.Namespace }}", namespace)
-             .replace("{{ .Values.serviceAccount.name }}", values["serviceAccount"]["name"]))
-            for t in sorted((REPO / "charts/tessera/templates").glob("*.yaml"))]
-    return "\n---\n".join(docs)
+def render_chart(namespace: str = OPERATOR_NS, values: dict[str, Any] | None = None) -> str:
+    """charts/tessera/templates/*.yaml (RBAC, pod budget protection, network policy) with
+    the chart's values (``values`` merged over them), as one multi-document YAML."""
+    return chart.render(namespace, values)
 
 
 def install(kubectl: Kubectl) -> None:
@@ -179,8 +176,7 @@ class OperatorProcess:
                      "--webhook-url", f"https://127.0.0.1:{proxy.port}",
                      "--advertise-url", f"https://127.0.0.1:{self.webhook_port}",
                      "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
-                     "--lease-duration", "6", "--lease-renew", "2",
-                     "--recount-interval", "1", "--drift-grace", "2", *(extra or [])]
+                     "--lease-duration", "6", "--lease-renew", "2", *(extra or [])]
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -240,11 +236,16 @@ class LocalOperators:
     """
 
     def __init__(self, kubectl: Kubectl, admin_kubeconfig: Path, logdir: Path,
-                 names: tuple[str, ...] = ("op-a", "op-b")) -> None:
+                 names: tuple[str, ...] = ("op-a", "op-b"),
+                 webhook_client_ca: Path | None = None) -> None:
         self.kubectl = kubectl
         self.admin_kubeconfig = Path(admin_kubeconfig)
         self.logdir = logdir
         self.names = names
+        self.extra = ([] if webhook_client_ca is None else
+                      ["--webhook-client-ca", str(webhook_client_ca)])
+        """Flags every replica gets: with the cluster's webhook client CA, the webhooks
+        take reviews only from the API server (LocalCluster's AdmissionConfiguration)."""
         self.proxy = RoundRobinProxy().start()
         self.replicas: dict[str, OperatorProcess] = {}
         self.kubeconfig = logdir / "operator.kubeconfig"
@@ -258,7 +259,8 @@ class LocalOperators:
         old = self.replicas.get(name)
         if old is not None:
             old.stop()
-        rep = OperatorProcess(self.kubeconfig, self.proxy, self.logdir, name).start()
+        rep = OperatorProcess(self.kubeconfig, self.proxy, self.logdir, name,
+                              self.extra).start()
         self.replicas[name] = rep
         return rep
 

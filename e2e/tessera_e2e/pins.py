@@ -12,6 +12,8 @@ from pathlib import Path
 MODULE_DIR = Path(__file__).resolve().parent.parent / "controlplane"
 
 KUBERNETES_MODULE = "k8s.io/kubernetes"
+CONTROLPLANE_MODULE = "tessera.dev/e2e/controlplane"
+"""The wrapper module's own path (its go.mod ``module`` line)."""
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"
 
 

@@ -3,6 +3,8 @@
 - `cluster` (session): one LocalCluster for the whole run; `cluster.kubectl(*args)` returns a
   CompletedProcess, `cluster.kubeconfig` and `cluster.server` say where it is.
 - `namespace` (per test): a fresh namespace, deleted afterwards.
+- `parse_quantity_reference` (session): the path of the built `parse-quantity` program,
+  apimachinery's own quantity parser, to test tessera's against.
 
 The binaries must be built first (`make controlplane`): a missing build fails the tests with
 that instruction rather than silently skipping them. Component logs are kept when any test
@@ -11,9 +13,11 @@ failed, and their path is printed in the summary.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,11 +29,25 @@ from tessera_e2e.errors import ControlPlaneError
 _kept_logs: list[str] = []
 
 
+BUILT_FIXTURES = ("cluster", "parse_quantity_reference")
+"""Fixtures that need the control plane build (`make controlplane`)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Anything using the cluster is an integration test (`-m "not integration"` skips it)."""
+    """Anything using the build is an integration test (`-m "not integration"` skips it)."""
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        if set(BUILT_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def parse_quantity_reference() -> Path:
+    """apimachinery's ParseQuantity as a program (e2e/controlplane/cmd/parse-quantity): one
+    quantity per line on stdin, one answer per line on stdout."""
+    binary = default_layout().binary(build_inputs().pins, "parse-quantity")
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"{binary} is missing: run `make controlplane` first", pytrace=False)
+    return binary
 
 
 @pytest.fixture(scope="session")

@@ -31,10 +31,12 @@ _INT64_MAX = 2**63 - 1
 _NANO = Decimal("1e-9")
 
 # What the generated CRD lets through for a non-negative quantity string: kubebuilder's
-# Quantity pattern without the minus sign and with integer exponents only, so that every
-# string the API server stores also parses here (and in CEL's ``quantity()``).
+# Quantity pattern without the minus sign and with integer exponents of at most two digits,
+# so that every string the API server stores also parses here, to the value apimachinery
+# gives it (and CEL's ``quantity()``).  Longer exponents are refused: apimachinery wraps them
+# to 32 bits, and around the wrap its arithmetic on the result runs without bound.
 QUANTITY_PATTERN = (
-    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]{1,18}))?$"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]{1,2}))?$"
 )
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 QUANTITY_MAX_LENGTH = 64
