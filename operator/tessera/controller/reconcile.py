@@ -343,7 +343,7 @@ class Controller:
         meta, status = q["metadata"], q.get("status") or {}
         gen = int(meta.get("generation") or 1)
         try:
-            limits, problem = limits_of(q.get("spec") or {}, str(meta["name"])), None
+            limits, problem = limits_of(q.get("spec") or {}), None
         except FieldError as exc:
             limits, problem = Limits(), str(exc)
         used = state_of(status).used

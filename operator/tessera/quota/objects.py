@@ -118,8 +118,8 @@ def view_of(obj: Mapping[str, Any]) -> QuotaView:
     state = state_of(obj.get("status"))
     problem = None
     try:
-        limits = limits_of(obj.get("spec") or {}, name)
-    except FieldError as exc:
+        limits = limits_of(obj.get("spec") or {})
+    except FieldError as exc:  # says the field; refusals name the quota
         limits, problem = Limits(), str(exc)
     return QuotaView(name, limits, state.used or Usage(), str(meta.get("resourceVersion", "")),
                      state.pending, state.used is not None, problem)

@@ -168,7 +168,8 @@ def test_a_limit_that_cannot_be_read_is_an_error_never_no_limit(
     assert str(exc.value).startswith(f'GPUQuota "team" {field} ')
     assert "until then it admits no GPU pods" in str(exc.value)
     view = view_of(quota_obj("team", spec, {"memory": "0", "cores": 0, "pods": 0}))
-    assert view.problem == str(exc.value)
+    assert view.problem is not None and view.problem.startswith(f"{field} ")
+    assert f'GPUQuota "team" {view.problem}' == str(exc.value)
 
 
 def test_milli_quantities_mean_what_kubernetes_says() -> None:
