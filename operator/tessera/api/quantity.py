@@ -128,8 +128,11 @@ def parse_quantity(text: str) -> tuple[Decimal, Format]:
         raise QuantityError(f"quantity {text!r} has an invalid number")
     if not digits:
         # Go's fast path turns a digit-less number ("." "-" "+.") into zero; only its slow
-        # path (inf.Dec.SetString), taken for exponents below nano, refuses it.
-        if base == 10 and exponent < -9:
+        # path (inf.Dec.SetString) refuses it.  The slow path is taken for decimal exponents
+        # below nano, and for binary suffixes whose precision estimate (15 digits, less the
+        # numerator "0", less exponent*3/10, less one) goes negative: Pi and Ei.
+        slow = exponent < -9 if base == 10 else 15 - 1 - exponent * 3 // 10 - 1 < 0
+        if slow:
             raise QuantityError(f"quantity {text!r} has no digits")
         return Decimal(0), fmt
     magnitude = Decimal(f"{num}.{denom}" if denom else num)
