@@ -45,7 +45,7 @@ from tessera.quota.arith import (
     pod_usage,
 )
 from tessera.quota.batch import Count, Release
-from tessera.quota.ledger import PodCount, dead_candidates, needs_count, recounted
+from tessera.quota.ledger import PodCount, dead_candidates, needs_count
 from tessera.quota.objects import FieldError, limits_of, state_of, summary, view_of
 from tessera.quota.status import quota_conditions
 from tessera.reservations.store import QuotaStore
@@ -101,6 +101,7 @@ class Controller:
     then sees every release of the pods it no longer sees already written."""
     _count_soon: set[str] = field(default_factory=set)
     _count_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _by_namespace: dict[str, list[str]] | None = None
     _dead: dict[str, float] = field(default_factory=dict)
     """Pod UIDs whose reservations were given back as dead -> when to forget them."""
 
@@ -154,6 +155,7 @@ class Controller:
                 self._quota_dirty.add(key)
                 changed = [key]
         metrics.WATCHED.labels("gpuquota").set(len(self.quotas))
+        self._by_namespace = None
         self._quota_wake.set()
         for key in changed:
             self._count_if_needed(key)
@@ -163,6 +165,7 @@ class Controller:
         view is rebuilt from the next leadership's own watch."""
         self._quota_dirty.clear()
         self._quota_wake.clear()
+        self._by_namespace = None
         self._pods.clear()
         self._pod_counts.clear()
         self._pods_synced = False
@@ -219,9 +222,8 @@ class Controller:
         if uid in self._dead:
             return  # given back already, when its reservation was found dead
         usage = pod_usage(pod)
-        for qns, name in list(self.quotas):
-            if qns == ns:
-                await self.store.release(ns, name, Release(uid, usage if usage.pods else None))
+        for name in self._quotas_in(ns):
+            await self.store.release(ns, name, Release(uid, usage if usage.pods else None))
         if usage.pods:
             metrics.RELEASES.inc()
             log.info("budget released", extra={"namespace": ns, "pod": meta.get("name")})
@@ -236,10 +238,18 @@ class Controller:
             pods.pop(uid, None)
         else:
             pods[uid] = (str(meta.get("name")), pod_usage(pod) if pod_counts(pod) else Usage())
-        for (qns, _), q in list(self.quotas.items()):
-            reservations = (q.get("status") or {}).get("reservations")
-            if qns == ns and isinstance(reservations, Mapping) and uid in reservations:
+        for name in self._quotas_in(ns):
+            reservations = (self.quotas[(ns, name)].get("status") or {}).get("reservations")
+            if isinstance(reservations, Mapping) and uid in reservations:
                 self._count(ns)  # its reservation is no longer pending: confirm it soon
+
+    def _quotas_in(self, ns: str) -> list[str]:
+        """Names of the namespace's quotas (an index rebuilt after the quotas change)."""
+        if self._by_namespace is None:
+            self._by_namespace = {}
+            for qns, name in sorted(self.quotas):
+                self._by_namespace.setdefault(qns, []).append(name)
+        return self._by_namespace.get(ns, [])
 
     # -- counting ---------------------------------------------------------------------------
 
@@ -276,7 +286,7 @@ class Controller:
                 return
             now = time.time()
             self._dead = {u: t for u, t in self._dead.items() if t > time.monotonic()}
-            for ns, name in sorted(k for k in self.quotas if k[0] in namespaces):
+            for ns, name in [(n, q) for n in sorted(namespaces) for q in self._quotas_in(n)]:
                 q = self.quotas.get((ns, name))
                 if q is None:
                     continue
@@ -284,16 +294,12 @@ class Controller:
                 if not needs_count(view, pods, now):
                     continue
                 dead = await self._dead_reservations(ns, view.pending, pods, now)
-                used, _ = recounted(pods, dead, view.pending)
                 await self.store.count(ns, name, Count(pods, frozenset(dead)))
                 if not view.counted:
-                    log.info("quota counted", extra={"namespace": ns, "quota": name,
-                                                     "used": str(used)})
-                elif used != view.used:
-                    metrics.RECOUNT_HEALS.inc()
-                    log.info("recount healed usage", extra={
-                        "namespace": ns, "quota": name, "was": str(view.used),
-                        "now": str(used), "givenBack": sorted(dead)})
+                    log.info("quota counted", extra={"namespace": ns, "quota": name})
+                if dead:
+                    log.info("reservations given back: no such pod by their deadline",
+                             extra={"namespace": ns, "quota": name, "uids": sorted(dead)})
 
     async def _dead_reservations(self, ns: str, pending: Mapping[str, Pending], pods: PodCount,
                                  now: float) -> set[str]:

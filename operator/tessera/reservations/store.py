@@ -29,7 +29,7 @@ from typing import Any
 from tessera import metrics
 from tessera.api.names import GPUQUOTAS, GROUP, VERSION
 from tessera.kube.client import ApiError, Kube, Obj, path
-from tessera.quota.arith import Violation
+from tessera.quota.arith import QuotaView, Violation
 from tessera.quota.batch import Change, Count, Release, Reserve, State, apply_in_order
 from tessera.quota.objects import status_patch, view_of
 
@@ -225,6 +225,7 @@ class QuotaStore:
             try:
                 self._latest[key] = await self.kube.merge_patch(url + "/status",
                                                                 status_patch(q, state))
+                _count_heals(ns, view, batch, state)
                 return results
             except ApiError as exc:
                 if exc.status == 404:
@@ -254,6 +255,19 @@ class QuotaStore:
         busy = Violation(name, "", "", "", "", reason=(
             f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))
         return [[busy] for _ in batch]
+
+
+def _count_heals(ns: str, view: QuotaView, batch: list[_Pending], state: State) -> None:
+    """A count that set ``used`` to something the other changes alone would not have: drift
+    healed (or dead reservations given back).  A quota's first count is no heal."""
+    if not view.counted or not any(isinstance(p.change, Count) for p in batch):
+        return
+    _, without = apply_in_order(view, [p.change for p in batch
+                                       if not isinstance(p.change, Count)])
+    if without.used != state.used:
+        metrics.RECOUNT_HEALS.inc()
+        log.info("count healed usage", extra={"namespace": ns, "quota": view.name,
+                                              "was": str(without.used), "now": str(state.used)})
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
