@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import http.server
 import json
-import ssl
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +12,7 @@ import pytest
 from tessera_e2e.build import build_inputs
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.pki import WEBHOOK_CLIENT_NAME, write_pki
+from tessera_e2e.webhooks import ReviewServer
 
 pytestmark = pytest.mark.integration
 
@@ -66,43 +63,15 @@ def test_the_api_server_shows_webhooks_its_client_certificate(
     assert cluster.pki is not None
     seen: list[Any] = []
 
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            seen.append(self.connection.getpeercert())  # type: ignore[attr-defined]
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["request"]
-            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                               "response": {"uid": req["uid"], "allowed": True}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+    def decide(_: dict[str, Any], peer: Any) -> tuple[bool, str]:
+        seen.append(peer)
+        return True, ""
 
     serving = write_pki(tmp_path / "serving")  # its CA and 127.0.0.1 serving certificate
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(serving.serving_cert, serving.serving_key)
-    tls.load_verify_locations(cafile=str(cluster.pki.webhook_client_ca))
-    tls.verify_mode = ssl.CERT_REQUIRED
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = ReviewServer(decide, serving.serving_cert, serving.serving_key,
+                        client_ca=cluster.pki.webhook_client_ca)
     name = f"client-cert-{namespace}"
-    config = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration", "metadata": {"name": name},
-        "webhooks": [{
-            "name": "client-cert.example.com",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/",
-                             "caBundle": base64.b64encode(
-                                 serving.ca_cert.read_bytes()).decode()},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["configmaps"]}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 5,
-            "admissionReviewVersions": ["v1"]}]}
+    config = hook.configuration(name, serving.ca_cert.read_bytes(), ["configmaps"], namespace)
     try:
         assert cluster.kubectl("apply", "-f", "-", input=json.dumps(config)).returncode == 0
         deadline = time.monotonic() + 20
@@ -115,4 +84,4 @@ def test_the_api_server_shows_webhooks_its_client_certificate(
         assert subject["commonName"] == WEBHOOK_CLIENT_NAME
     finally:
         cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
-        server.shutdown()
+        hook.stop()

@@ -10,9 +10,7 @@ Kubernetes says.
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures as cf
-import http.server
 import json
 import ssl
 import threading
@@ -27,6 +25,7 @@ from typing import Any
 import pytest
 
 from tessera.webhooks.certs import make_serving_cert
+from tessera_e2e.webhooks import ReviewServer
 
 from .conftest import Operators
 from .harness import kubectl_json, wait_until
@@ -128,62 +127,30 @@ def test_creates_the_api_server_refuses_hold_no_quota(
     assert [_create(cluster, pod(ns, n, GPU)).returncode for n in ("b", "c", "d")] == [0, 0, 1]
 
 
-class _Webhook(http.server.BaseHTTPRequestHandler):
-    """A validating webhook after tessera's: slow for pods labelled ``slow``, refusing
-    those labelled ``refuse``."""
-
-    delay_s = 20.0
-
-    def do_POST(self) -> None:
-        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        req = review["request"]
-        labels = (req["object"]["metadata"].get("labels") or {})
-        if "slow" in labels:
-            time.sleep(self.delay_s)
-        allowed = "refuse" not in labels
-        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                           "response": {"uid": req["uid"], "allowed": allowed, "status": {
-                               "code": 403, "message": "refused by a later webhook"}}})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args: Any) -> None:
-        pass
+def _later(request: dict[str, Any], _: Any) -> tuple[bool, str]:
+    """A validating webhook after tessera's: slow (20 s) for pods labelled ``slow``,
+    refusing those labelled ``refuse``."""
+    labels = request["object"]["metadata"].get("labels") or {}
+    if "slow" in labels:
+        time.sleep(20)
+    return "refuse" not in labels, "refused by a later webhook"
 
 
 @pytest.fixture
 def later_webhook(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[None]:
-    """A second validating webhook for pods of ``namespace`` (labelled slow or refuse)."""
+    """A second validating webhook for pods of ``namespace`` labelled ``later``."""
     cert = make_serving_cert(["127.0.0.1"])
     _, crt, key = cert.write(tmp_path / "later-webhook")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(crt, key)
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = ReviewServer(_later, crt, key)
     name = f"later-{namespace}"
-    config = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration", "metadata": {"name": name},
-        "webhooks": [{
-            "name": "later.example.com",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/",
-                             "caBundle": base64.b64encode(cert.ca_pem).decode()},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"]}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "objectSelector": {"matchExpressions": [{"key": "later", "operator": "Exists"}]},
-            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 30,
-            "admissionReviewVersions": ["v1"]}]}
+    config = hook.configuration(name, cert.ca_pem, ["pods"], namespace, {
+        "matchExpressions": [{"key": "later", "operator": "Exists"}]}, timeout_s=30)
     out = cluster.kubectl("apply", "-f", "-", input=json.dumps(config))
     assert out.returncode == 0, out.stderr
     time.sleep(1)  # the API server's webhook configuration cache
     yield
     cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
-    server.shutdown()
+    hook.stop()
 
 
 def _labelled(ns: str, name: str, *labels: str) -> dict[str, Any]:
