@@ -212,7 +212,8 @@ class Admission:
                 return deny(uid, f"the pod carries {ANNOTATION_BUDGET} or {LABEL_BUDGETED} "
                                  f"but asks for no {PREFIX} resource: remove them")
             return allow(uid)
-        if _budget_written(annotations, labels) != budget.to_api():
+        written = _budget_written(annotations, labels)
+        if written is None or written.containers != budget.to_api().containers:
             return deny(uid, f"the pod's {ANNOTATION_BUDGET} does not match its tessera "
                              f"resources (another mutating webhook changed the pod after "
                              f"tessera's): create it again, or have that webhook leave "
