@@ -1,7 +1,8 @@
-"""A validating admission webhook on loopback, for tests that need one next to tessera's.
+"""An admission webhook on loopback, for tests that need one next to tessera's.
 
 ``ReviewServer(decide, cert, key)`` answers each AdmissionReview with ``decide(request,
-peercert)`` -> (allowed, message); ``configuration(...)`` registers it for one namespace.
+peercert)`` -> (allowed, message[, JSON patch]); ``configuration(...)`` registers it for one
+namespace, as a validating or (with ``mutating=True``) a mutating webhook.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-Decide = Callable[[dict[str, Any], Any], tuple[bool, str]]
+Decide = Callable[[dict[str, Any], Any], tuple[Any, ...]]
+"""(allowed, message) or (allowed, message, JSON patch operations)."""
 
 
 class ReviewServer:
@@ -28,11 +30,14 @@ class ReviewServer:
             def do_POST(self) -> None:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 peer = self.connection.getpeercert()
-                allowed, message = decide(review["request"], peer)
-                body = json.dumps({
-                    "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                    "response": {"uid": review["request"]["uid"], "allowed": allowed,
-                                 "status": {"code": 403, "message": message}}}).encode()
+                allowed, message, *patch = decide(review["request"], peer)
+                response = {"uid": review["request"]["uid"], "allowed": allowed,
+                            "status": {"code": 403, "message": message}}
+                if patch and patch[0]:
+                    response.update(patchType="JSONPatch", patch=base64.b64encode(
+                        json.dumps(patch[0]).encode()).decode())
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1",
+                                   "kind": "AdmissionReview", "response": response}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -53,10 +58,11 @@ class ReviewServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def configuration(self, name: str, ca_pem: bytes, resources: list[str], namespace: str,
-                      object_selector: dict[str, Any] | None = None,
-                      timeout_s: int = 10) -> dict[str, Any]:
-        """A ValidatingWebhookConfiguration sending this server CREATEs of ``resources``
-        (core group) in ``namespace``; ``ca_pem`` signed the server's certificate."""
+                      object_selector: dict[str, Any] | None = None, timeout_s: int = 10,
+                      mutating: bool = False) -> dict[str, Any]:
+        """A Validating (or Mutating) WebhookConfiguration sending this server CREATEs of
+        ``resources`` (core group) in ``namespace``; ``ca_pem`` signed the server's
+        certificate.  Mutating webhooks run in the order of their configurations' names."""
         hook: dict[str, Any] = {
             "name": f"{name}.example.com",
             "clientConfig": {"url": f"https://127.0.0.1:{self.port}/",
@@ -68,8 +74,9 @@ class ReviewServer:
             "admissionReviewVersions": ["v1"]}
         if object_selector is not None:
             hook["objectSelector"] = object_selector
+        kind = "Mutating" if mutating else "Validating"
         return {"apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingWebhookConfiguration", "metadata": {"name": name},
+                "kind": f"{kind}WebhookConfiguration", "metadata": {"name": name},
                 "webhooks": [hook]}
 
     def stop(self) -> None:

@@ -202,6 +202,36 @@ def test_a_refusal_after_tessera_holds_the_reservation_until_the_create_deadline
     assert _create(cluster, pod(ns, "now", GPU)).returncode == 0
 
 
+def test_a_budget_changed_after_tessera_wrote_it_is_refused(
+        cluster: Any, namespace: str, ops: Operators, tmp_path: Path) -> None:
+    """A mutating webhook after tessera's that raises a pod's GPU memory would leave the
+    quota counting (and the node enforcing) less than the pod asks for: refused."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns))
+
+    def double(request: dict[str, Any], _: Any) -> tuple[bool, str, list[dict[str, Any]]]:
+        return True, "", [{"op": "replace", "value": "2048", "path":
+                           f"/spec/containers/0/resources/{part}/tessera.dev~1vgpu-memory"}
+                          for part in ("limits", "requests")]  # requests default to limits
+
+    cert = make_serving_cert(["127.0.0.1"])
+    _, crt, key = cert.write(tmp_path / "doubler")
+    hook = ReviewServer(double, crt, key)
+    name = f"zz-doubler-{ns}"  # mutating webhooks run in configuration-name order
+    config = hook.configuration(name, cert.ca_pem, ["pods"], ns, mutating=True)
+    try:
+        assert cluster.kubectl("apply", "-f", "-", input=json.dumps(config)).returncode == 0
+        time.sleep(1)  # the API server's webhook configuration cache
+        out = _create(cluster, pod(ns, "doubled", GPU))
+        assert out.returncode != 0
+        assert ("the pod's tessera.dev/budget does not match its tessera resources (another "
+                "mutating webhook changed the pod after tessera's)") in out.stderr, out.stderr
+        assert used(cluster, ns)["pods"] == 0
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", name, "--ignore-not-found")
+        hook.stop()
+
+
 # -- item 5: a quota counts its namespace before it admits -----------------------------------
 
 def test_a_quota_created_over_running_pods_admits_nothing_past_hard(
