@@ -167,7 +167,7 @@ def test_a_slow_later_webhook_causes_no_overshoot(
     setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 2}))
     with cf.ThreadPoolExecutor(max_workers=1) as bg:
         slow = bg.submit(_create, cluster, _labelled(ns, "slow", "slow"))
-        wait_until("the slow pod's reservation", lambda: used(cluster, ns)["pods"] == 1, 10,
+        wait_until("the slow pod's reservation", lambda: used(cluster, ns).get("pods") == 1, 10,
                    0.1)
         assert _create(cluster, pod(ns, "first", GPU)).returncode == 0
         for i in range(3):  # recounts happen meanwhile; the pending pod stays counted
