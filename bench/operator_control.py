@@ -378,10 +378,11 @@ def main() -> int:
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
         for name in ("op-a", "op-b")[:int(os.environ.get("REPLICAS", "2"))]:
             # production timings (the test harness shortens them)
+            assert cluster.pki is not None
             ops[name] = OperatorProcess(kc, proxy, logdir, name, extra=[
-                "--recount-interval", "30", "--drift-grace", "10",
                 "--lease-duration", "15", "--lease-renew", "5",
-                "--webhook-config-interval", "60", "--stuck-after", "60"]).start()
+                "--webhook-config-interval", "60", "--stuck-after", "60",
+                "--webhook-client-ca", str(cluster.pki.webhook_client_ca)]).start()
         wait_until("leader", lambda: lease_holder(cluster.kubectl) in ops, 30)
         wait_until("webhook config", lambda: cluster.kubectl(
             "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)

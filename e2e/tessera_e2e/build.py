@@ -2,8 +2,10 @@
 
 k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces staging modules), so
 e2e/controlplane/ is a wrapper module that restates the replaces; one `go build` compiles all
-five commands so shared packages compile once. A stamp next to the binaries records what was
-built; a matching stamp means nothing to do. A cold build takes tens of minutes on 2 cores, so
+five commands so shared packages compile once, together with tessera's reference programs
+under cmd/ (parse-quantity: apimachinery's quantity parser, tessera's is tested against it).
+A stamp next to the binaries records what was built, the module's own Go files included; a
+matching stamp means nothing to do. A cold build takes tens of minutes on 2 cores, so
 every stage reports what it is doing and how long it has been going.
 """
 
@@ -28,6 +30,7 @@ from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.pins import (
     CONTAINERD_MODULE,
     CONTAINERD_MODULE_DIR,
+    CONTROLPLANE_MODULE,
     ETCD_MODULE,
     MODULE_DIR,
     Pins,
@@ -49,6 +52,8 @@ PACKAGES: dict[str, str] = {
     "k8s.io/kubernetes/cmd/kubectl": "kubectl",
     "k8s.io/kubernetes/cmd/kubelet": "kubelet",
     "k8s.io/kubernetes/cmd/kube-proxy": "kube-proxy",
+    # tessera's own reference programs, built against the same apimachinery
+    f"{CONTROLPLANE_MODULE}/cmd/parse-quantity": "parse-quantity",
 }
 GO_OUTPUT_NAME = {ETCD_MODULE: "server"}
 CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
@@ -85,6 +90,8 @@ class BuildInputs:
     pins: Pins
     go_sum_sha256: str
     ldflags: str
+    sources_sha256: str = ""
+    """The wrapper module's own Go files (tessera's reference programs)."""
 
     def as_json(self) -> dict[str, str]:
         return {
@@ -92,6 +99,7 @@ class BuildInputs:
             "etcd": self.pins.etcd,
             "go_sum_sha256": self.go_sum_sha256,
             "ldflags": self.ldflags,
+            "sources_sha256": self.sources_sha256,
         }
 
 
@@ -99,10 +107,19 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def sources_digest(module_dir: Path = MODULE_DIR) -> str:
+    """One hash over the module's Go files, their paths included."""
+    digest = hashlib.sha256()
+    for path in sorted(module_dir.rglob("*.go")):
+        digest.update(str(path.relative_to(module_dir)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def build_inputs(module_dir: Path = MODULE_DIR) -> BuildInputs:
     pins = load_pins(module_dir)
     return BuildInputs(pins=pins, go_sum_sha256=_sha256(module_dir / "go.sum"),
-                       ldflags=version_ldflags(pins))
+                       ldflags=version_ldflags(pins), sources_sha256=sources_digest(module_dir))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from tessera_e2e.pins import Pins
 
 BINARIES = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet",
-    "kube-proxy",
+    "kube-proxy", "parse-quantity",
 )
 
 

@@ -3,10 +3,12 @@
 Without nodes everything listens on 127.0.0.1 on free ports, and pods are scheduled but never
 run. With nodes (node.py: kubelet + containerd + runc + kube-proxy, each node in namespaces of
 its own) the API server listens on the test bed bridge's host address instead (network.py), so
-that nodes and pods reach it. Certificates are made for this run; everything lives in one run
-directory under the cache (see processes.py for why stopping is reliable). The controller
-manager gives namespace deletion, garbage collection, the `default` ServiceAccount, and the
-node lifecycle (a node silent for NODE_MONITOR_GRACE is marked unreachable and tainted).
+that nodes and pods reach it. The API server shows admission webhooks a client certificate
+(`write_admission_config`), so webhooks can refuse reviews that do not come from it.
+Certificates are made for this run; everything lives in one run directory under the cache (see
+processes.py for why stopping is reliable). The controller manager gives namespace deletion,
+garbage collection, the `default` ServiceAccount, and the node lifecycle (a node silent for
+NODE_MONITOR_GRACE is marked unreachable and tainted).
 """
 
 from __future__ import annotations
@@ -76,6 +78,27 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def write_admission_config(directory: Path, pki: Pki) -> Path:
+    """An AdmissionConfiguration under which the API server authenticates to every
+    admission webhook with the webhook client certificate (kubeConfigFile, user ``*``: any
+    webhook host).  Webhooks trusting ``pki.webhook_client_ca`` then know a review comes
+    from the API server."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kubeconfig = directory / "webhook-client.kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{"name": "*", "user": {"client-certificate": str(pki.webhook_client_cert),
+                                        "client-key": str(pki.webhook_client_key)}}]}))
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1",
+              "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": str(kubeconfig)}
+    config = directory / "admission.json"
+    config.write_text(json.dumps({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": name, "configuration": plugin} for name in (
+            "ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+    return config
 
 
 class LocalCluster:
@@ -294,6 +317,7 @@ class LocalCluster:
             "--unsafe-no-fsync=true",
             "--log-level=warn",
         ])
+        admission = write_admission_config(run / "admission", pki)
         self._launch("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
             f"--bind-address={self.host}",
@@ -318,6 +342,7 @@ class LocalCluster:
             "--kubelet-preferred-address-types=InternalIP",
             "--enable-aggregator-routing=true",
             "--allow-privileged=true",
+            f"--admission-control-config-file={admission}",
             # Without the controller manager nobody creates `default` ServiceAccounts.
             *([] if self.controllers else ["--disable-admission-plugins=ServiceAccount"]),
         ])

@@ -134,8 +134,10 @@ def run_demo(
 
 def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], None]) -> None:
     assert cluster.run is not None, "the cluster must be started"
+    assert cluster.pki is not None
     operators = LocalOperators(cluster.kubectl, cluster.kubeconfig, cluster.run.logs,
-                               names=("operator",))
+                               names=("operator",),
+                               webhook_client_ca=cluster.pki.webhook_client_ca)
     daemons: list[NodeDaemonProcess] = []
     try:
         run_demo(cluster, operators, stays=not exit_after, daemons=daemons)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from tessera_e2e import chart
 from tessera_e2e.processes import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,21 +61,10 @@ def json_stream(text: str) -> list[Any]:
     return out
 
 
-def render_chart(namespace: str = OPERATOR_NS) -> str:
-    """charts/tessera/templates/*.yaml (RBAC, admission policies) with ``.Release.Namespace``
-    and the ``.Values`` paths they use filled in, as one multi-document YAML."""
-    values = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())
-
-    def value(match: re.Match[str]) -> str:
-        node: Any = values
-        for key in match.group(1).split("."):
-            node = node[key]
-        return str(node)
-
-    docs = [re.sub(r"\{\{ \.Values\.([\w.]+) \}\}", value,
-                   t.read_text().replace("{{ .Release.Namespace }}", namespace))
-            for t in sorted((REPO / "charts/tessera/templates").glob("*.yaml"))]
-    return "\n---\n".join(docs)
+def render_chart(namespace: str = OPERATOR_NS, values: dict[str, Any] | None = None) -> str:
+    """charts/tessera/templates/*.yaml (RBAC, admission policies, network policy) with the
+    chart's values (``values`` merged over them), as one multi-document YAML."""
+    return chart.render(namespace, values)
 
 
 def install(kubectl: Kubectl) -> None:
@@ -223,7 +212,6 @@ class OperatorProcess:
                      "--advertise-url", f"https://127.0.0.1:{self.webhook_port}",
                      "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
                      "--lease-duration", "6", "--lease-renew", "2",
-                     "--recount-interval", "1", "--drift-grace", "2",
                      "--webhook-config-interval", "2", "--stuck-after", "10", *(extra or [])]
 
     def start(self) -> OperatorProcess:
@@ -284,11 +272,16 @@ class LocalOperators:
     """
 
     def __init__(self, kubectl: Kubectl, admin_kubeconfig: Path, logdir: Path,
-                 names: tuple[str, ...] = ("op-a", "op-b")) -> None:
+                 names: tuple[str, ...] = ("op-a", "op-b"),
+                 webhook_client_ca: Path | None = None) -> None:
         self.kubectl = kubectl
         self.admin_kubeconfig = Path(admin_kubeconfig)
         self.logdir = logdir
         self.names = names
+        self.extra = ([] if webhook_client_ca is None else
+                      ["--webhook-client-ca", str(webhook_client_ca)])
+        """Flags every replica gets: with the cluster's webhook client CA, the webhooks
+        take reviews only from the API server (LocalCluster's AdmissionConfiguration)."""
         self.proxy = RoundRobinProxy().start()
         self.replicas: dict[str, OperatorProcess] = {}
         self.kubeconfig = logdir / "operator.kubeconfig"
@@ -304,8 +297,8 @@ class LocalOperators:
         old = self.replicas.get(name)
         if old is not None:
             old.stop()
-        rep = OperatorProcess(kubeconfig or self.kubeconfig, self.proxy, self.logdir,
-                              name).start()
+        rep = OperatorProcess(kubeconfig or self.kubeconfig, self.proxy, self.logdir, name,
+                              self.extra).start()
         self.replicas[name] = rep
         return rep
 

@@ -13,6 +13,8 @@ MODULE_DIR = Path(__file__).resolve().parent.parent / "controlplane"
 CONTAINERD_MODULE_DIR = Path(__file__).resolve().parent.parent / "containerd"
 
 KUBERNETES_MODULE = "k8s.io/kubernetes"
+CONTROLPLANE_MODULE = "tessera.dev/e2e/controlplane"
+"""The wrapper module's own path (its go.mod ``module`` line)."""
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"
 CONTAINERD_MODULE = "github.com/containerd/containerd"
 

@@ -1,7 +1,10 @@
 """Throw-away certificates for one local cluster, made with `cryptography`.
 
 One CA signs the API server's serving certificate and the cluster-admin client certificate
-(group system:masters); a separate RSA key signs service account tokens. EC P-256 keys keep
+(group system:masters); a separate RSA key signs service account tokens.  A second CA signs
+only the client certificate the API server shows admission webhooks (its
+AdmissionConfiguration's kubeConfigFile), so a webhook trusting that CA trusts the API
+server and no other client of the cluster. EC P-256 keys keep
 generation in the milliseconds, so every start gets fresh ones.
 """
 
@@ -21,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 VALIDITY = datetime.timedelta(days=2)
 SERVING_DNS_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
 ADMIN_USER = "tessera-admin"
+WEBHOOK_CLIENT_NAME = "kube-apiserver-webhook-client"
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,9 @@ class Pki:
     admin_key: Path
     service_account_key: Path
     service_account_pub: Path
+    webhook_client_ca: Path
+    webhook_client_cert: Path
+    webhook_client_key: Path
 
 
 def _name(common_name: str, organization: str | None = None) -> x509.Name:
@@ -84,14 +91,11 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def write_pki(directory: Path, serving_ips: Sequence[str] = ("127.0.0.1", "10.0.0.1")) -> Pki:
-    """Create a CA, serving, admin and service-account material under `directory` (0700);
-    the API server's certificate names `serving_ips` (where it listens, the Service IP)."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("tessera-local-ca")
-    ca_cert = (
-        _builder(ca_name, ca_name, ca_key.public_key())
+def _ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, x509.Name]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(common_name)
+    cert = (
+        _builder(name, name, key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -101,8 +105,20 @@ def write_pki(directory: Path, serving_ips: Sequence[str] = ("127.0.0.1", "10.0.
             ),
             critical=True,
         )
-        .sign(ca_key, hashes.SHA256())
+        .sign(key, hashes.SHA256())
     )
+    return cert, key, name
+
+
+def write_pki(directory: Path, serving_ips: Sequence[str] = ("127.0.0.1", "10.0.0.1")) -> Pki:
+    """Create CAs, serving, admin, webhook-client and service-account material under
+    `directory` (0700); the API server's certificate names `serving_ips` (where it listens,
+    the Service IP)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca_cert, ca_key, ca_name = _ca("tessera-local-ca")
+    hook_ca_cert, hook_ca_key, hook_ca_name = _ca("tessera-local-webhook-client-ca")
+    hook_cert, hook_key = _leaf(hook_ca_key, hook_ca_name, _name(WEBHOOK_CLIENT_NAME),
+                                ExtendedKeyUsageOID.CLIENT_AUTH)
     san = x509.SubjectAlternativeName(
         [x509.DNSName(name) for name in SERVING_DNS_NAMES]
         + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in serving_ips]
@@ -124,6 +140,9 @@ def write_pki(directory: Path, serving_ips: Sequence[str] = ("127.0.0.1", "10.0.
         admin_key=directory / "admin.key",
         service_account_key=directory / "sa.key",
         service_account_pub=directory / "sa.pub",
+        webhook_client_ca=directory / "webhook-client-ca.crt",
+        webhook_client_cert=directory / "webhook-client.crt",
+        webhook_client_key=directory / "webhook-client.key",
     )
     pem = serialization.Encoding.PEM
     pki.ca_cert.write_bytes(ca_cert.public_bytes(pem))
@@ -132,6 +151,9 @@ def write_pki(directory: Path, serving_ips: Sequence[str] = ("127.0.0.1", "10.0.
     pki.serving_key.write_bytes(_key_pem(serving_key))
     pki.admin_cert.write_bytes(admin_cert.public_bytes(pem))
     pki.admin_key.write_bytes(_key_pem(admin_key))
+    pki.webhook_client_ca.write_bytes(hook_ca_cert.public_bytes(pem))
+    pki.webhook_client_cert.write_bytes(hook_cert.public_bytes(pem))
+    pki.webhook_client_key.write_bytes(_key_pem(hook_key))
     pki.service_account_key.write_bytes(_key_pem(sa_key))
     pki.service_account_pub.write_bytes(
         sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)

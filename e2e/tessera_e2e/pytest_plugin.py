@@ -6,6 +6,8 @@
 - `node_cluster` (session): a second LocalCluster with DEFAULT_NODES real nodes (kubelet,
   containerd, runc, kube-proxy); `node_namespace` (per test) is a fresh namespace in it.
   Started only when a test asks for it.
+- `parse_quantity_reference` (session): the path of the built `parse-quantity` program,
+  apimachinery's own quantity parser, to test tessera's against.
 
 The binaries must be built first (`make controlplane`): a missing build fails the tests with
 that instruction rather than silently skipping them. Component logs are kept when any test
@@ -14,6 +16,7 @@ failed, and their path is printed in the summary.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -29,14 +32,25 @@ from tessera_e2e.errors import ControlPlaneError
 _kept_logs: list[str] = []
 
 
-CLUSTER_FIXTURES = ("cluster", "node_cluster")
+BUILT_FIXTURES = ("cluster", "node_cluster", "parse_quantity_reference")
+"""Fixtures that need the control plane build (`make controlplane`)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Anything using a cluster is an integration test (`-m "not integration"` skips it)."""
+    """Anything using the build is an integration test (`-m "not integration"` skips it)."""
     for item in items:
-        if any(name in getattr(item, "fixturenames", ()) for name in CLUSTER_FIXTURES):
+        if set(BUILT_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def parse_quantity_reference() -> Path:
+    """apimachinery's ParseQuantity as a program (e2e/controlplane/cmd/parse-quantity): one
+    quantity per line on stdin, one answer per line on stdout."""
+    binary = default_layout().binary(build_inputs().pins, "parse-quantity")
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"{binary} is missing: run `make controlplane` first", pytrace=False)
+    return binary
 
 
 def _session_cluster(request: pytest.FixtureRequest, nodes: int) -> Iterator[LocalCluster]:

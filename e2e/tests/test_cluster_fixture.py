@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tessera_e2e.build import build_inputs
 from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.pki import WEBHOOK_CLIENT_NAME, write_pki
+from tessera_e2e.webhooks import ReviewServer
 
 pytestmark = pytest.mark.integration
 
@@ -50,3 +54,34 @@ def test_scheduler_considers_pods(cluster: LocalCluster, namespace: str) -> None
                                  f"jsonpath={jsonpath}").stdout
         time.sleep(0.2)
     assert reason == "Unschedulable"
+
+
+def test_the_api_server_shows_webhooks_its_client_certificate(
+        cluster: LocalCluster, namespace: str, tmp_path: Path) -> None:
+    """The AdmissionConfiguration gives every admission webhook the webhook client
+    certificate, and a webhook that requires it (verified against its own CA) is called."""
+    assert cluster.pki is not None
+    seen: list[Any] = []
+
+    def decide(_: dict[str, Any], peer: Any) -> tuple[bool, str]:
+        seen.append(peer)
+        return True, ""
+
+    serving = write_pki(tmp_path / "serving")  # its CA and 127.0.0.1 serving certificate
+    hook = ReviewServer(decide, serving.serving_cert, serving.serving_key,
+                        client_ca=cluster.pki.webhook_client_ca)
+    name = f"client-cert-{namespace}"
+    config = hook.configuration(name, serving.ca_cert.read_bytes(), ["configmaps"], namespace)
+    try:
+        assert cluster.kubectl("apply", "-f", "-", input=json.dumps(config)).returncode == 0
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            cluster.kubectl("create", "configmap", f"c{len(seen)}-{time.monotonic_ns()}",
+                            "-n", namespace)
+            time.sleep(0.5)
+        assert seen, "the webhook was never called with the client certificate"
+        subject = dict(rdn[0] for rdn in seen[0]["subject"])
+        assert subject["commonName"] == WEBHOOK_CLIENT_NAME
+    finally:
+        cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
+        hook.stop()

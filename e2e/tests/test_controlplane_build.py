@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from tessera_e2e.build import (
+    PACKAGES,
     build_inputs,
     ensure_built,
     find_go,
     is_up_to_date,
     parse_go_version,
+    sources_digest,
     version_ldflags,
 )
 from tessera_e2e.cache import BINARIES, Layout
@@ -75,8 +77,12 @@ def test_stamp_decides_whether_to_rebuild(tmp_path: Path) -> None:
     assert not is_up_to_date(layout, inputs)
     _fake_build(layout)
     assert is_up_to_date(layout, inputs)
-    changed = type(inputs)(inputs.pins, "0" * 64, inputs.ldflags)  # go.sum changed
+    changed = type(inputs)(inputs.pins, "0" * 64, inputs.ldflags,
+                           inputs.sources_sha256)  # go.sum changed
     assert not is_up_to_date(layout, changed)
+    edited = type(inputs)(inputs.pins, inputs.go_sum_sha256, inputs.ldflags,
+                          "0" * 64)  # a reference program changed
+    assert not is_up_to_date(layout, edited)
     (layout.bin_dir(inputs.pins) / "etcd").unlink()
     assert not is_up_to_date(layout, inputs)
 
@@ -125,3 +131,16 @@ def test_unreachable_module_proxy_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_wrapper_go_sum_is_committed_next_to_go_mod() -> None:
     assert (MODULE_DIR / "go.sum").stat().st_size > 0
+
+
+def test_the_reference_programs_are_built_and_stamped(tmp_path: Path) -> None:
+    """parse-quantity is built with the control plane; its source decides the stamp."""
+    assert PACKAGES["tessera.dev/e2e/controlplane/cmd/parse-quantity"] == "parse-quantity"
+    assert "parse-quantity" in BINARIES
+    module = tmp_path / "module"
+    shutil.copytree(MODULE_DIR, module)
+    before = sources_digest(module)
+    assert before == build_inputs().sources_sha256
+    main = module / "cmd" / "parse-quantity" / "main.go"
+    main.write_text(main.read_text() + "\n// changed\n")
+    assert sources_digest(module) != before

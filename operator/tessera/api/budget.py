@@ -18,6 +18,9 @@ from tessera.api.profile import ProfileName
 
 BUDGET_VERSION = 1
 MIB = 1 << 20
+MAX_SHARES = 64
+"""Most GPU shares one container may hold (a node has at most this many GPUs and MIG
+instances a container could be given)."""
 
 
 class BudgetError(ValueError):
@@ -27,7 +30,7 @@ class BudgetError(ValueError):
 class ContainerBudget(ApiModel):
     """One container's budget on each of its GPU shares."""
 
-    shares: int = Field(ge=0, le=64)
+    shares: int = Field(ge=0, le=MAX_SHARES)
     """How many GPU shares (``tessera.dev/vgpu``) the container holds."""
     memory_bytes: int = Field(ge=0)
     """Device memory the container may hold on each share, in bytes."""

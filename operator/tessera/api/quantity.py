@@ -31,10 +31,12 @@ _INT64_MAX = 2**63 - 1
 _NANO = Decimal("1e-9")
 
 # What the generated CRD lets through for a non-negative quantity string: kubebuilder's
-# Quantity pattern without the minus sign and with integer exponents only, so that every
-# string the API server stores also parses here (and in CEL's ``quantity()``).
+# Quantity pattern without the minus sign and with integer exponents of at most two digits,
+# so that every string the API server stores also parses here, to the value apimachinery
+# gives it (and CEL's ``quantity()``).  Longer exponents are refused: apimachinery wraps them
+# to 32 bits, and around the wrap its arithmetic on the result runs without bound.
 QUANTITY_PATTERN = (
-    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]{1,18}))?$"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]{1,2}))?$"
 )
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 QUANTITY_MAX_LENGTH = 64
@@ -126,8 +128,11 @@ def parse_quantity(text: str) -> tuple[Decimal, Format]:
         raise QuantityError(f"quantity {text!r} has an invalid number")
     if not digits:
         # Go's fast path turns a digit-less number ("." "-" "+.") into zero; only its slow
-        # path (inf.Dec.SetString), taken for exponents below nano, refuses it.
-        if base == 10 and exponent < -9:
+        # path (inf.Dec.SetString) refuses it.  The slow path is taken for decimal exponents
+        # below nano, and for binary suffixes whose precision estimate (15 digits, less the
+        # numerator "0", less exponent*3/10, less one) goes negative: Pi and Ei.
+        slow = exponent < -9 if base == 10 else 15 - 1 - exponent * 3 // 10 - 1 < 0
+        if slow:
             raise QuantityError(f"quantity {text!r} has no digits")
         return Decimal(0), fmt
     magnitude = Decimal(f"{num}.{denom}" if denom else num)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
-from tessera.api.conditions import Condition
+from tessera.api.conditions import Condition, Timestamp
 from tessera.api.crdtools import cel, list_map
 from tessera.api.meta import ApiModel, FieldPathError, ObjectMeta
 from tessera.api.profile import ProfileName
@@ -132,6 +132,19 @@ class QuotaUsage(ApiModel):
     """Whole MIG instances by profile."""
 
 
+MAX_RESERVATIONS = 256
+"""Most pending reservations a quota holds (``tessera.quota.ledger.MAX_PENDING``)."""
+
+
+class QuotaReservation(QuotaUsage):
+    """Usage admitted for a pod the operator has not seen yet (keyed by the pod's UID)."""
+
+    pod: str = Field(max_length=253)
+    """The pod's name."""
+    expires: Timestamp
+    """When its create request has certainly ended: given back then if no such pod exists."""
+
+
 class QuotaSummary(ApiModel):
     """used/hard strings for the printer columns (the operator writes them)."""
 
@@ -151,7 +164,12 @@ class GPUQuotaStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Ready, Progressing, Degraded."""
     used: QuotaUsage = Field(default_factory=QuotaUsage)
-    """What admitted pods hold now."""
+    """What admitted pods hold now, pending reservations included."""
+    reservations: dict[str, QuotaReservation] = Field(default_factory=dict,
+                                                      max_length=MAX_RESERVATIONS)
+    """Reservations by pod UID whose pods the operator has not seen yet (included in
+    used); the operator moves them into the count, or gives them back when their create
+    request ended without a pod."""
     summary: QuotaSummary | None = None
     """used/hard texts for kubectl get."""
 

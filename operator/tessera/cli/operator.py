@@ -32,13 +32,21 @@ def _run(args: argparse.Namespace) -> int:
             raise CLIError(f"--advertise-url must be https://HOST:PORT, got {advertise!r}")
     if args.lease_duration <= 2 * args.lease_renew:
         raise CLIError("--lease-duration must be more than twice --lease-renew")
+    if args.webhook_client_name and args.webhook_client_ca is None:
+        raise CLIError("--webhook-client-name needs --webhook-client-ca")
+    if args.webhook_client_ca is not None and not os.path.isfile(args.webhook_client_ca):
+        raise CLIError(f"--webhook-client-ca {args.webhook_client_ca!r} is not a file")
+    if args.create_deadline <= 0 or args.recount_interval <= 0:
+        raise CLIError("--create-deadline and --recount-interval must be positive")
     opts = Options(
         kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
         webhook_port=args.webhook_port, webhook_url=args.webhook_url,
         service_name=args.service_name, health_host=args.health_host,
         health_port=args.health_port, lease_duration_s=args.lease_duration,
         lease_renew_s=args.lease_renew, recount_interval_s=args.recount_interval,
-        drift_grace_s=args.drift_grace, advertise_url=advertise,
+        create_deadline_s=args.create_deadline, advertise_url=advertise,
+        webhook_client_ca=args.webhook_client_ca,
+        webhook_client_names=tuple(args.webhook_client_name or ()),
         webhook_config_interval_s=args.webhook_config_interval,
         stuck_after_s=args.stuck_after)
     if args.identity:
@@ -72,8 +80,14 @@ def register(subparsers: Any) -> None:
     r.add_argument("--lease-renew", type=float, default=D.lease_renew_s, help="seconds")
     r.add_argument("--recount-interval", type=float, default=D.recount_interval_s,
                    help="seconds")
-    r.add_argument("--drift-grace", type=float, default=D.drift_grace_s,
-                   help="seconds a usage difference must persist before recount heals it")
+    r.add_argument("--create-deadline", type=float, default=D.create_deadline_s,
+                   help="seconds a quota reservation waits for its pod to exist: the API "
+                   "server's --request-timeout plus a margin")
+    r.add_argument("--webhook-client-ca", default=D.webhook_client_ca,
+                   help="CA file of the API server's webhook client certificate: admission "
+                   "reviews without a certificate it signed are refused")
+    r.add_argument("--webhook-client-name", action="append", metavar="CN",
+                   help="accept only this common name among those certificates (repeatable)")
     r.add_argument("--webhook-config-interval", type=float,
                    default=D.webhook_config_interval_s,
                    help="seconds between re-applies of the webhook configurations")

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import ssl
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from tessera.reservations.forwarding import Forwarder, token_from_key
 from tessera.reservations.store import QuotaStore
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
+from tessera.webhooks.auth import reviewers, serving_context
 from tessera.webhooks.certs import ensure_secret
 from tessera.webhooks.config import ClientConfig, apply_configurations
 
@@ -87,8 +87,13 @@ async def run(opts: Options) -> None:
         f"{opts.service_name}.{opts.namespace}.svc.cluster.local"])
     certdir = Path(tempfile.mkdtemp(prefix="tessera-webhook-"))
     _, crt, key = cert.write(certdir)
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(crt, key)
+    tls = serving_context(crt, key, opts.webhook_client_ca)
+    senders = reviewers(opts.webhook_client_ca, opts.webhook_client_names)
+    if senders is None:
+        log.warning("admission reviews are not authenticated (no --webhook-client-ca): "
+                    "anyone reaching the webhook port can hold quota with forged reviews "
+                    "until their reservations expire", extra={
+                        "createDeadlineS": opts.create_deadline_s})
     token = token_from_key(cert.key_pem)
     elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
                             opts.lease_duration_s, opts.lease_renew_s,
@@ -96,13 +101,13 @@ async def run(opts: Options) -> None:
     forwarder = Forwarder(token, cert.ca_pem, lambda: elector.leader_endpoint)
     health = Health(stuck_after_s=opts.stuck_after_s)
     store = QuotaStore(kube, health=health)
-    adm = Admission(kube, store, forwarder)
-    ctl = Controller(kube, store, opts.recount_interval_s, opts.drift_grace_s, health=health)
+    adm = Admission(kube, store, forwarder, opts.create_deadline_s)
+    ctl = Controller(kube, store, opts.recount_interval_s, health=health)
     cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
           ClientConfig(cert.ca_pem, service_name=opts.service_name,
                        service_namespace=opts.namespace))
     runners = [
-        await server.start(server.webhook_app(adm, token), opts.webhook_host,
+        await server.start(server.webhook_app(adm, token, senders), opts.webhook_host,
                            opts.webhook_port, tls),
         await serve.start(serve.health_app(
             health, not_ready=lambda: [] if store.synced else ["not synced yet"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +37,17 @@ from tessera.kube.events import post_event
 from tessera.kube.health import Health
 from tessera.kube.merge import merge_diff
 from tessera.partition import PartitionView, aggregate, resolve, transitions
-from tessera.quota.arith import TERMINAL_PHASES, DriftTracker, pod_usage, recount
-from tessera.quota.objects import limits_of, summary, used_of, used_patch
+from tessera.quota.arith import (
+    TERMINAL_PHASES,
+    Limits,
+    Pending,
+    Usage,
+    pod_counts,
+    pod_usage,
+)
+from tessera.quota.batch import Count, Release
+from tessera.quota.ledger import PodCount, dead_candidates, needs_count
+from tessera.quota.objects import FieldError, limits_of, state_of, summary, view_of
 from tessera.quota.status import quota_conditions
 from tessera.reservations.store import QuotaStore
 
@@ -62,12 +72,19 @@ def _dump_conditions(conds: list[Condition]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in conds]
 
 
+COUNT_DEBOUNCE_S = 0.1
+"""A namespace whose pods or quotas changed is counted this soon after (changes within it
+are counted together)."""
+TOMBSTONE_S = 600.0
+"""How long a reservation given back as dead is remembered, so that a late DELETED event of
+a pod that existed after all never gives its usage back a second time."""
+
+
 @dataclass
 class Controller:
     kube: Kube
     store: QuotaStore
-    recount_interval_s: float = 30.0
-    drift_grace_s: float = 10.0
+    recount_interval_s: float = 5.0
     component: str = "tessera-operator"
     health: Health | None = None
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
@@ -76,10 +93,19 @@ class Controller:
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _quota_dirty: set[tuple[str, str]] = field(default_factory=set)
     _quota_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _drift: DriftTracker = field(default_factory=DriftTracker)
-
-    def __post_init__(self) -> None:
-        self._drift = DriftTracker(self.drift_grace_s)
+    _pods: dict[str, dict[str, tuple[str, Usage]]] = field(default_factory=dict)
+    """The pod watch's view: namespace -> pod UID -> (name, what it holds now)."""
+    _pod_counts: dict[str, PodCount] = field(default_factory=dict)
+    """``_pods`` summed per namespace, until a pod of it changes."""
+    _pods_synced: bool = False
+    _pods_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while one pod event is handled (cache + release) and while counting: a count
+    then sees every release of the pods it no longer sees already written."""
+    _count_soon: set[str] = field(default_factory=set)
+    _count_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _by_namespace: dict[str, list[str]] | None = None
+    _dead: dict[str, float] = field(default_factory=dict)
+    """Pod UIDs whose reservations were given back as dead -> when to forget them."""
 
     # -- events from kopf and the watches -------------------------------------------------
 
@@ -110,31 +136,43 @@ class Controller:
         self._dirty.set()
 
     def on_quota(self, typ: str, body: Obj) -> None:
-        """A quota watch event (SYNC carries the whole list): remember it, mark it dirty."""
+        """A quota watch event (SYNC carries the whole list): remember it, mark it dirty,
+        and count its namespace soon if the count would change it (a new quota is counted
+        at once: until then it admits nothing)."""
         if typ == "SYNC":
             items = {(str(q["metadata"]["namespace"]), str(q["metadata"]["name"])): q
                      for q in body.get("items") or []}
-            for key in set(self.quotas) - set(items):
-                self._drift.forget("/".join(key))
             self.quotas = items
             self._quota_dirty.update(items)
+            changed = list(items)
         else:
             meta = body["metadata"]
             key = (str(meta["namespace"]), str(meta["name"]))
+            changed = []
             if typ == "DELETED":
                 self.quotas.pop(key, None)
-                self._drift.forget("/".join(key))
                 self._quota_dirty.discard(key)
             else:
                 self.quotas[key] = body
                 self._quota_dirty.add(key)
+                changed = [key]
         metrics.WATCHED.labels("gpuquota").set(len(self.quotas))
+        self._by_namespace = None
         self._quota_wake.set()
+        for key in changed:
+            self._count_if_needed(key)
 
     def forget_quota_work(self) -> None:
-        """Leadership lost: whatever was dirty is the next leader's to reconcile."""
+        """Leadership lost: whatever was dirty is the next leader's to reconcile, and the pod
+        view is rebuilt from the next leadership's own watch."""
         self._quota_dirty.clear()
         self._quota_wake.clear()
+        self._by_namespace = None
+        self._pods.clear()
+        self._pod_counts.clear()
+        self._pods_synced = False
+        self._count_soon.clear()
+        self._count_wake.clear()
 
     async def quota_loop(self) -> None:
         """Reconcile each dirty quota from its newest copy (level-triggered, one at a time)."""
@@ -170,36 +208,155 @@ class Controller:
         # overcount) but can never release twice.
         url = path("", "v1", "pods", str(meta["namespace"]), str(meta["name"]))
         try:
-            await self.kube.merge_patch(url, {"metadata": {
+            marked = await self.kube.merge_patch(url, {"metadata": {
                 "resourceVersion": meta.get("resourceVersion"),
                 "annotations": {ANNOTATION_RELEASED: "true"}}})
         except ApiError as exc:
             if exc.status in (404, 409):
                 return  # gone or changed: the next event decides
             raise
+        self._see_pod("MODIFIED", marked)
         await self._release(pod)
 
     async def _release(self, pod: Obj) -> None:
         meta = pod["metadata"]
-        ns = str(meta["namespace"])
+        ns, uid = str(meta["namespace"]), str(meta.get("uid") or "")
+        if uid in self._dead:
+            return  # given back already, when its reservation was found dead
         usage = pod_usage(pod)
-        if usage.pods == 0:
+        for name in self._quotas_in(ns):
+            await self.store.release(ns, name, Release(uid, usage if usage.pods else None))
+        if usage.pods:
+            metrics.RELEASES.inc()
+            log.info("budget released", extra={"namespace": ns, "pod": meta.get("name")})
+
+    def _see_pod(self, typ: str, pod: Obj) -> None:
+        """Keep the pod view: what each budgeted pod holds now (zero once released)."""
+        meta = pod.get("metadata") or {}
+        ns, uid = str(meta.get("namespace")), str(meta.get("uid") or "")
+        pods = self._pods.setdefault(ns, {})
+        self._pod_counts.pop(ns, None)
+        if typ == "DELETED":
+            pods.pop(uid, None)
+        else:
+            pods[uid] = (str(meta.get("name")), pod_usage(pod) if pod_counts(pod) else Usage())
+        for name in self._quotas_in(ns):
+            reservations = (self.quotas[(ns, name)].get("status") or {}).get("reservations")
+            if isinstance(reservations, Mapping) and uid in reservations:
+                self._count(ns)  # its reservation is no longer pending: confirm it soon
+
+    def _quotas_in(self, ns: str) -> list[str]:
+        """Names of the namespace's quotas (an index rebuilt after the quotas change)."""
+        if self._by_namespace is None:
+            self._by_namespace = {}
+            for qns, name in sorted(self.quotas):
+                self._by_namespace.setdefault(qns, []).append(name)
+        return self._by_namespace.get(ns, [])
+
+    # -- counting ---------------------------------------------------------------------------
+
+    def _pod_count(self, ns: str) -> PodCount:
+        counted = self._pod_counts.get(ns)
+        if counted is None:
+            counted = self._pod_counts[ns] = PodCount.of(
+                {uid: held for uid, (_, held) in self._pods.get(ns, {}).items()})
+        return counted
+
+    def _count(self, ns: str) -> None:
+        self._count_soon.add(ns)
+        self._count_wake.set()
+
+    def _count_if_needed(self, key: tuple[str, str]) -> None:
+        q = self.quotas.get(key)
+        if q is None:
             return
-        for qns, name in list(self.quotas):
-            if qns == ns:
-                await self.store.release(ns, name, usage)
-        metrics.RELEASES.inc()
-        log.info("budget released", extra={"namespace": ns, "pod": meta.get("name")})
+        view = view_of(q)
+        if not view.counted or (self._pods_synced and needs_count(
+                view, self._pod_count(key[0]), time.time())):
+            self._count(key[0])
+
+    async def count(self, namespaces: set[str]) -> None:
+        """Set each quota's ``used`` to what the pods hold plus its pending reservations.
+
+        Exact at any moment, churn or not: the pod view and the releases move together
+        (under ``_pods_lock``), and reservations in flight on any replica are in the quota's
+        own ledger, which the store applies the count to as it is at write time.
+        """
+        async with self._pods_lock:
+            if not self._pods_synced:
+                self._count_soon |= namespaces  # after the pod watch's first list
+                return
+            now = time.time()
+            self._dead = {u: t for u, t in self._dead.items() if t > time.monotonic()}
+            for ns, name in [(n, q) for n in sorted(namespaces) for q in self._quotas_in(n)]:
+                q = self.quotas.get((ns, name))
+                if q is None:
+                    continue
+                view, pods = view_of(q), self._pod_count(ns)
+                if not needs_count(view, pods, now):
+                    continue
+                dead = await self._dead_reservations(ns, view.pending, pods, now)
+                await self.store.count(ns, name, Count(pods, frozenset(dead)))
+                if not view.counted:
+                    log.info("quota counted", extra={"namespace": ns, "quota": name})
+                if dead:
+                    log.info("reservations given back: no such pod by their deadline",
+                             extra={"namespace": ns, "quota": name, "uids": sorted(dead)})
+
+    async def _dead_reservations(self, ns: str, pending: Mapping[str, Pending], pods: PodCount,
+                                 now: float) -> set[str]:
+        """Pending reservations whose create request has ended without their pod: expired,
+        not seen by the pod watch, and not there when asked (a GET, in case the watch is
+        behind).  Remembered, so a late DELETED event of such a pod releases nothing."""
+        dead = set()
+        for uid in sorted(dead_candidates(pending, pods, now)):
+            try:
+                pod = await self.kube.get(path("", "v1", "pods", ns, pending[uid].pod))
+                if (pod.get("metadata") or {}).get("uid") == uid:
+                    continue  # it exists: the watch will bring it
+            except ApiError as exc:
+                if exc.status != 404:
+                    continue
+            dead.add(uid)
+            self._dead[uid] = time.monotonic() + TOMBSTONE_S
+        return dead
+
+    async def recount_loop(self) -> None:
+        """Count soon what changed, and everything every ``recount_interval_s``."""
+        loop = asyncio.get_running_loop()
+        last_full = loop.time()
+        while True:
+            try:
+                await asyncio.wait_for(self._count_wake.wait(),
+                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
+                await asyncio.sleep(COUNT_DEBOUNCE_S)
+            except TimeoutError:
+                pass
+            self._count_wake.clear()
+            namespaces, self._count_soon = self._count_soon, set()
+            if loop.time() - last_full >= self.recount_interval_s:
+                namespaces |= {ns for ns, _ in self.quotas}
+                last_full = loop.time()
+            try:
+                await self.count(namespaces)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("count failed", extra={"error": str(exc)})
+                self._count_soon |= namespaces
+                await asyncio.sleep(1.0)
+                self._count_wake.set()
 
     # -- GPUQuota ---------------------------------------------------------------------------
 
     async def reconcile_quota(self, q: Obj) -> None:
         meta, status = q["metadata"], q.get("status") or {}
         gen = int(meta.get("generation") or 1)
-        limits = limits_of(q.get("spec") or {})
-        used = used_of(status)
+        try:
+            limits, problem = limits_of(q.get("spec") or {}), None
+        except FieldError as exc:
+            limits, problem = Limits(), str(exc)
+        used = state_of(status).used
         old = _conditions(status.get("conditions"))
-        conds = quota_conditions(old, limits, used, gen)
+        conds = quota_conditions(old, limits, used, gen, problem)
         new: dict[str, Any] = {"observedGeneration": gen, "conditions": _dump_conditions(conds)}
         if used is not None:
             new["summary"] = summary(limits, used)
@@ -217,41 +374,6 @@ class Controller:
                 raise
             return  # a newer version is on its way as an event
         await self._events(q, "GPUQuota", old, conds)
-
-    async def recount_once(self) -> None:
-        """Heal ``status.used`` towards the pods' budgets, never racing a reservation."""
-        for ns, name in list(self.quotas):
-            url = path(GROUP, VERSION, GPUQUOTAS, ns, name)
-            try:
-                q = await self.kube.get(url)
-                pods = (await self.kube.list(path("", "v1", "pods", ns),
-                                             f"{LABEL_BUDGETED}=true")).get("items") or []
-            except ApiError as exc:
-                if exc.status == 404:
-                    continue
-                raise
-            counted = recount(pods)
-            rv = str(q["metadata"].get("resourceVersion"))
-            used = used_of(q.get("status"))
-            if not self._drift.decide(f"{ns}/{name}", rv, used, counted):
-                continue
-            try:
-                await self.kube.merge_patch(url + "/status", used_patch(q, counted))
-                metrics.RECOUNT_HEALS.inc()
-                metrics.STATUS_WRITES.labels("gpuquota", "recount").inc()
-                log.info("recount healed usage", extra={
-                    "namespace": ns, "quota": name, "was": str(used), "now": str(counted)})
-            except ApiError as exc:
-                if exc.status not in (404, 409):
-                    raise
-
-    async def recount_loop(self) -> None:
-        while True:
-            try:
-                await self.recount_once()
-            except (ApiError, OSError, TimeoutError) as exc:
-                log.warning("recount failed", extra={"error": str(exc)})
-            await asyncio.sleep(self.recount_interval_s)
 
     # -- GPUPartition -----------------------------------------------------------------------
 
@@ -371,12 +493,25 @@ class Controller:
                                      health=self.health), handle, "nodes")
 
     async def watch_pods(self) -> None:
+        """Budgeted pods: the pod view the count reads, and releases (one event at a time,
+        under ``_pods_lock``); an error in one event is logged and counted, and the next
+        event is handled."""
         async def handle(typ: str, obj: Obj) -> None:
-            if typ != "SYNC":
-                await self.on_pod(typ, obj)
-                return
-            for pod in obj.get("items") or []:  # one pod's failure must not skip the others
-                await handle_one(self.on_pod, "ADDED", pod, "pods")
+            async with self._pods_lock:
+                if typ != "SYNC":
+                    self._see_pod(typ, obj)
+                    await self.on_pod(typ, obj)
+                    return
+                items = obj.get("items") or []
+                self._pods.clear()
+                self._pod_counts.clear()
+                for pod in items:
+                    self._see_pod("ADDED", pod)
+                self._pods_synced = True
+                for pod in items:  # one pod's failure must not skip the others
+                    await handle_one(self.on_pod, "ADDED", pod, "pods")
+                for ns, _ in self.quotas:
+                    self._count(ns)
         await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
                                      name="pods", health=self.health), handle, "pods")
 

@@ -32,9 +32,17 @@ class Options:
     lease_name: str = "tessera-operator"
     lease_duration_s: int = 15
     lease_renew_s: float = 5.0
-    recount_interval_s: float = 30.0
-    drift_grace_s: float = 10.0
-    """Seconds a usage difference must persist before the recount heals it."""
+    recount_interval_s: float = 5.0
+    """Seconds between full recounts of every GPUQuota (each also counts at once when it
+    appears, and a namespace is recounted soon after its pods change)."""
+    create_deadline_s: float = 70.0
+    """Seconds a reservation waits for its pod: the API server's ``--request-timeout``
+    (60 s by default, the longest a pod create can take) plus a margin for clock skew."""
+    webhook_client_ca: str | None = None
+    """CA file that signed the API server's webhook client certificate; when given, the
+    webhooks take admission reviews only from certificates it signed."""
+    webhook_client_names: tuple[str, ...] = ()
+    """Common names accepted among those certificates (empty: any)."""
     webhook_config_interval_s: float = 60.0
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
     stuck_after_s: float = 60.0

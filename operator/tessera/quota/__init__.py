@@ -7,7 +7,6 @@ functions decide, so every rule is testable exhaustively without a cluster.
 from tessera.quota.arith import (
     Budget,
     ContainerBudget,
-    DriftTracker,
     Limits,
     QuotaPolicy,
     QuotaView,
@@ -22,7 +21,6 @@ from tessera.quota.arith import (
 __all__ = [
     "Budget",
     "ContainerBudget",
-    "DriftTracker",
     "Limits",
     "QuotaPolicy",
     "QuotaView",

@@ -24,10 +24,11 @@ default mean 100 per share (the whole share, still shared fairly under contentio
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from tessera.api import budget as api_budget
 from tessera.api.names import (
@@ -44,6 +45,9 @@ from tessera.quota.units import count, mib_quantity
 
 RES_PODS = "pods"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+MAX_SHARES = api_budget.MAX_SHARES
+NOT_COUNTED = ("is new and the operator has not counted this namespace's GPU pods yet; "
+               "retry in a few seconds")
 
 
 class BudgetError(ValueError):
@@ -146,6 +150,19 @@ class QuotaPolicy:
 
 
 @dataclass(frozen=True)
+class Pending:
+    """A reservation admitted for a pod the operator has not seen yet (``status.reservations``
+    keyed by the pod's UID): counted in ``used`` until the pod is seen, or given back once the
+    pod can no longer come to exist (``expires`` passed and no such pod)."""
+
+    pod: str
+    """The pod's name (its namespace is the quota's)."""
+    usage: Usage
+    expires: float
+    """Seconds since the epoch after which the pod's create request has certainly ended."""
+
+
+@dataclass(frozen=True)
 class QuotaView:
     """One GPUQuota as admission sees it: read at ``resource_version``."""
 
@@ -153,6 +170,13 @@ class QuotaView:
     hard: Limits
     used: Usage
     resource_version: str = ""
+    pending: Mapping[str, Pending] = field(default_factory=dict)
+    """Reservations by pod UID whose pods were not seen yet (included in ``used``)."""
+    counted: bool = True
+    """False until the operator first counted the namespace's pods (``status.used`` absent):
+    such a quota admits nothing, as a ResourceQuota without status does not."""
+    problem: str | None = None
+    """Why this quota cannot be enforced (a field that cannot be read): it admits nothing."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +299,13 @@ def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy,
     gpus = values.get(VGPU)
     memory = values.get(VGPU_MEMORY)
     cores = values.get(VGPU_CORES)
+    if memory == 0:
+        raise BudgetError(f"container {name!r}: {VGPU_MEMORY} is 0, and a GPU budget without "
+                          f"memory is no budget: ask for the MiB it needs (at least 1), or "
+                          f"leave {VGPU_MEMORY} out to get the GPUQuota's default")
+    if gpus is not None and gpus > MAX_SHARES:
+        raise BudgetError(f"container {name!r}: {VGPU} {gpus} is more than {MAX_SHARES} GPU "
+                          f"shares; ask for at most {MAX_SHARES}")
     if gpus is None and (memory or cores):
         gpus = filled[VGPU] = 1
     gpus = gpus or 0
@@ -290,14 +321,16 @@ def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy,
                               f"and {where} sets no default memory: add {VGPU_MEMORY} (MiB, "
                               f"total) to its limits")
         memory = filled[VGPU_MEMORY] = policy.default_memory_mib * gpus
+        if memory == 0:
+            raise BudgetError(f"container {name!r} asks for {VGPU} without {VGPU_MEMORY} and "
+                              f"GPUQuota \"{policy.quota}\" default.memory is 0: add "
+                              f"{VGPU_MEMORY} (MiB, total) to its limits")
     if cores is None:
         per_share = 100 if policy.default_cores is None else min(policy.default_cores, 100)
         cores = filled[VGPU_CORES] = per_share * gpus
     if cores > 100 * gpus:
         raise BudgetError(f"container {name!r}: {VGPU_CORES} {cores} over {gpus} GPU "
                           f"share(s) is more than 100 per share")
-    if memory == 0:
-        raise BudgetError(f"container {name!r}: {VGPU_MEMORY} must be at least 1 (MiB)")
     return ContainerBudget(name=name, gpus=gpus, memory_mib=memory, cores=cores, mig=mig,
                            filled=filled, kind=kind)
 
@@ -320,6 +353,13 @@ def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()
     if policy.max_cores is not None and total.cores > policy.max_cores:
         raise BudgetError(f"pod asks for {VGPU_CORES} {total.cores} in total, over the per-pod "
                           f"{where} {policy.max_cores}")
+    try:
+        budget.to_api()
+    except ValidationError as exc:  # a bound of the annotation's format the rules above missed
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise BudgetError(f"the budget cannot be written ({loc}: {first['msg']}): lower "
+                          f"the pod's {PREFIX} limits") from None
     return budget
 
 
@@ -345,6 +385,12 @@ def check_fit(request: Usage, quotas: Iterable[QuotaView]) -> list[Violation]:
     """Every way ``request`` does not fit the quotas' hard limits (empty list = fits)."""
     out: list[Violation] = []
     for q in sorted(quotas, key=lambda q: q.name):
+        if q.problem is not None:
+            out.append(Violation(q.name, "", "", "", "", reason=q.problem))
+            continue
+        if not q.counted:
+            out.append(Violation(q.name, "", "", "", "", reason=NOT_COUNTED))
+            continue
         h, u = q.hard, q.used
         checks: list[tuple[str, int | None, int, int, bool]] = [
             (VGPU_MEMORY, h.memory_mib, request.memory_mib, u.memory_mib, True),
@@ -400,40 +446,3 @@ def recount(pods: Iterable[Mapping[str, Any]]) -> Usage:
         if pod_counts(p):
             total = total + pod_usage(p)
     return total
-
-
-@dataclass
-class DriftTracker:
-    """Decides when a recount may overwrite ``status.used`` without racing a reservation.
-
-    A reservation is written before its pod exists, so a pod list can miss a pod that was
-    just admitted.  A difference is only healed when it was seen twice, ``grace_s`` apart,
-    with the quota unchanged in between (same resourceVersion) and the same recount: then
-    no reservation happened meanwhile, and the write carries that resourceVersion as a
-    precondition so one that lands right now makes the write fail instead of being lost.
-    """
-
-    grace_s: float = 10.0
-    _seen: dict[str, tuple[str, Usage, float]] = field(default_factory=dict)
-
-    def decide(self, key: str, resource_version: str, used: Usage | None, counted: Usage,
-               now: float | None = None) -> bool:
-        """True when ``counted`` should be written now (with ``resource_version``)."""
-        now = time.monotonic() if now is None else now
-        if used is None:  # never reserved against: nothing to race
-            self._seen.pop(key, None)
-            return True
-        if used == counted:
-            self._seen.pop(key, None)
-            return False
-        prev = self._seen.get(key)
-        if prev is not None and prev[0] == resource_version and prev[1] == counted:
-            if now - prev[2] >= self.grace_s:
-                del self._seen[key]
-                return True
-            return False
-        self._seen[key] = (resource_version, counted, now)
-        return False
-
-    def forget(self, key: str) -> None:
-        self._seen.pop(key, None)

@@ -1,58 +1,128 @@
 """GPUQuota objects (raw API dicts) to and from the arithmetic's values.
 
-Tolerant on read (a status someone edited by hand must not stop admission: unreadable
-values count as absent, and recount heals them) and exact on write.
+Quantities are read with apimachinery's exact parser (:mod:`tessera.quota.units`).  A spec
+value that cannot be read is an error naming the field (:class:`FieldError`): the quota then
+admits nothing and says why in its conditions, it never means "no limit".  A status that
+cannot be read (someone edited it by hand) counts as never counted: admission waits for the
+operator's next count, which rewrites it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tessera.quota.arith import Limits, QuotaPolicy, QuotaView, Usage
+from tessera.api.conditions import format_time
+from tessera.quota.arith import Limits, Pending, QuotaPolicy, QuotaView, Usage
+from tessera.quota.batch import State
 from tessera.quota.units import count, memory_mib, mib_quantity
 
 
-def _opt(value: Any, conv: Any) -> int | None:
+class FieldError(ValueError):
+    """A GPUQuota field that cannot be read; the message names the field and the fix."""
+
+    def __init__(self, quota: str | None, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        where = f'GPUQuota "{quota}" ' if quota else ""
+        super().__init__(f"{where}{field} {value!r} cannot be read ({reason}): fix the "
+                         f"GPUQuota; until then it admits no GPU pods")
+
+
+def _read(quota: str | None, field: str, value: Any, conv: Any) -> int | None:
     if value is None:
         return None
     try:
         out: int = conv(value)
-        return out
-    except (ValueError, TypeError):
-        return None
+    except (ValueError, TypeError) as exc:
+        raise FieldError(quota, field, value, str(exc)) from None
+    if out < 0:
+        raise FieldError(quota, field, value, "must not be negative")
+    return out
 
 
-def _mig(raw: Any) -> dict[str, int]:
-    if not isinstance(raw, Mapping):
+def _mig(quota: str | None, field: str, raw: Any) -> dict[str, int]:
+    if raw is None:
         return {}
+    if not isinstance(raw, Mapping):
+        raise FieldError(quota, field, raw, "must map MIG profiles to counts")
     out = {}
     for k, v in raw.items():
-        n = _opt(v, count)
+        n = _read(quota, f"{field}.{k}", v, count)
         if n is not None:
             out[str(k)] = n
     return out
 
 
-def limits_of(spec: Mapping[str, Any]) -> Limits:
+def limits_of(spec: Mapping[str, Any], quota: str | None = None) -> Limits:
+    """``spec.hard``; raises :class:`FieldError` naming a field that cannot be read."""
     hard = spec.get("hard") or {}
-    return Limits(_opt(hard.get("memory"), memory_mib), _opt(hard.get("cores"), count),
-                  _opt(hard.get("pods"), count), _mig(hard.get("migInstances")))
+    if not isinstance(hard, Mapping):
+        raise FieldError(quota, "spec.hard", hard, "must be an object")
+    return Limits(_read(quota, "spec.hard.memory", hard.get("memory"), memory_mib),
+                  _read(quota, "spec.hard.cores", hard.get("cores"), count),
+                  _read(quota, "spec.hard.pods", hard.get("pods"), count),
+                  _mig(quota, "spec.hard.migInstances", hard.get("migInstances")))
+
+
+def _usage(raw: Mapping[str, Any]) -> Usage:
+    return Usage(_read(None, "memory", raw.get("memory"), memory_mib) or 0,
+                 _read(None, "cores", raw.get("cores"), count) or 0,
+                 _read(None, "pods", raw.get("pods"), count) or 0,
+                 _mig(None, "migInstances", raw.get("migInstances")))
+
+
+def _time(raw: Any) -> float:
+    if not isinstance(raw, str):
+        raise ValueError("expires must be a timestamp")
+    return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+
+
+def _stamp(t: float) -> str:
+    return format_time(dt.datetime.fromtimestamp(t, dt.UTC))
+
+
+def pending_of(status: Mapping[str, Any] | None) -> dict[str, Pending]:
+    """``status.reservations``: pending reservations by pod UID (ValueError if unreadable)."""
+    raw = (status or {}).get("reservations") or {}
+    if not isinstance(raw, Mapping):
+        raise ValueError("status.reservations must be an object")
+    out = {}
+    for uid, e in raw.items():
+        if not isinstance(e, Mapping) or not isinstance(e.get("pod"), str):
+            raise ValueError(f"status.reservations.{uid} is not a reservation")
+        out[str(uid)] = Pending(e["pod"], _usage(e), _time(e.get("expires")))
+    return out
+
+
+def state_of(status: Mapping[str, Any] | None) -> State:
+    """``status.used`` and its ledger; ``used`` None when never counted (or unreadable)."""
+    used = (status or {}).get("used")
+    if not isinstance(used, Mapping):
+        return State(None, {})
+    try:
+        return State(_usage(used), pending_of(status))
+    except (ValueError, TypeError):
+        return State(None, {})
 
 
 def used_of(status: Mapping[str, Any] | None) -> Usage | None:
-    """``status.used``; None when the quota was never counted (no reservation ever made)."""
-    used = (status or {}).get("used")
-    if not isinstance(used, Mapping):
-        return None
-    return Usage(_opt(used.get("memory"), memory_mib) or 0, _opt(used.get("cores"), count) or 0,
-                 _opt(used.get("pods"), count) or 0, _mig(used.get("migInstances")))
+    """``status.used``; None when the quota was never counted."""
+    return state_of(status).used
 
 
 def view_of(obj: Mapping[str, Any]) -> QuotaView:
+    """The quota as admission decides on it; a spec it cannot read makes it refuse all."""
     meta = obj.get("metadata") or {}
-    return QuotaView(str(meta.get("name")), limits_of(obj.get("spec") or {}),
-                     used_of(obj.get("status")) or Usage(), str(meta.get("resourceVersion", "")))
+    name = str(meta.get("name"))
+    state = state_of(obj.get("status"))
+    problem = None
+    try:
+        limits = limits_of(obj.get("spec") or {})
+    except FieldError as exc:  # says the field; refusals name the quota
+        limits, problem = Limits(), str(exc)
+    return QuotaView(name, limits, state.used or Usage(), str(meta.get("resourceVersion", "")),
+                     state.pending, state.used is not None, problem)
 
 
 def carries_policy(spec: Mapping[str, Any]) -> bool:
@@ -60,26 +130,36 @@ def carries_policy(spec: Mapping[str, Any]) -> bool:
 
 
 def policy_of(quotas: Iterable[Mapping[str, Any]]) -> QuotaPolicy:
-    """The namespace's per-pod policy: from the (one) quota carrying default/max/weight."""
+    """The namespace's per-pod policy: from the (one) quota carrying default/max/weight.
+
+    Raises :class:`FieldError` naming a field that cannot be read.
+    """
     carriers = sorted((q for q in quotas if carries_policy(q.get("spec") or {})),
                       key=lambda q: str((q.get("metadata") or {}).get("name")))
     if not carriers:
         return QuotaPolicy()
     q = carriers[0]
+    name = str((q.get("metadata") or {}).get("name"))
     spec = q.get("spec") or {}
     d, m = spec.get("default") or {}, spec.get("max") or {}
+    weight = _read(name, "spec.weight", spec.get("weight"), count)
     return QuotaPolicy(
-        quota=str((q.get("metadata") or {}).get("name")),
-        default_memory_mib=_opt(d.get("memory"), memory_mib),
-        default_cores=_opt(d.get("cores"), count),
-        max_memory_mib=_opt(m.get("memory"), memory_mib), max_cores=_opt(m.get("cores"), count),
-        weight=int(spec.get("weight") or 1))
+        quota=name,
+        default_memory_mib=_read(name, "spec.default.memory", d.get("memory"), memory_mib),
+        default_cores=_read(name, "spec.default.cores", d.get("cores"), count),
+        max_memory_mib=_read(name, "spec.max.memory", m.get("memory"), memory_mib),
+        max_cores=_read(name, "spec.max.cores", m.get("cores"), count),
+        weight=weight or 1)
 
 
 def used_to_status(u: Usage) -> dict[str, Any]:
     """``status.used`` as written; MIG profiles not in use are removed (merge-patch null)."""
     return {"memory": mib_quantity(u.memory_mib) if u.memory_mib else "0", "cores": u.cores,
             "pods": u.pods, "migInstances": {k: v for k, v in sorted(u.mig.items()) if v}}
+
+
+def pending_to_status(e: Pending) -> dict[str, Any]:
+    return {"pod": e.pod, **used_to_status(e.usage), "expires": _stamp(e.expires)}
 
 
 def summary(limits: Limits, u: Usage) -> dict[str, str]:
@@ -94,16 +174,33 @@ def summary(limits: Limits, u: Usage) -> dict[str, str]:
     }
 
 
-def used_patch(obj: Mapping[str, Any], new: Usage) -> dict[str, Any]:
-    """Merge patch writing ``used`` (and its summary) only if ``obj`` is still current.
+def _keys(raw: Any) -> set[str]:
+    """The keys of a map in a status as stored (read or not), to null what must go."""
+    return {str(k) for k in raw} if isinstance(raw, Mapping) else set()
 
-    Profiles that dropped to zero are nulled so the merge patch removes them.
+
+def status_patch(obj: Mapping[str, Any], new: State) -> dict[str, Any]:
+    """Merge patch writing ``used``, the ledger and the summary only if ``obj`` is current.
+
+    MIG profiles that dropped to zero and reservations no longer pending are nulled so the
+    merge patch removes them.
     """
-    old = used_of(obj.get("status")) or Usage()
-    used = used_to_status(new)
-    for k in old.mig:
-        if k not in new.mig:
+    assert new.used is not None, "only a counted state is written"
+    status = obj.get("status") or {}
+    used = used_to_status(new.used)
+    raw_used = status.get("used")
+    for k in _keys(raw_used.get("migInstances") if isinstance(raw_used, Mapping) else None):
+        if k not in new.used.mig:
             used["migInstances"][k] = None
+    old = _keys(status.get("reservations"))
+    ledger: dict[str, Any] = {uid: pending_to_status(e) for uid, e in new.pending.items()
+                              if uid not in old}
+    ledger.update({uid: None for uid in old if uid not in new.pending})
+    try:
+        limits = limits_of(obj.get("spec") or {})
+    except FieldError:
+        limits = Limits()
     meta = obj.get("metadata") or {}
     return {"metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {"used": used, "summary": summary(limits_of(obj.get("spec") or {}), new)}}
+            "status": {"used": used, "reservations": ledger,
+                       "summary": summary(limits, new.used)}}

@@ -25,9 +25,13 @@ def over_hard(limits: Limits, used: Usage) -> list[tuple[str, str, str]]:
 
 
 def quota_conditions(old: Sequence[Condition], limits: Limits, used: Usage | None,
-                     generation: int) -> list[Condition]:
-    """Ready once usage is counted; Degraded while use is above ``hard``."""
+                     generation: int, problem: str | None = None) -> list[Condition]:
+    """Ready once usage is counted; Degraded while use is above ``hard``; a spec that cannot
+    be read (``problem`` names the field) is neither: the quota admits nothing."""
     conds = list(old)
+    if problem is not None:
+        conds = set_condition(conds, READY, "False", "SpecUnreadable", problem, generation)
+        return set_condition(conds, DEGRADED, "True", "SpecUnreadable", problem, generation)
     if used is None:
         conds = set_condition(conds, READY, "False", "Counting", "usage not counted yet",
                               generation)

@@ -1,38 +1,36 @@
-"""Kubernetes quantities as whole MiB, the unit GPU memory is budgeted in."""
+"""Kubernetes quantities as whole MiB and counts, read with apimachinery's exact parser.
+
+Every quantity tessera reads (a GPUQuota's ``hard``/``default``/``max``, its ``status.used``,
+a pod's ``tessera.dev/`` limits) goes through :mod:`tessera.api.quantity`, the port of
+``resource.ParseQuantity``: what the API server stores and what CEL compares is what
+admission and the recount sum, down to the byte.  A value that cannot be read raises
+:class:`~tessera.api.quantity.QuantityError` (a ``ValueError``) naming the input; callers
+turn it into an error the user sees, never into "no limit".
+"""
 
 from __future__ import annotations
 
 import math
-import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
-_SUFFIX = {
-    "": Decimal(1), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
-_RE = re.compile(r"^([+]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+from tessera.api.quantity import QuantityError, quantity_value
+
 MIB = Decimal(2) ** 20
 
 
-def quantity_bytes(value: str | int | float) -> Decimal:
-    """Bytes of a quantity such as ``40Gi`` or ``1.5G``; ValueError names the bad input."""
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    m = _RE.match(value.strip())
-    if not m:
-        raise ValueError(f"{value!r} is not a quantity (e.g. 40Gi, 4096Mi)")
-    try:
-        number = Decimal(m.group(1))
-    except InvalidOperation as exc:
-        raise ValueError(f"{value!r} is not a quantity (e.g. 40Gi, 4096Mi)") from exc
-    return number * _SUFFIX[m.group(2) or ""]
+def quantity_bytes(value: str | int) -> Decimal:
+    """The exact value of a quantity such as ``40Gi``, ``1.5G`` or ``10000000000000m``."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise QuantityError(f"{value!r} is not a quantity (e.g. 40Gi, 4096Mi)")
+    return quantity_value(value)
 
 
-def memory_mib(value: str | int | float) -> int:
+def memory_mib(value: str | int) -> int:
     """A GPU-memory quantity in whole MiB, rounded up (a budget never rounds down)."""
-    return math.ceil(quantity_bytes(value) / MIB)
+    q = quantity_bytes(value)
+    if q < 0:
+        raise QuantityError(f"{value!r} must not be negative")
+    return math.ceil(q / MIB)
 
 
 def mib_quantity(mib: int) -> str:
@@ -42,9 +40,9 @@ def mib_quantity(mib: int) -> str:
     return f"{mib}Mi"
 
 
-def count(value: str | int | float) -> int:
+def count(value: str | int) -> int:
     """A plain count resource (pods, cores, MIG instances) as an int."""
     q = quantity_bytes(value)
     if q != q.to_integral_value():
-        raise ValueError(f"{value!r} must be a whole number")
+        raise QuantityError(f"{value!r} must be a whole number")
     return int(q)

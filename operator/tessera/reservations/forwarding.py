@@ -29,6 +29,7 @@ import aiohttp
 
 from tessera import metrics
 from tessera.quota.arith import Usage, Violation
+from tessera.quota.batch import Reserve
 
 log = logging.getLogger("tessera.forwarding")
 
@@ -68,6 +69,24 @@ def usage_from_wire(raw: Mapping[str, Any]) -> Usage:
                  {str(k): int(v) for k, v in mig.items()})
 
 
+def reservation_to_wire(ns: str, r: Reserve) -> dict[str, Any]:
+    return {"namespace": ns, "uid": r.uid, "pod": r.pod, "expires": r.expires,
+            "usage": usage_to_wire(r.usage)}
+
+
+def reservation_from_wire(raw: Mapping[str, Any]) -> tuple[str, Reserve]:
+    """Strict, as :func:`usage_from_wire`: (namespace, reservation) or ValueError."""
+    ns, uid, pod, expires = (raw.get(k) for k in ("namespace", "uid", "pod", "expires"))
+    if not all(isinstance(v, str) and v for v in (ns, uid, pod)):
+        raise ValueError("namespace, uid and pod must be names")
+    if not isinstance(expires, int | float) or isinstance(expires, bool):
+        raise ValueError("expires must be seconds since the epoch")
+    usage = raw.get("usage")
+    if not isinstance(usage, Mapping):
+        raise ValueError("usage must be an object")
+    return str(ns), Reserve(str(uid), str(pod), usage_from_wire(usage), float(expires))
+
+
 def violation_to_wire(v: Violation) -> dict[str, str]:
     return {"quota": v.quota, "resource": v.resource, "requested": v.requested,
             "used": v.used, "hard": v.hard, "reason": v.reason}
@@ -100,13 +119,12 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
 
-    async def reserve(self, ns: str, usage: Usage) -> list[Violation] | None:
+    async def reserve(self, ns: str, reservation: Reserve) -> list[Violation] | None:
         """The leader's answer ([] = reserved), or None: reserve here instead.
 
         None also after a failure once the request was sent (the leader died mid-call): the
-        leader may have written the reservation, so reserving again can count the pod twice;
-        that overcount is what the periodic recount heals, while refusing would turn a
-        failover into failed pod creates.
+        leader may have written the reservation; reserving again here changes nothing then,
+        because a reservation is recorded under the pod's UID and is never added twice.
         """
         base = self.leader_endpoint()
         if base is None:
@@ -114,7 +132,7 @@ class Forwarder:
         try:
             async with self._client().post(
                     base.rstrip("/") + RESERVE_PATH,
-                    json={"namespace": ns, "usage": usage_to_wire(usage)},
+                    json=reservation_to_wire(ns, reservation),
                     headers={"Authorization": f"Bearer {self.token}"},
                     timeout=aiohttp.ClientTimeout(total=ANSWER_TIMEOUT_S,
                                                   sock_connect=CONNECT_TIMEOUT_S)) as r:

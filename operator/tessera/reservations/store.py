@@ -5,7 +5,9 @@ against ``hard``, write the new ``used`` with the read ``resourceVersion`` as pr
 and on a conflict (another replica or request won) read again and re-check.  So concurrent
 creates through any number of replicas can never push ``used`` past ``hard``.  A pod must
 fit every GPUQuota of its namespace; if a later quota refuses, the earlier reservations are
-given back.
+given back.  Each reservation is recorded under the pod's UID in the same write
+(:mod:`tessera.quota.ledger`), so releases and counts know which reservations are still in
+flight, on any replica.
 
 Within one replica, changes to the same quota are group-committed: requests that arrive
 while a write is in flight are decided one after another (:func:`tessera.quota.batch.
@@ -28,9 +30,9 @@ from tessera import metrics
 from tessera.api.names import GPUQUOTAS, GROUP, VERSION
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.kube.health import Health
-from tessera.quota.arith import Usage, Violation
-from tessera.quota.batch import Change, apply_in_order
-from tessera.quota.objects import used_patch, view_of
+from tessera.quota.arith import QuotaView, Violation
+from tessera.quota.batch import Change, Count, Release, Reserve, State, apply_in_order
+from tessera.quota.objects import status_patch, view_of
 
 log = logging.getLogger("tessera.reservations")
 
@@ -154,32 +156,39 @@ class QuotaStore:
 
     # -- writing ----------------------------------------------------------------------------
 
-    async def reserve(self, ns: str, quotas: list[Obj], usage: Usage) -> list[Violation]:
-        """Add ``usage`` to every quota (CAS); on refusal give back what was taken."""
+    async def reserve(self, ns: str, quotas: list[Obj], r: Reserve) -> list[Violation]:
+        """Add the pod's usage to every quota (CAS); on refusal give back what was taken."""
         done: list[str] = []
         for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
-            refused = await self._cas(ns, q, Change(usage, add=True))
+            refused = await self._cas(ns, q, r)
             if refused is None:  # quota vanished meanwhile: nothing to count against
                 continue
             if refused:
                 for name in done:
-                    await self.release(ns, name, usage)
+                    await self.release(ns, name, Release(r.uid, None))
                 return refused
             done.append(str(q["metadata"]["name"]))
         return []
 
-    async def reserve_in(self, ns: str, usage: Usage) -> list[Violation]:
+    async def reserve_in(self, ns: str, r: Reserve) -> list[Violation]:
         """:meth:`reserve` against this replica's copies of the namespace's quotas."""
-        return await self.reserve(ns, await self.quotas(ns), usage)
+        return await self.reserve(ns, await self.quotas(ns), r)
 
-    async def release(self, ns: str, name: str, usage: Usage) -> None:
+    async def release(self, ns: str, name: str, r: Release) -> None:
+        await self.change(ns, name, r)
+
+    async def count(self, ns: str, name: str, c: Count) -> None:
+        await self.change(ns, name, c)
+
+    async def change(self, ns: str, name: str, change: Change) -> None:
+        """Apply one change to quota ``ns/name`` as it is now (read, then CAS)."""
         try:
             q = await self.kube.get(quota_url(ns, name))
         except ApiError as exc:
             if exc.status == 404:
                 return
             raise
-        await self._cas(ns, q, Change(usage, add=False))
+        await self._cas(ns, q, change)
 
     async def _cas(self, ns: str, q: Obj, change: Change) -> list[Violation] | None:
         """Queue one change on quota ``q``; [] = done, None = no such quota."""
@@ -217,13 +226,14 @@ class QuotaStore:
         q = self._latest[key]
         for _ in range(MAX_ATTEMPTS):
             view = view_of(q)
-            results, new_used = apply_in_order(view, [p.change for p in batch])
-            if new_used == view.used and (q.get("status") or {}).get("used") is not None:
-                return results
+            results, state = apply_in_order(view, [p.change for p in batch])
+            if state.used is None or state == State.of(view):
+                return results  # nothing to write (or a quota never counted: all refused)
             sent = time.perf_counter()
             try:
                 self._latest[key] = await self.kube.merge_patch(url + "/status",
-                                                                used_patch(q, new_used))
+                                                                status_patch(q, state))
+                _count_heals(ns, view, batch, state)
                 return results
             except ApiError as exc:
                 if exc.status == 404:
@@ -253,6 +263,19 @@ class QuotaStore:
         busy = Violation(name, "", "", "", "", reason=(
             f"too many concurrent updates ({MAX_ATTEMPTS} conflicts); try again"))
         return [[busy] for _ in batch]
+
+
+def _count_heals(ns: str, view: QuotaView, batch: list[_Pending], state: State) -> None:
+    """A count that set ``used`` to something the other changes alone would not have: drift
+    healed (or dead reservations given back).  A quota's first count is no heal."""
+    if not view.counted or not any(isinstance(p.change, Count) for p in batch):
+        return
+    _, without = apply_in_order(view, [p.change for p in batch
+                                       if not isinstance(p.change, Count)])
+    if without.used != state.used:
+        metrics.RECOUNT_HEALS.inc()
+        log.info("count healed usage", extra={"namespace": ns, "quota": view.name,
+                                              "was": str(without.used), "now": str(state.used)})
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:

@@ -1,6 +1,9 @@
 """The Mutating/ValidatingWebhookConfiguration objects the leader keeps applied.
 
-The pod webhook is scoped twice so that pods asking for no tessera resource never reach it
+Pods go through two webhooks of the same name: the mutating one fills in and writes the
+budget (no side effects: the pod has no UID yet), the validating one checks the pod as it
+will be stored and reserves its quota usage under the pod's UID (side effects, none on dry
+run).  Both are scoped twice so that pods asking for no tessera resource never reach it
 (they are still created while the operator is down): ``matchConditions`` (CEL, evaluated by
 the API server) select pods whose containers name a ``tessera.dev/`` resource, or that carry
 the budget annotation/label (so nobody can forge a budget the webhook did not write).
@@ -26,6 +29,7 @@ from tessera.kube.client import Kube, path
 MUTATING_NAME = "tessera-pods"
 VALIDATING_NAME = "tessera-resources"
 POD_PATH = "/mutate/pods"
+POD_QUOTA_PATH = "/validate/pods"
 PARTITION_PATH = "/validate/gpupartitions"
 QUOTA_PATH = "/validate/gpuquotas"
 
@@ -67,24 +71,27 @@ POD_MATCH_EXPRESSION = " || ".join([
 ])
 
 
+def _pod_hook(cc: ClientConfig, p: str, side_effects: str) -> dict[str, Any]:
+    return {
+        "name": f"pods.{GROUP}",
+        "clientConfig": cc.for_path(p),
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                   "resources": ["pods"], "scope": "Namespaced"}],
+        "matchConditions": [{"name": "asks-for-tessera", "expression": POD_MATCH_EXPRESSION}],
+        "failurePolicy": "Fail",
+        "sideEffects": side_effects,
+        "timeoutSeconds": 10,
+        "admissionReviewVersions": ["v1"],
+        "matchPolicy": "Equivalent",
+    }
+
+
 def mutating(cc: ClientConfig) -> dict[str, Any]:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": MUTATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
-        "webhooks": [{
-            "name": f"pods.{GROUP}",
-            "clientConfig": cc.for_path(POD_PATH),
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "matchConditions": [{"name": "asks-for-tessera", "expression": POD_MATCH_EXPRESSION}],
-            "failurePolicy": "Fail",
-            "sideEffects": "NoneOnDryRun",
-            "timeoutSeconds": 10,
-            "admissionReviewVersions": ["v1"],
-            "reinvocationPolicy": "Never",
-            "matchPolicy": "Equivalent",
-        }],
+        "webhooks": [{**_pod_hook(cc, POD_PATH, "None"), "reinvocationPolicy": "Never"}],
     }
 
 
@@ -108,7 +115,8 @@ def validating(cc: ClientConfig) -> dict[str, Any]:
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": VALIDATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
         "webhooks": [hook(f"{GPUPARTITIONS}.{GROUP}", GPUPARTITIONS, PARTITION_PATH, "Cluster"),
-                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced")],
+                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced"),
+                     _pod_hook(cc, POD_QUOTA_PATH, "NoneOnDryRun")],
     }
 
 

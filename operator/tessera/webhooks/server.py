@@ -13,19 +13,26 @@ from tessera.kube.serve import start
 from tessera.reservations.forwarding import (
     RESERVE_PATH,
     authorized,
-    usage_from_wire,
+    reservation_from_wire,
     violation_to_wire,
 )
 from tessera.webhooks.admission import Admission
-from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
+from tessera.webhooks.auth import Reviewers
+from tessera.webhooks.config import PARTITION_PATH, POD_PATH, POD_QUOTA_PATH, QUOTA_PATH
 
 log = logging.getLogger("tessera.webhooks")
 
 Review = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
 
-def _endpoint(review: Review, what: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _endpoint(review: Review, what: str, senders: Reviewers | None
+              ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
+        if senders is not None:
+            peer = request.transport.get_extra_info("peercert") if request.transport else None
+            if not senders.allows(peer):
+                return web.Response(status=403, text="admission reviews are taken only from "
+                                                     "the API server's client certificate")
         try:
             body = await request.json()
             req = body["request"]
@@ -50,26 +57,26 @@ def _reservations(adm: Admission, token: str
         if not authorized(request.headers.get("Authorization"), token):
             return web.Response(status=403, text="not a tessera replica")
         try:
-            body = await request.json()
-            ns = body["namespace"]
-            usage = usage_from_wire(body["usage"])
-            if not isinstance(ns, str) or not ns:
-                raise ValueError("namespace must be a name")
+            ns, reservation = reservation_from_wire(await request.json())
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return web.Response(status=400, text=f"bad reservation: {exc}")
-        refused = await adm.store.reserve_in(ns, usage)
+        refused = await adm.store.reserve_in(ns, reservation)
         return web.json_response({"refused": [violation_to_wire(v) for v in refused]})
     return handle
 
 
-def webhook_app(adm: Admission, token: str | None = None) -> web.Application:
-    """The admission endpoints, and the reservation endpoint when a replica token is set."""
+def webhook_app(adm: Admission, token: str | None = None,
+                senders: Reviewers | None = None) -> web.Application:
+    """The admission endpoints (only for ``senders`` when given: see
+    :mod:`tessera.webhooks.auth`), and the reservation endpoint when a replica token is set."""
     app = web.Application()
     if token is not None:
         app.router.add_post(RESERVE_PATH, _reservations(adm, token))
-    app.router.add_post(POD_PATH, _endpoint(adm.review_pod, "pod"))
-    app.router.add_post(PARTITION_PATH, _endpoint(adm.review_partition, "gpupartition"))
-    app.router.add_post(QUOTA_PATH, _endpoint(adm.review_quota, "gpuquota"))
+    for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
+                            (POD_QUOTA_PATH, adm.validate_pod, "pod quota"),
+                            (PARTITION_PATH, adm.review_partition, "gpupartition"),
+                            (QUOTA_PATH, adm.review_quota, "gpuquota")):
+        app.router.add_post(p, _endpoint(review, what, senders))
     return app
 
 

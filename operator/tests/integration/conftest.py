@@ -16,7 +16,8 @@ Operators = LocalOperators
 def operators(cluster: Any, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[LocalOperators]:
     ops = LocalOperators(cluster.kubectl, cluster.kubeconfig,
-                         tmp_path_factory.mktemp("operator-logs")).setup()
+                         tmp_path_factory.mktemp("operator-logs"),
+                         webhook_client_ca=cluster.pki.webhook_client_ca).setup()
     ops.ensure_running()
     yield ops
     ops.stop_all()

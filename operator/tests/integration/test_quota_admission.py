@@ -40,9 +40,14 @@ def used(cluster: Any, ns: str, name: str = "team") -> dict[str, Any]:
 
 
 def setup_ns(cluster: Any, ns: str, q: str) -> None:
+    """The namespace's ServiceAccount, and the quota once the operator has counted it (a
+    quota never counted admits nothing)."""
     cluster.wait_for_service_account(ns)
     out = cluster.kubectl("apply", "-f", "-", input=q)
     assert out.returncode == 0, out.stderr
+    name = json.loads(q)["metadata"]["name"]
+    wait_until("the quota counted", lambda: "used" in (kubectl_json(
+        cluster, "get", "gpuquota", name, "-n", ns).get("status") or {}), 20, 0.1)
 
 
 def test_defaults_filled_budget_written_and_over_quota_denied(

@@ -1,0 +1,104 @@
+"""Render charts/tessera without Helm: the few template actions its templates use.
+
+``{{ .Release.Namespace }}``, ``{{ .Values.a.b }}``, ``{{ if .Values.x }}`` ...
+``{{ end }}``, ``{{ range .Values.list }}`` ... ``{{ . }}`` ... ``{{ end }}``, with Go
+templates' ``{{-``/``-}}`` whitespace trimming.  Anything else is an error, so a template
+using more of Helm fails here loudly instead of being applied half-rendered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "tessera"
+_ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.DOTALL)
+
+
+class TemplateError(ValueError):
+    pass
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    """('text', literal) and ('action', body), with the trim markers applied."""
+    out: list[tuple[str, str]] = []
+    pos, trim_next = 0, False
+    for m in _ACTION.finditer(text):
+        literal = text[pos:m.start()]
+        if trim_next:
+            literal = literal.lstrip()
+        if m.group(1):
+            literal = literal.rstrip()
+        out.append(("text", literal))
+        out.append(("action", m.group(2)))
+        pos, trim_next = m.end(), bool(m.group(3))
+    tail = text[pos:]
+    out.append(("text", tail.lstrip() if trim_next else tail))
+    return out
+
+
+def _lookup(expr: str, scope: Mapping[str, Any], dot: Any) -> Any:
+    if expr == ".":
+        return dot
+    if not expr.startswith("."):
+        raise TemplateError(f"unsupported template expression {expr!r}")
+    value: Any = scope
+    for part in expr[1:].split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise TemplateError(f"{expr} is not set")
+        value = value[part]
+    return value
+
+
+def _render(tokens: list[tuple[str, str]], i: int, scope: Mapping[str, Any], dot: Any,
+            out: list[str] | None) -> int:
+    """Render from token ``i`` to its ``end`` (or the end); returns the index after it.
+    ``out`` None: skip (a false ``if``), still parsing to find the matching ``end``."""
+    while i < len(tokens):
+        kind, body = tokens[i]
+        i += 1
+        if kind == "text":
+            if out is not None:
+                out.append(body)
+        elif body == "end":
+            return i
+        elif body.startswith("if "):
+            taken = out is not None and bool(_lookup(body[3:].strip(), scope, dot))
+            i = _render(tokens, i, scope, dot, out if taken else None)
+        elif body.startswith("range "):
+            items = _lookup(body[6:].strip(), scope, dot) if out is not None else []
+            start = i
+            i = _render(tokens, start, scope, dot, None)
+            for item in items or []:
+                _render(tokens, start, scope, item, out)
+        else:
+            if out is not None:
+                out.append(str(_lookup(body, scope, dot)))
+    return i
+
+
+def render_template(text: str, scope: Mapping[str, Any]) -> str:
+    out: list[str] = []
+    _render(_tokens(text), 0, scope, None, out)
+    return "".join(out)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, Mapping) and isinstance(over, Mapping):
+        return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
+    return over
+
+
+def render(namespace: str, values: Mapping[str, Any] | None = None) -> str:
+    """Every template with the chart's values (``values`` merged over them), as one
+    multi-document YAML; templates that render to nothing are left out."""
+    merged = _merge(yaml.safe_load((CHART / "values.yaml").read_text()), values or {})
+    scope = {"Release": {"Namespace": namespace}, "Values": merged}
+    docs = [render_template(t.read_text(), scope)
+            for t in sorted((CHART / "templates").glob("*.yaml"))]
+    return "\n---\n".join(d for d in docs if d.strip())

@@ -1,0 +1,412 @@
+"""Quota usage is held only for pods that can exist, counted at once, healed under churn.
+
+Issue 10, items 4-8, against the real API server and two replicas: forged reviews and pods
+the API server refuses hold no quota; a slow later webhook causes no overshoot; a refusal
+after tessera's webhook holds the reservation only until the create deadline; a quota
+created over running pods admits nothing past ``hard``; drift heals within 10 s under churn;
+a forged release mark is stripped; ``vgpu-memory: 0`` is refused; quantities mean what
+Kubernetes says.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.webhooks.certs import make_serving_cert
+from tessera_e2e.webhooks import ReviewServer
+
+from .conftest import Operators
+from .harness import kubectl_json, wait_until
+from .test_quota_admission import pod, quota, setup_ns, used
+
+pytestmark = pytest.mark.integration
+
+GPU = {"tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}
+
+
+def _create(cluster: Any, body: dict[str, Any] | str) -> Any:
+    return cluster.kubectl("create", "-f", "-",
+                           input=body if isinstance(body, str) else json.dumps(body))
+
+
+def _pods(cluster: Any, ns: str) -> int:
+    return len(kubectl_json(cluster, "get", "pods", "-n", ns, "-l",
+                            "tessera.dev/budgeted=true")["items"])
+
+
+def _status(cluster: Any, ns: str, name: str = "team") -> dict[str, Any]:
+    out: dict[str, Any] = kubectl_json(cluster, "get", "gpuquota", name, "-n", ns).get(
+        "status") or {}
+    return out
+
+
+# -- item 4: reservations only for pods that can exist ----------------------------------------
+
+def _review(ns: str, name: str, uid: str) -> bytes:
+    obj = json.loads(pod(ns, name, GPU))
+    obj["metadata"]["uid"] = uid
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": str(uuid.uuid4()), "operation": "CREATE",
+                                   "namespace": ns, "object": obj}}).encode()
+
+
+def _post(port: int, path: str, body: bytes, cert: tuple[Path, Path] | None) -> int:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (ssl.SSLError, ConnectionError, urllib.error.URLError):
+        return 0  # refused in the handshake
+
+
+def test_forged_reviews_are_refused_and_hold_no_quota(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """Twelve forged reviews filled a 10-pod quota with no pod existing (~56 s)."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 10}))
+    other_client = (cluster.pki.admin_cert, cluster.pki.admin_key)  # the cluster's, not the
+    answers = []                                                   # webhook client CA's
+    for i in range(12):
+        for rep in ops.replicas.values():
+            for path in ("/mutate/pods", "/validate/pods"):
+                for cert in (None, other_client):
+                    answers.append(_post(rep.webhook_port, path,
+                                         _review(ns, f"forged-{i}", str(uuid.uuid4())), cert))
+    assert set(answers) <= {0, 403}, answers  # no review read without the API server's cert
+    assert used(cluster, ns).get("pods") == 0 and not _status(cluster, ns).get("reservations")
+    out = _create(cluster, pod(ns, "real", GPU))
+    assert out.returncode == 0, out.stderr  # the first real pod is admitted at once
+
+
+def test_creates_the_api_server_refuses_hold_no_quota(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """A taken name, requests != limits, a duplicate container name, vgpu over 64: each
+    leaked a reservation; now each is refused with nothing held, and says why."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 3}))
+    assert _create(cluster, pod(ns, "a", GPU)).returncode == 0
+    for _ in range(18):
+        out = _create(cluster, pod(ns, "a", GPU))
+        assert out.returncode != 0
+        assert 'Error from server (AlreadyExists)' in out.stderr, out.stderr
+        assert 'pods "a" already exists' in out.stderr, out.stderr
+    unequal = json.loads(pod(ns, "unequal", GPU))
+    unequal["spec"]["containers"][0]["resources"]["requests"] = {
+        "tessera.dev/vgpu-memory": "512", "tessera.dev/vgpu-cores": "10"}
+    twins = json.loads(pod(ns, "twins", GPU))
+    twins["spec"]["containers"].append(dict(twins["spec"]["containers"][0]))
+    wide = json.loads(pod(ns, "wide", {"tessera.dev/vgpu": "65", **GPU}))
+    for body, says in ((unequal, "must be equal to"), (twins, "Duplicate value"),
+                       (wide, "tessera.dev/vgpu 65 is more than 64 GPU shares; ask for at "
+                              "most 64")):
+        out = _create(cluster, body)
+        assert out.returncode != 0 and says in out.stderr, out.stderr
+        assert "pydantic" not in out.stderr and "validation error" not in out.stderr
+    # nothing is held for any of them: the quota has room for exactly two more, right now
+    assert used(cluster, ns)["pods"] == 1
+    assert not _status(cluster, ns).get("reservations")
+    assert [_create(cluster, pod(ns, n, GPU)).returncode for n in ("b", "c", "d")] == [0, 0, 1]
+
+
+def _later(request: dict[str, Any], _: Any) -> tuple[bool, str]:
+    """A validating webhook after tessera's: slow (20 s) for pods labelled ``slow``,
+    refusing those labelled ``refuse``."""
+    labels = request["object"]["metadata"].get("labels") or {}
+    if "slow" in labels:
+        time.sleep(20)
+    return "refuse" not in labels, "refused by a later webhook"
+
+
+@pytest.fixture
+def later_webhook(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[None]:
+    """A second validating webhook for pods of ``namespace`` labelled ``later``."""
+    cert = make_serving_cert(["127.0.0.1"])
+    _, crt, key = cert.write(tmp_path / "later-webhook")
+    hook = ReviewServer(_later, crt, key)
+    name = f"later-{namespace}"
+    config = hook.configuration(name, cert.ca_pem, ["pods"], namespace, {
+        "matchExpressions": [{"key": "later", "operator": "Exists"}]}, timeout_s=30)
+    out = cluster.kubectl("apply", "-f", "-", input=json.dumps(config))
+    assert out.returncode == 0, out.stderr
+    time.sleep(1)  # the API server's webhook configuration cache
+    yield
+    cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
+    hook.stop()
+
+
+def _labelled(ns: str, name: str, *labels: str) -> dict[str, Any]:
+    body = json.loads(pod(ns, name, GPU))
+    body["metadata"]["labels"] = {"later": "true", **{k: "true" for k in labels}}
+    return body
+
+
+def test_a_slow_later_webhook_causes_no_overshoot(
+        cluster: Any, namespace: str, ops: Operators, later_webhook: None) -> None:
+    """The pod behind a 20 s webhook holds its reservation all along: the quota never
+    admits past hard, however often it is recounted meanwhile."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 2}))
+    with cf.ThreadPoolExecutor(max_workers=1) as bg:
+        slow = bg.submit(_create, cluster, _labelled(ns, "slow", "slow"))
+        wait_until("the slow pod's reservation", lambda: used(cluster, ns).get("pods") == 1, 10,
+                   0.1)
+        assert _create(cluster, pod(ns, "first", GPU)).returncode == 0
+        for i in range(3):  # recounts happen meanwhile; the pending pod stays counted
+            time.sleep(4)
+            out = _create(cluster, pod(ns, f"more-{i}", GPU))
+            assert out.returncode != 0 and "exceeded GPUQuota" in out.stderr, out.stderr
+        assert slow.result().returncode == 0, slow.result().stderr
+    assert _pods(cluster, ns) == 2
+    wait_until("the slow pod confirmed", lambda: not _status(cluster, ns).get(
+        "reservations"), 10, 0.2)
+    assert used(cluster, ns)["pods"] == 2
+
+
+def test_a_refusal_after_tessera_holds_the_reservation_until_the_create_deadline(
+        cluster: Any, namespace: str, ops: Operators, later_webhook: None) -> None:
+    """What refuses a pod after tessera's webhook (another webhook, ResourceQuota) leaves no
+    trace tessera could see: the reservation is given back once the create request can no
+    longer succeed (the API server's 60 s request timeout, plus a 10 s margin)."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 1}))
+    started = time.monotonic()
+    out = _create(cluster, _labelled(ns, "refused", "refuse"))
+    assert out.returncode != 0 and "refused by a later webhook" in out.stderr, out.stderr
+    assert len(_status(cluster, ns).get("reservations") or {}) == 1
+    out = _create(cluster, pod(ns, "waits", GPU))
+    assert "exceeded GPUQuota" in out.stderr, out.stderr
+    wait_until("the reservation given back", lambda: used(cluster, ns)["pods"] == 0, 100, 0.5)
+    held = time.monotonic() - started
+    print(f"a pod refused after tessera's webhook held its reservation {held:.1f} s")
+    assert 70 - 2 <= held <= 70 + 5 + 5, held  # deadline; one recount interval; polling
+    assert not _status(cluster, ns).get("reservations")
+    assert _create(cluster, pod(ns, "now", GPU)).returncode == 0
+
+
+def test_a_budget_changed_after_tessera_wrote_it_is_refused(
+        cluster: Any, namespace: str, ops: Operators, tmp_path: Path) -> None:
+    """A mutating webhook after tessera's that raises a pod's GPU memory would leave the
+    quota counting (and the node enforcing) less than the pod asks for: refused."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns))
+
+    def double(request: dict[str, Any], _: Any) -> tuple[bool, str, list[dict[str, Any]]]:
+        return True, "", [{"op": "replace", "value": "2048", "path":
+                           f"/spec/containers/0/resources/{part}/tessera.dev~1vgpu-memory"}
+                          for part in ("limits", "requests")]  # requests default to limits
+
+    cert = make_serving_cert(["127.0.0.1"])
+    _, crt, key = cert.write(tmp_path / "doubler")
+    hook = ReviewServer(double, crt, key)
+    name = f"zz-doubler-{ns}"  # mutating webhooks run in configuration-name order
+    config = hook.configuration(name, cert.ca_pem, ["pods"], ns, mutating=True)
+    try:
+        assert cluster.kubectl("apply", "-f", "-", input=json.dumps(config)).returncode == 0
+        time.sleep(1)  # the API server's webhook configuration cache
+        out = _create(cluster, pod(ns, "doubled", GPU))
+        assert out.returncode != 0
+        assert ("the pod's tessera.dev/budget does not match its tessera resources (another "
+                "mutating webhook changed the pod after tessera's)") in out.stderr, out.stderr
+        assert used(cluster, ns)["pods"] == 0
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", name, "--ignore-not-found")
+        hook.stop()
+
+
+# -- item 5: a quota counts its namespace before it admits -----------------------------------
+
+def test_a_quota_created_over_running_pods_admits_nothing_past_hard(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, "wide", hard={"memory": "100Gi", "cores": 1000,
+                                                  "pods": 100}))
+    with cf.ThreadPoolExecutor(max_workers=10) as pool:
+        made = list(pool.map(lambda i: _create(cluster, pod(ns, f"run-{i}", GPU)).returncode,
+                             range(10)))
+    assert made == [0] * 10
+    for attempt, hard in enumerate((5, 3)):
+        created = time.monotonic()
+        out = cluster.kubectl("apply", "-f", "-", input=quota(ns, "narrow", hard={
+            "memory": "100Gi", "cores": 1000, "pods": hard}))
+        assert out.returncode == 0, out.stderr
+        with cf.ThreadPoolExecutor(max_workers=5) as pool:
+            tries = list(pool.map(lambda i, a=attempt: _create(
+                cluster, pod(ns, f"more-{a}-{i}", GPU)), range(5)))
+        assert [t.returncode for t in tries] == [1] * 5, [t.stderr for t in tries]
+        assert all('GPUQuota "narrow"' in t.stderr for t in tries), [t.stderr for t in tries]
+        wait_until("narrow counted", lambda: used(cluster, ns, "narrow").get("pods") == 10,
+                   10, 0.05)
+        counted = time.monotonic() - created
+        wait_until("Degraded", lambda: any(
+            c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "OverHard"
+            for c in _status(cluster, ns, "narrow").get("conditions") or []), 10, 0.1)
+        print(f"quota created over 10 pods (hard {hard}): counted within {counted:.2f} s, "
+              f"Degraded within {time.monotonic() - created:.2f} s")
+        assert _pods(cluster, ns) == 10
+        cluster.kubectl("delete", "gpuquota", "narrow", "-n", ns)
+
+
+# -- item 6: drift heals within 10 s, under churn too -------------------------------------------
+
+def _churn(cluster: Any, ns: str, period_s: float, stop: threading.Event) -> int:
+    """One pod created and deleted every ``period_s``."""
+    n = 0
+    while not stop.is_set():
+        t0 = time.monotonic()
+        name = f"churn-{n}"
+        if _create(cluster, pod(ns, name, GPU)).returncode == 0:
+            cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+        n += 1
+        stop.wait(max(0.0, period_s - (time.monotonic() - t0)))
+    return n
+
+
+def _healed_within(cluster: Any, ns: str, period_s: float, start: float) -> float:
+    """Seconds from ``start`` until ``used`` is the three steady pods (plus at most the one
+    churning pod), with churn going on all along."""
+    stop = threading.Event()
+    with cf.ThreadPoolExecutor(max_workers=1) as bg:
+        churn = bg.submit(_churn, cluster, ns, period_s, stop)
+        try:
+            wait_until("drift healed", lambda: used(cluster, ns)["pods"] <= 4
+                       and used(cluster, ns)["cores"] == used(cluster, ns)["pods"] * 10, 30,
+                       0.1)
+            healed = time.monotonic() - start
+            time.sleep(2 * period_s)  # and it stays healed under churn
+            assert used(cluster, ns)["pods"] <= 4
+        finally:
+            stop.set()
+            assert churn.result() >= 1
+    wait_until("exact", lambda: used(cluster, ns) == {
+        "memory": "3Gi", "cores": 30, "pods": 3, "migInstances": {}}, 15, 0.2)
+    return healed
+
+
+@pytest.mark.parametrize("period_s", [3.5, 0.5])
+def test_drift_heals_within_ten_seconds_under_churn(
+        cluster: Any, namespace: str, ops: Operators, period_s: float) -> None:
+    """Four leaked reservations (a status edited by hand: what any lost release or leak
+    leaves), healed while a pod is created and deleted every ``period_s``; then four
+    releases missed while no replica ran, healed after the restart, also under churn."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 50}))
+    for i in range(3):
+        assert _create(cluster, pod(ns, f"steady-{i}", GPU)).returncode == 0
+    start = time.monotonic()
+    out = cluster.kubectl("patch", "gpuquota", "team", "-n", ns, "--subresource=status",
+                          "--type=merge", "-p", json.dumps({"status": {"used": {
+                              "memory": "7Gi", "cores": 70, "pods": 7}}}))
+    assert out.returncode == 0, out.stderr
+    healed = _healed_within(cluster, ns, period_s, start)
+    print(f"churn every {period_s} s: 4 leaked reservations healed in {healed:.1f} s")
+    assert healed <= 10, healed
+    # releases missed while the operator was down
+    for i in range(4):
+        assert _create(cluster, pod(ns, f"gone-{i}", GPU)).returncode == 0
+    ops.stop_all()
+    try:
+        for i in range(4):
+            assert cluster.kubectl("delete", "pod", f"gone-{i}", "-n", ns).returncode == 0
+    finally:
+        ops.ensure_running()
+    start = time.monotonic()
+    healed = _healed_within(cluster, ns, period_s, start)
+    print(f"churn every {period_s} s: 4 releases missed while down healed {healed:.1f} s "
+          f"after the restart")
+    assert healed <= 10, healed
+
+
+# -- item 7: a forged release mark; a budget without memory ----------------------------------
+
+def test_a_forged_release_mark_is_stripped_and_zero_memory_is_refused(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns))
+    forged = json.loads(pod(ns, "forged", GPU))
+    forged["metadata"]["annotations"] = {"tessera.dev/released": "true", "keep": "me"}
+    out = _create(cluster, forged)
+    assert out.returncode == 0, out.stderr
+    annotations = kubectl_json(cluster, "get", "pod", "forged", "-n", ns)["metadata"][
+        "annotations"]
+    assert "tessera.dev/released" not in annotations and annotations["keep"] == "me"
+    assert used(cluster, ns)["pods"] == 1
+    assert cluster.kubectl("delete", "pod", "forged", "-n", ns).returncode == 0
+    wait_until("released on delete", lambda: used(cluster, ns)["pods"] == 0, 5, 0.1)
+    for limits in ({"tessera.dev/vgpu-memory": "0"},
+                   {"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "0"}):
+        out = _create(cluster, pod(ns, "zero", limits))
+        assert out.returncode != 0, limits
+        assert ("tessera.dev/vgpu-memory is 0, and a GPU budget without memory is no "
+                "budget: ask for the MiB it needs (at least 1)") in out.stderr, out.stderr
+
+
+# -- item 8: one exact quantity parser --------------------------------------------------------
+
+def test_milli_memory_is_a_limit_not_no_limit(cluster: Any, namespace: str,
+                                              ops: Operators) -> None:
+    """``hard.memory: 10000000000000m`` is 10 GB (9537 MiB): 100,000 MiB pods were admitted."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "10000000000000m", "pods": 10}))
+    out = _create(cluster, pod(ns, "huge", {"tessera.dev/vgpu-memory": "100000"}))
+    assert out.returncode != 0
+    assert ("exceeded GPUQuota \"team\": tessera.dev/vgpu-memory requested 100000Mi, used 0Mi, "
+            "hard 9537Mi") in out.stderr, out.stderr
+    assert _create(cluster, pod(ns, "fits", {"tessera.dev/vgpu-memory": "9537"})).returncode == 0
+    assert _status(cluster, ns)["summary"]["memory"] == "9537Mi/9537Mi"
+
+
+def test_a_limit_the_operator_cannot_read_refuses_pods_and_says_which(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """With a schema that lets anything through (an old CRD: Helm never upgrades them) and
+    the quota applied while the operator was down (its GPUQuota webhook fails open), an
+    unreadable limit is an error naming the field, never "no limit"."""
+    ns = namespace
+    path = ("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/hard/"
+            "properties/memory")
+    crd = kubectl_json(cluster, "get", "crd", "gpuquotas.tessera.dev")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["hard"]["properties"]["memory"]
+    relax = [{"op": "remove", "path": f"{path}/pattern"}]
+    restore = [{"op": "add", "path": f"{path}/pattern", "value": schema["pattern"]}]
+    assert cluster.kubectl("patch", "crd", "gpuquotas.tessera.dev", "--type=json", "-p",
+                           json.dumps(relax)).returncode == 0
+    try:
+        cluster.wait_for_service_account(ns)
+        ops.stop_all()
+        try:
+            wait_until("the relaxed schema", lambda: cluster.kubectl(
+                "apply", "-f", "-", input=quota(ns, hard={"memory": "40GB", "pods": 10}))
+                .returncode == 0, 20, 0.5)
+        finally:
+            ops.ensure_running()
+        says = ("spec.hard.memory '40GB' cannot be read (quantity '40GB' has an invalid "
+                "suffix): fix the GPUQuota; until then it admits no GPU pods")
+        wait_until("the condition", lambda: any(
+            c["type"] == "Ready" and c["status"] == "False" and c["reason"] ==
+            "SpecUnreadable" and c["message"] == says
+            for c in _status(cluster, ns).get("conditions") or []), 10, 0.2)
+        out = _create(cluster, pod(ns, "p", GPU))
+        assert out.returncode != 0 and f'GPUQuota "team": {says}' in out.stderr, out.stderr
+    finally:
+        cluster.kubectl("delete", "gpuquota", "team", "-n", ns)
+        assert cluster.kubectl("patch", "crd", "gpuquotas.tessera.dev", "--type=json", "-p",
+                               json.dumps(restore)).returncode == 0
