@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.demo_nodes import show_gpu_nodes
 from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.node_daemons import NodeDaemonProcess
 from tessera_e2e.operators import LocalOperators, show_quota_admission
+
+if TYPE_CHECKING:  # the GPU nodes need the simulator (sim/ on the path), only the demo does
+    from tessera_e2e.node_daemons import NodeDaemonProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +121,8 @@ def run_demo(
     say("$ kubectl get tessera -A")
     say(_checked(cluster, "get", "tessera", "-A").rstrip())
     say("")
+    from tessera_e2e.demo_nodes import show_gpu_nodes
+
     assert cluster.run is not None
     show_gpu_nodes(cluster.kubectl, cluster.kubeconfig, cluster.run.logs / "nodes", say,
                    daemons if daemons is not None else [])

@@ -10,8 +10,6 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from tessera_node import metrics
-
 CANDIDATES = ("usr/bin/nvidia-smi", "bin/nvidia-smi")
 USAGE_EXIT = 2
 """nvidia-smi's exit status for arguments it does not understand."""
@@ -45,8 +43,8 @@ class NvidiaSmi:
                 return cls(candidate)
         return cls(os.path.join(driver_root, CANDIDATES[0]))
 
-    def call(self, *args: str, lock_fd: int | None = None, kind: str = "query",
-             gpu: int | None = None, timeout: float = 300.0) -> SmiResult:
+    def call(self, *args: str, lock_fd: int | None = None, gpu: int | None = None,
+             timeout: float = 300.0) -> SmiResult:
         """Run it (never raises): exit status -1 when it could not run or timed out."""
         started = time.monotonic()
         log.info("nvidia-smi start", extra={"gpu": gpu, "argv": list(args)})
@@ -59,8 +57,6 @@ class NvidiaSmi:
             rc, output = TIMEOUT_EXIT, f"{self.path}: {exc}"
         seconds = time.monotonic() - started
         result = SmiResult(tuple(args), rc, output.strip(), seconds)
-        metrics.SMI_COMMANDS.labels(kind, "ok" if rc == 0 else "error").inc()
-        metrics.SMI_SECONDS.labels(kind).observe(seconds)
         (log.info if rc == 0 else log.warning)(
             "nvidia-smi done", extra={"gpu": gpu, "argv": list(args), "rc": rc,
                                       "output": result.output[-2000:],

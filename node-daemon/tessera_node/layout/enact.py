@@ -26,7 +26,7 @@ from tessera_node.advertise import Advertiser, NothingAdvertised
 from tessera_node.device.hostlock import GPULocks, LockTimeout
 from tessera_node.device.nvml import DeviceError, GPUReader
 from tessera_node.device.pods import NoPods, PodResources
-from tessera_node.device.smi import TIMEOUT_EXIT, USAGE_EXIT, NvidiaSmi
+from tessera_node.device.smi import TIMEOUT_EXIT, USAGE_EXIT, NvidiaSmi, SmiResult
 from tessera_node.device.state import GPUState
 from tessera_node.layout import batch
 from tessera_node.layout.plan import COMMAND_FAILED, REBOOT_REQUIRED, GPUPlan, plan
@@ -119,13 +119,19 @@ class SmiEnactor:
                                          and now - self._checked_at < self.recheck_s):
                 return
             self._checked_at = now
-            r = self.smi.call("mig", "-lgipp", kind="check")
+            r = self.call("check", None, None, "mig", "-lgipp")
             self._refusal = placement_support(self.smi.path, r.rc, r.output)
             if self._refusal is not None:
                 log.error("MIG layouts will not be changed", extra={"why": self._refusal})
 
     def refusal(self) -> str | None:
         return self._refusal
+
+    def call(self, kind: str, gpu: int | None, lock_fd: int | None, *args: str) -> SmiResult:
+        r = self.smi.call(*args, lock_fd=lock_fd, gpu=gpu)
+        metrics.SMI_COMMANDS.labels(kind, "ok" if r.rc == 0 else "error").inc()
+        metrics.SMI_SECONDS.labels(kind).observe(r.seconds)
+        return r
 
     # -- one GPU -------------------------------------------------------------------------------
 
@@ -187,9 +193,9 @@ class SmiEnactor:
         with self.locks.held(cmd.gpu) as fd:
             if cmd.action == "reset-gpu":
                 with self.reader.paused():  # a reset refuses while clients hold the GPU
-                    r = self.smi.call(*cmd.args, lock_fd=fd, kind=cmd.action, gpu=cmd.gpu)
+                    r = self.call(cmd.action, cmd.gpu, fd, *cmd.args)
             else:
-                r = self.smi.call(*cmd.args, lock_fd=fd, kind=cmd.action, gpu=cmd.gpu)
+                r = self.call(cmd.action, cmd.gpu, fd, *cmd.args)
         stats["commands"] += 1
         stats["smi_s"] += r.seconds
         if r.rc != 0:
