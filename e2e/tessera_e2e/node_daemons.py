@@ -111,7 +111,9 @@ class NodeDaemonProcess:
                      "--state-dir", str(logdir / f"state-{node}"),
                      "--device-plugin-dir", str(self.plugin_dir),
                      "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
-                     "--poll-interval", "0.5", "--stuck-after", "3", *(extra or [])]
+                     "--poll-interval", "0.5", "--stuck-after", "3",
+                     # no kubelet on these nodes: nothing to register with
+                     "--device-plugin", "false", *(extra or [])]
 
     def start(self) -> NodeDaemonProcess:
         self.start_async()

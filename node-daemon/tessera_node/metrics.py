@@ -43,6 +43,11 @@ SMI_COMMANDS = Counter("tessera_node_nvidia_smi_commands_total",
 SMI_SECONDS = Histogram("tessera_node_nvidia_smi_seconds", "Duration of one nvidia-smi "
                         "command, by kind.", ["command"],
                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120))
+ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate calls, by "
+                      "resource and result (ok, refused).", ["resource", "result"])
+ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
+                             "Allocate (waiting for the pod watch included).", ["resource"],
+                             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 

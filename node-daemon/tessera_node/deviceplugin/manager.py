@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.api.budget import BudgetError
+from tessera.api.budget import BudgetError, ContainerBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
+from tessera_node.containers import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin import budgets, fit
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred
 from tessera_node.deviceplugin.devices import PluginDevice, Sharing, Unit, advertised
@@ -68,11 +69,13 @@ class Manager:
         writer: BudgetWriter,
         pods: Callable[[], Iterable[PodView]],
         on_refused: Refused,
+        registry: ContainerRegistry | None = None,
     ) -> None:
         self.config = config
         self.writer = writer
         self.pods = pods
         self.on_refused = on_refused
+        self.registry = registry or ContainerRegistry()
         self.state = NodeState()
         self._lock = threading.Lock()
         self._matched: dict[str, ContainerRef] = {}
@@ -111,12 +114,7 @@ class Manager:
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
                           str(self.writer.ledger_dir(key)), str(self.writer.marker)),
                 decision.units, self.config.visibility, self.config.sim,
-                self._ordinals(decision.units) if self.config.visibility == "sim" else (),
             )
-
-    def _ordinals(self, units: Sequence[str]) -> list[int]:
-        order = [u.uuid for u in sorted(self.state.units, key=lambda u: (u.gpu_index, u.uuid))]
-        return [order.index(u) for u in units]
 
     def _held(self, exclude: str | None = None) -> dict[str, list[int]]:
         """Memory budgeted per unit by ready allocations (a whole instance: all of it)."""
@@ -173,22 +171,38 @@ class Manager:
                     continue
                 if key in self._matched or now - rec.created > self.config.forget_after_s:
                     self._matched.pop(key, None)
+                    self.registry.drop(key)
                     self.writer.remove(key)
 
     def _confirm(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None) -> None:
         self._matched[rec.key] = ref
         if pod is None:
-            self.writer.refuse(rec.key, f"pod {ref.namespace}/{ref.pod} not found")
+            gone = f"pod {ref.namespace}/{ref.pod} not found"
+            self.writer.refuse(rec.key, gone)
+            self._register(rec, ref, "", None, gone)
             return
         whole = rec.resource != VGPU
         why = self._fits(pod, ref.container, rec.resource, rec.units, exclude=rec.key)
         if why is not None:
             self.writer.refuse(rec.key, why)
+            self._register(rec, ref, pod.uid, None, why)
             self.on_refused(pod, ref.container, why)
             return
         b = budgets.container_budget(pod.annotations, ref.container)
         self.writer.ready(rec.key, budgets.entries(b, rec.units, whole,
                                                    self.state.context_bytes))
+        self._register(rec, ref, pod.uid, b, None)
+
+    def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
+                  budget: ContainerBudget | None, refused: str | None) -> None:
+        gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
+        self.registry.put(SetUpContainer(
+            key=rec.key, pod_uid=uid, namespace=ref.namespace, pod=ref.pod,
+            container=ref.container, resource=rec.resource, units=rec.units,
+            gpus=tuple(gpu_of.get(u, u) for u in rec.units), budget=budget, refused=refused,
+            budget_file=str(self.writer.budget_path(rec.key)),
+            ledger_dir=str(self.writer.ledger_dir(rec.key)),
+        ))
 
     def pending(self) -> bool:
         return any(r.key not in self._matched for r in self.writer.records())

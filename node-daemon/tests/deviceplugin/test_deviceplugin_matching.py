@@ -139,13 +139,13 @@ PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
          {"LD_LIBRARY_PATH": "/usr/local/tessera-sim/lib",
           "TESSERA_SIM_NODE": "/usr/local/tessera-sim/node.ini",
           "TESSERA_SIM_STATE": "/usr/local/tessera-sim/node.state",
-          "CUDA_VISIBLE_DEVICES": "0,3"}),
+          "CUDA_VISIBLE_DEVICES": f"{G0},{M0}"}),
     ],
 )
 def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, bool]],
                            cdi: tuple[str, ...], envs: dict[str, str]) -> None:
     r = container_response(PATHS, [G0, M0], visibility,  # type: ignore[arg-type]
-                           SimPaths("/sim/lib", "/sim/node.ini", "/sim/node.state"), [0, 3])
+                           SimPaths("/sim/lib", "/sim/node.ini", "/sim/node.state"))
     base = [
         ("/usr/local/lib/tessera/libtessera.so", "/opt/tessera/lib/v1.2.3/libtessera.so", True),
         ("/etc/ld.so.preload", "/opt/tessera/lib/v1.2.3/ld.so.preload", True),
