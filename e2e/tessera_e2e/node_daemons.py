@@ -27,6 +27,7 @@ from tessera_e2e.operators import (
     token_kubeconfig,
     wait_until,
 )
+from tessera_e2e.node import GPU_DIR, Node
 from tessera_e2e.processes import die_with_parent
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node
@@ -43,15 +44,19 @@ def create_node(kubectl: Kubectl, name: str, labels: dict[str, str] | None = Non
         raise RuntimeError(f"creating node {name}: {out.stderr.strip()}")
 
 
-def bound_token(kubectl: Kubectl, node: str, pod: str | None = None) -> str:
+def bound_token(kubectl: Kubectl, node: str, pod: str | None = None,
+                container: dict[str, Any] | None = None) -> str:
     """A token of the daemon's ServiceAccount bound to a pod on ``node`` (the pod is created
-    with ``spec.nodeName``, tolerating every taint so that no eviction ends the binding)."""
+    with ``spec.nodeName``, tolerating every taint so that no eviction ends the binding).
+    ``container``: the pod's container (on a node with a kubelet it really runs)."""
     pod = pod or f"{DAEMON_SA}-{node}"
     body = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "namespace": OPERATOR_NS},
             "spec": {"nodeName": node, "serviceAccountName": DAEMON_SA,
                      "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "daemon", "image": "tessera-node:dev"}]}}
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [container or {"name": "daemon",
+                                                  "image": "tessera-node:dev"}]}}
     out = kubectl("create", "-f", "-", input=json.dumps(body))
     if out.returncode != 0 and "AlreadyExists" not in out.stderr:
         raise RuntimeError(f"creating pod {pod}: {out.stderr.strip()}")
@@ -65,9 +70,9 @@ def bound_token(kubectl: Kubectl, node: str, pod: str | None = None) -> str:
 
 
 def daemon_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
-                      node: str) -> Path:
-    return token_kubeconfig(admin_kubeconfig, directory, bound_token(kubectl, node),
-                            f"daemon-{node}")
+                      node: str, container: dict[str, Any] | None = None) -> Path:
+    return token_kubeconfig(admin_kubeconfig, directory,
+                            bound_token(kubectl, node, container=container), f"daemon-{node}")
 
 
 class SimNode:
@@ -106,6 +111,7 @@ class NodeDaemonProcess:
         self.plugin_dir = logdir / f"device-plugins-{node}"
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.host = "127.0.0.1"
         self.args = [sys.executable, "-m", "tessera_node.cli", "run", "--node-name", node,
                      "--kubeconfig", str(kubeconfig), "--driver-root", str(BUILD_DIR),
                      "--state-dir", str(logdir / f"state-{node}"),
@@ -122,9 +128,7 @@ class NodeDaemonProcess:
 
     def start_async(self) -> None:
         """Start the process without waiting for it to serve."""
-        env = {**self.sim.env, "PYTHONPATH": os.pathsep.join(
-            [str(REPO / "operator"), str(REPO / "node-daemon"),
-             os.environ.get("PYTHONPATH", "")])}
+        env = {**self.sim.env, "PYTHONPATH": daemon_pythonpath()}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                          env=env, preexec_fn=die_with_parent())
@@ -134,7 +138,7 @@ class NodeDaemonProcess:
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"{self.node} daemon exited: {self.log.read_text()[-3000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            with socket.create_connection((self.host, self.port), timeout=5) as s:
                 s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
                 chunks = []
                 while data := s.recv(65536):
@@ -175,6 +179,55 @@ class NodeDaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def daemon_pythonpath() -> str:
+    return os.pathsep.join([str(REPO / "operator"), str(REPO / "node-daemon"),
+                            os.environ.get("PYTHONPATH", "")])
+
+
+LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
+
+
+class KubeletNodeDaemon(NodeDaemonProcess):
+    """``tessera-node run`` on a real node of the test bed (its kubelet, its containerd),
+    in the node's namespaces as a DaemonSet pod with host paths would be: the kubelet's
+    device-plugin and PodResources sockets and ``/var/lib/tessera`` at their standard
+    places, the node's simulated GPUs (``GPU_DIR``) as its driver, the ``sim`` visibility
+    (containerd here has no CDI), metrics on the node's own address."""
+
+    def __init__(self, node: Node, kubeconfig: Path, logdir: Path,
+                 extra: list[str] | None = None) -> None:
+        self.node = node.name
+        self.real = node
+        self.kubeconfig = kubeconfig
+        self.extra = extra
+        self.port = free_port()
+        self.host = node.ip
+        self.log = logdir / f"daemon-{node.name}.log"
+        self.plugin_dir = node.host_path("/var/lib/kubelet/device-plugins")
+        self.state_dir = node.host_path("/var/lib/tessera")
+        self.proc = None
+        self.args = [*node.nsenter("-m", "-n", "-u"), sys.executable, "-m",
+                     "tessera_node.cli", "run", "--node-name", node.name,
+                     "--kubeconfig", str(kubeconfig), "--driver-root", GPU_DIR,
+                     "--device-visibility", "sim", "--libtessera", str(LIBTESSERA),
+                     "--metrics-host", node.ip, "--metrics-port", str(self.port),
+                     "--poll-interval", "0.5", "--stuck-after", "10", *(extra or [])]
+        self.env = {**os.environ, "TESSERA_SIM_NODE": f"{GPU_DIR}/node.conf",
+                    "PYTHONPATH": daemon_pythonpath()}
+
+    def start_async(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
+                                         env=self.env, preexec_fn=die_with_parent())
+
+    def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """nvidia-smi on the node (the simulator's), as an administrator would run it."""
+        return subprocess.run([*self.real.nsenter("-m"), "env",
+                               f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
+                               f"{GPU_DIR}/bin/nvidia-smi", *args],
+                              capture_output=True, text=True, timeout=60)
 
 
 def node_json(kubectl: Kubectl, node: str) -> Any:

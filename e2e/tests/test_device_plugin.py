@@ -1,0 +1,152 @@
+"""tessera's device plugin on the real kubelet: budgeted pods run on the test bed's nodes.
+
+tessera-node runs on each real node as a DaemonSet pod would (the node's namespaces, the
+kubelet's sockets and /var/lib/tessera at their standard places, the node's simulated GPUs
+as its driver); the operator runs too, so GPUQuota admission writes each pod's
+``tessera.dev/budget``. Pods run the workload image's CUDA programs over the simulated
+libcuda, with libtessera loaded by the ``ld.so.preload`` Allocate mounts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.resources import mig_resource_name
+from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.images import WORKLOAD
+from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
+from tessera_e2e.operators import LocalOperators, wait_until
+
+pytestmark = pytest.mark.integration
+
+MIG_1G = mig_resource_name("1g.10gb")
+SHARES = 10  # the daemon's default shares per GPU
+ANCHOR = {"name": "daemon", "image": WORKLOAD, "imagePullPolicy": "Never",
+          "command": ["sleep", "86400"]}
+
+
+class Bed:
+    def __init__(self, cluster: LocalCluster, ops: LocalOperators,
+                 daemons: dict[str, KubeletNodeDaemon]) -> None:
+        self.cluster = cluster
+        self.ops = ops
+        self.daemons = daemons
+
+    def kubectl(self, *args: str, input: str | None = None) -> Any:
+        return self.cluster.kubectl(*args, input=input)
+
+    def apply(self, namespace: str, manifest: dict[str, Any]) -> None:
+        out = self.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+        assert out.returncode == 0, out.stderr
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        out = self.kubectl("get", "pod", "-n", namespace, name, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        found: dict[str, Any] = json.loads(out.stdout)
+        return found
+
+    def wait_phase(self, namespace: str, name: str, phases: set[str],
+                   timeout_s: float = 90) -> dict[str, Any]:
+        found: dict[str, Any] = wait_until(
+            f"pod {name} to be {sorted(phases)}",
+            lambda: (p if (p := self.pod(namespace, name))["status"].get("phase") in phases
+                     else None), timeout_s, 0.5)
+        return found
+
+    def logs(self, namespace: str, name: str) -> str:
+        return str(self.kubectl("logs", "-n", namespace, name).stdout)
+
+    def allocatable(self, node: str) -> dict[str, str]:
+        alloc: dict[str, str] = node_json(self.kubectl, node)["status"].get("allocatable", {})
+        return alloc
+
+    def quota(self, namespace: str) -> None:
+        self.apply(namespace, {
+            "apiVersion": API_VERSION, "kind": "GPUQuota",
+            "metadata": {"name": "team"},
+            "spec": {"hard": {"memory": "400Gi", "cores": 4000, "pods": 100},
+                     "default": {"memory": "1Gi", "cores": 10},
+                     "max": {"memory": "80Gi", "cores": 100}}})
+
+
+def gpu_pod(name: str, command: str, limits: dict[str, str], node: str | None = "node-0",
+            env: dict[str, str] | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
+                         "command": ["sh", "-c", command], "resources": {"limits": limits}}
+    if env:
+        c["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec: dict[str, Any] = {"containers": [c], "restartPolicy": "Never",
+                            "terminationGracePeriodSeconds": 1}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
+    return {VGPU: str(shares), VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(cores)}
+
+
+@pytest.fixture(scope="module")
+def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[Bed]:
+    logdir = tmp_path_factory.mktemp("tessera-nodes")
+    assert node_cluster.pki is not None
+    ops = LocalOperators(node_cluster.kubectl, node_cluster.kubeconfig, logdir,
+                         webhook_client_ca=node_cluster.pki.webhook_client_ca).setup()
+    daemons: dict[str, KubeletNodeDaemon] = {}
+    try:
+        ops.ensure_running()
+        for node in node_cluster.nodes:
+            kc = daemon_kubeconfig(node_cluster.kubectl, node_cluster.kubeconfig, logdir,
+                                   node.name, container=ANCHOR)
+            daemons[node.name] = KubeletNodeDaemon(node, kc, logdir).start()
+        for d in daemons.values():
+            wait_until(f"{d.node} daemon ready", lambda d=d: d.get("/readyz")[0] == 200, 60)
+        yield Bed(node_cluster, ops, daemons)
+    finally:
+        for d in daemons.values():
+            d.stop()
+        ops.stop_all()
+        ops.uninstall_webhooks()
+
+
+def test_the_plugin_registers_and_the_nodes_advertise_shares_and_capacity(bed: Bed) -> None:
+    for node, d in bed.daemons.items():  # node-0: one H100-80GB, node-1: one A100-40GB
+        alloc = wait_until(f"{node} advertising {VGPU}", lambda node=node: (
+            a if (a := bed.allocatable(node)).get(VGPU) == str(SHARES) else None), 60)
+        # vgpu-memory is the GPU's memory as NVML (and so nvidia-smi) reports it
+        smi = d.smi("--query-gpu=memory.total", "--format=csv,noheader,nounits")
+        assert smi.returncode == 0, smi.stderr
+        assert alloc[VGPU_MEMORY] == smi.stdout.strip(), (alloc, smi.stdout)
+        assert alloc[VGPU_CORES] == "100", alloc
+        assert (d.plugin_dir / "tessera-vgpu.sock").is_socket()
+        status, body = d.get("/readyz")
+        assert status == 200, body
+
+
+def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
+    bed: Bed, node_namespace: str
+) -> None:
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    bed.apply(node_namespace, gpu_pod(
+        "budgeted", "cuda-info && cuda-alloc 1000 && cuda-alloc 1100", vgpu(1024)))
+    done = bed.wait_phase(node_namespace, "budgeted", {"Succeeded", "Failed"})
+    logs = bed.logs(node_namespace, "budgeted")
+    assert done["status"]["phase"] == "Failed", logs
+    state = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert state["exitCode"] == 1, (state, logs)
+    lines = logs.splitlines()
+    # cuMemGetInfo inside shows the budget: 1024 MiB in total, all of it free
+    gpu_line = next(line for line in lines if line.startswith("0 "))
+    assert gpu_line.split()[-2:] == ["1024", "1024"], logs
+    assert "devices 1" in lines and "allocated 1000" in lines and "freed" in lines, logs
+    assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
+    assert "allocated 1100" not in lines, logs
