@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from tessera_e2e.node import GPU_DIR, Node
 from tessera_e2e.operators import (
     OPERATOR_NS,
     REPO,
@@ -27,7 +28,6 @@ from tessera_e2e.operators import (
     token_kubeconfig,
     wait_until,
 )
-from tessera_e2e.node import GPU_DIR, Node
 from tessera_e2e.processes import die_with_parent
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node

@@ -10,9 +10,7 @@ libcuda, with libtessera loaded by the ``ld.so.preload`` Allocate mounts.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,3 +148,60 @@ def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
     assert "devices 1" in lines and "allocated 1000" in lines and "freed" in lines, logs
     assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
     assert "allocated 1100" not in lines, logs
+
+
+def partition(sharing: str) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "GPUPartition",
+            "metadata": {"name": "node0-mig"},
+            "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "node-0"}},
+                     "layout": {"profiles": [{"name": "1g.10gb", "count": 7}]},
+                     "sharing": sharing, "deletionPolicy": "Reset"}}
+
+
+def test_mig_instances_whole_then_shared_then_mig_disabled_again(
+    bed: Bed, node_namespace: str
+) -> None:
+    """A partition's layout and its sharing change what node-0 advertises: seven whole
+    1g.10gb instances, then 70 vgpu shares over them, then the whole GPU again. A pod of
+    each kind runs and is refused past its instance or budget."""
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    bed.apply("default", partition("Whole"))
+    try:
+        alloc = wait_until("node-0 advertising 7 whole 1g.10gb instances", lambda: (
+            a if (a := bed.allocatable("node-0")).get(MIG_1G) == "7"
+            and a.get(VGPU) == "0" else None), 180, 1)
+        assert alloc[VGPU_MEMORY] == "0" and alloc[VGPU_CORES] == "0", alloc
+        bed.apply(node_namespace, gpu_pod(
+            "whole", "cuda-info && cuda-alloc 9000 && cuda-alloc 12000", {MIG_1G: "1"}))
+        done = bed.wait_phase(node_namespace, "whole", {"Succeeded", "Failed"})
+        logs = bed.logs(node_namespace, "whole")
+        assert done["status"]["phase"] == "Failed", logs
+        lines = logs.splitlines()
+        gpu_line = next(line for line in lines if line.startswith("0 "))
+        total = int(gpu_line.split()[-2])
+        assert 9000 < total < 10240 and "MIG 1g.10gb" in gpu_line, logs  # one instance
+        assert "devices 1" in lines and "allocated 9000" in lines, logs
+        assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
+
+        bed.apply("default", partition("Shares"))
+        alloc = wait_until("node-0 advertising 70 shares over its instances", lambda: (
+            a if (a := bed.allocatable("node-0")).get(VGPU) == str(7 * SHARES)
+            and a.get(MIG_1G) == "0" else None), 60, 1)
+        assert alloc[VGPU_MEMORY] == str(7 * total) and alloc[VGPU_CORES] == "700", alloc
+        bed.apply(node_namespace, gpu_pod(
+            "shared", "cuda-info && cuda-alloc 2000 && cuda-alloc 2100", vgpu(2048)))
+        done = bed.wait_phase(node_namespace, "shared", {"Succeeded", "Failed"})
+        logs = bed.logs(node_namespace, "shared")
+        lines = logs.splitlines()
+        gpu_line = next(line for line in lines if line.startswith("0 "))
+        assert gpu_line.split()[-2:] == ["2048", "2048"] and "MIG 1g.10gb" in gpu_line, logs
+        assert "allocated 2000" in lines and "allocated 2100" not in lines, logs
+        assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
+    finally:
+        bed.kubectl("delete", "gpupartition", "node0-mig", "--wait=false")
+    wait_until("the partition reset and gone", lambda: bed.kubectl(
+        "get", "gpupartition", "node0-mig").returncode != 0, 180, 1)
+    wait_until("node-0 advertising its whole GPU again", lambda: (
+        a if (a := bed.allocatable("node-0")).get(VGPU) == str(SHARES)
+        and a.get(MIG_1G) == "0" else None), 60, 1)
