@@ -8,12 +8,15 @@ DaemonSet pod's does), one simulated GPU node of its own (``tessera_sim``), and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +197,18 @@ class KubeletNodeDaemon(NodeDaemonProcess):
     in the node's namespaces as a DaemonSet pod with host paths would be: the kubelet's
     device-plugin and PodResources sockets and ``/var/lib/tessera`` at their standard
     places, the node's simulated GPUs (``GPU_DIR``) as its driver, the ``sim`` visibility
-    (containerd here has no CDI), metrics on the node's own address."""
+    (containerd here has no CDI), metrics on the node's own address. The kubelet's
+    PodResources API is reached through a proxy the tests can hold (``podres``): a daemon
+    that cannot confirm which pod an allocation is for, as if it were slow."""
+
+    PODRES_PROXY = "/run/tessera-podres.sock"
 
     def __init__(self, node: Node, kubeconfig: Path, logdir: Path,
                  extra: list[str] | None = None) -> None:
+        ns_root = f"/proc/{node.holder_pid}/root"
+        self.podres = HoldableUnixProxy(
+            ns_root + self.PODRES_PROXY,
+            ns_root + "/var/lib/kubelet/pod-resources/kubelet.sock").start()
         self.node = node.name
         self.real = node
         self.kubeconfig = kubeconfig
@@ -212,6 +223,7 @@ class KubeletNodeDaemon(NodeDaemonProcess):
                      "tessera_node.cli", "run", "--node-name", node.name,
                      "--kubeconfig", str(kubeconfig), "--driver-root", GPU_DIR,
                      "--device-visibility", "sim", "--libtessera", str(LIBTESSERA),
+                     "--pod-resources-socket", self.PODRES_PROXY,
                      "--metrics-host", node.ip, "--metrics-port", str(self.port),
                      "--poll-interval", "0.5", "--stuck-after", "10", *(extra or [])]
         self.env = {**os.environ, "TESSERA_SIM_NODE": f"{GPU_DIR}/node.conf",
@@ -222,12 +234,69 @@ class KubeletNodeDaemon(NodeDaemonProcess):
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                          env=self.env, preexec_fn=die_with_parent())
 
+    def stop(self) -> None:
+        super().stop()
+        self.podres.stop()
+
     def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
         """nvidia-smi on the node (the simulator's), as an administrator would run it."""
         return subprocess.run([*self.real.nsenter("-m"), "env",
                                f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
                                f"{GPU_DIR}/bin/nvidia-smi", *args],
                               capture_output=True, text=True, timeout=60)
+
+
+class HoldableUnixProxy:
+    """A unix-socket forwarder a test can hold: while held, each new connection is closed at
+    once (the client sees the server unavailable). Paths may be ``/proc/<pid>/root/...`` to
+    reach into a node's mount namespace (short enough for a socket address)."""
+
+    def __init__(self, listen: str, target: str) -> None:
+        self.listen = listen
+        self.target = target
+        self.held = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="unix-proxy")
+        self._ready = threading.Event()
+
+    def start(self) -> HoldableUnixProxy:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.listen)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"proxy at {self.listen} did not start")
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(asyncio.start_unix_server(self._handle, self.listen))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if self.held.is_set():
+            w.close()
+            return
+        try:
+            tr, tw = await asyncio.open_unix_connection(self.target)
+        except OSError:
+            w.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(r, tw), pipe(tr, w))
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 def node_json(kubectl: Kubectl, node: str) -> Any:

@@ -10,7 +10,9 @@ libcuda, with libtessera loaded by the ``ld.so.preload`` Allocate mounts.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,11 +23,13 @@ from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.images import WORKLOAD
 from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
 from tessera_e2e.operators import LocalOperators, wait_until
+from tessera_node.budget.formats import read_budget
 
 pytestmark = pytest.mark.integration
 
 MIG_1G = mig_resource_name("1g.10gb")
 SHARES = 10  # the daemon's default shares per GPU
+BUDGET_WAIT_S = 8  # how long libtessera waits for a pending budget file
 ANCHOR = {"name": "daemon", "image": WORKLOAD, "imagePullPolicy": "Never",
           "command": ["sleep", "86400"]}
 
@@ -104,7 +108,8 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         for node in node_cluster.nodes:
             kc = daemon_kubeconfig(node_cluster.kubectl, node_cluster.kubeconfig, logdir,
                                    node.name, container=ANCHOR)
-            daemons[node.name] = KubeletNodeDaemon(node, kc, logdir).start()
+            daemons[node.name] = KubeletNodeDaemon(node, kc, logdir,
+                                                   ["--budget-wait", str(BUDGET_WAIT_S)]).start()
         for d in daemons.values():
             wait_until(f"{d.node} daemon ready", lambda d=d: d.get("/readyz")[0] == 200, 60)
         yield Bed(node_cluster, ops, daemons)
@@ -198,6 +203,7 @@ def test_mig_instances_whole_then_shared_then_mig_disabled_again(
         assert gpu_line.split()[-2:] == ["2048", "2048"] and "MIG 1g.10gb" in gpu_line, logs
         assert "allocated 2000" in lines and "allocated 2100" not in lines, logs
         assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
+        overcommit_is_refused_with_an_event(bed, node_namespace)
     finally:
         bed.kubectl("delete", "gpupartition", "node0-mig", "--wait=false")
     wait_until("the partition reset and gone", lambda: bed.kubectl(
@@ -205,3 +211,171 @@ def test_mig_instances_whole_then_shared_then_mig_disabled_again(
     wait_until("node-0 advertising its whole GPU again", lambda: (
         a if (a := bed.allocatable("node-0")).get(VGPU) == str(SHARES)
         and a.get(MIG_1G) == "0" else None), 60, 1)
+
+
+def overcommit_is_refused_with_an_event(bed: Bed, namespace: str) -> None:
+    """Two pods of 6000 MiB each admitted onto one ~10 GiB instance while the daemon cannot
+    confirm them yet (both Allocates fit what is confirmed): once it can, one gets its
+    budget, the other a refused budget file (no GPU memory, the reason on stderr) and an
+    Event saying why. The scheduler cannot see this: the node has room for both."""
+    d = bed.daemons["node-0"]
+    d.podres.held.set()
+    try:
+        for name in ("first", "second"):
+            bed.apply(namespace, gpu_pod(name, "cuda-alloc 5000", vgpu(6000)))
+        for name in ("first", "second"):
+            bed.wait_phase(namespace, name, {"Running", "Succeeded", "Failed"})
+    finally:
+        d.podres.held.clear()
+    outcome = {}
+    for name in ("first", "second"):
+        done = bed.wait_phase(namespace, name, {"Succeeded", "Failed"})
+        outcome[name] = (done["status"]["phase"], bed.logs(namespace, name))
+    phases = sorted(p for p, _ in outcome.values())
+    assert phases == ["Failed", "Succeeded"], outcome
+    refused = next(n for n, (p, _) in outcome.items() if p == "Failed")
+    logs = outcome[refused][1]
+    assert "would exceed" in logs and "CUDA_ERROR_OUT_OF_MEMORY" in logs, logs
+    events = wait_until("the refused pod's Event", lambda: json.loads(bed.kubectl(
+        "get", "events", "-n", namespace, "-o", "json", "--field-selector",
+        f"involvedObject.name={refused},reason=GPUBudgetRefused").stdout)["items"], 30)
+    assert "would exceed" in events[0]["message"], events
+    assert events[0]["type"] == "Warning" and events[0]["source"]["component"] == \
+        "tessera-node", events
+
+
+def test_a_pending_budget_waits_for_a_slow_daemon_then_refuses(
+    bed: Bed, node_namespace: str
+) -> None:
+    """While the daemon cannot tell which pod an allocation is for (its PodResources calls
+    fail), the container's budget file is pending: libtessera's first GPU call waits for
+    it, a bounded time. Confirmed within the wait: the program runs under its budget.
+    Not: GPU memory is refused with one clear line."""
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    d = bed.daemons["node-1"]
+    d.podres.held.set()
+    try:
+        bed.apply(node_namespace, gpu_pod("impatient", "cuda-alloc 100", vgpu(1024),
+                                          node="node-1"))
+        done = bed.wait_phase(node_namespace, "impatient", {"Succeeded", "Failed"})
+    finally:
+        d.podres.held.clear()
+    logs = bed.logs(node_namespace, "impatient")
+    assert done["status"]["phase"] == "Failed", logs
+    assert f"budget not ready after {BUDGET_WAIT_S * 1000} ms" in logs, logs
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in logs, logs
+
+    d.podres.held.set()
+    try:
+        bed.apply(node_namespace, gpu_pod(
+            "patient", "t=$(date +%s); cuda-alloc 100 && echo waited $(($(date +%s) - t))",
+            vgpu(1024), node="node-1"))
+        bed.wait_phase(node_namespace, "patient", {"Running", "Succeeded", "Failed"})
+        pending = [read_budget(p).state for p in d.state_dir.glob("containers/*/budget")]
+        assert "pending" in pending, pending
+        time.sleep(3)
+    finally:
+        d.podres.held.clear()
+    done = bed.wait_phase(node_namespace, "patient", {"Succeeded", "Failed"})
+    logs = bed.logs(node_namespace, "patient")
+    assert done["status"]["phase"] == "Succeeded", logs
+    lines = logs.splitlines()
+    assert "allocated 100" in lines, logs
+    waited = int(next(line for line in lines if line.startswith("waited")).split()[1])
+    assert 2 <= waited <= BUDGET_WAIT_S, logs
+
+
+def test_a_pod_setting_nvidia_visible_devices_itself_gets_nothing_more(
+    bed: Bed, node_namespace: str
+) -> None:
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    every = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}
+    bed.apply(node_namespace, gpu_pod("sneaky", "cuda-info", {}, env=every))
+    bed.apply(node_namespace, gpu_pod("budgeted-sneaky", "cuda-info", vgpu(1024), env=every))
+    sneaky = bed.wait_phase(node_namespace, "sneaky", {"Succeeded", "Failed"})
+    logs = bed.logs(node_namespace, "sneaky")
+    assert sneaky["status"]["phase"] == "Failed" and "libcuda.so.1" in logs, logs
+    budgeted = bed.wait_phase(node_namespace, "budgeted-sneaky", {"Succeeded", "Failed"})
+    logs = bed.logs(node_namespace, "budgeted-sneaky")
+    assert budgeted["status"]["phase"] == "Succeeded", logs
+    lines = logs.splitlines()
+    assert "devices 1" in lines, logs
+    assert next(x for x in lines if x.startswith("0 ")).split()[-2:] == ["1024", "1024"], logs
+
+
+def test_kubelet_restart_re_registration_running_pods_keep_budgets(
+    bed: Bed, node_namespace: str
+) -> None:
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    bed.apply(node_namespace, gpu_pod("keeper", "cuda-info; exec sleep 3600", vgpu(2048),
+                                      node="node-1"))
+    bed.wait_phase(node_namespace, "keeper", {"Running"})
+    before = wait_until("keeper's output", lambda: bed.logs(node_namespace, "keeper"), 30)
+    assert " 2048 2048" in before, before
+    restarted = time.time()
+    bed.cluster.node("node-1").restart_kubelet(kill=True)
+    d = bed.daemons["node-1"]
+    wait_until("the daemon registering again", lambda: any(
+        r.get("msg") == "serving and registering again" for r in d.log_records(restarted)), 60)
+    wait_until("node-1 advertising its shares again", lambda: bed.allocatable(
+        "node-1").get(VGPU) == str(SHARES), 60)
+
+    def exec_info() -> str:
+        out = bed.kubectl("exec", "-n", node_namespace, "keeper", "--", "cuda-info")
+        return str(out.stdout) if out.returncode == 0 else ""
+
+    again = wait_until("cuda-info in the running pod", exec_info, 60)
+    assert again.splitlines()[0].split()[-2:] == ["2048", "2048"], again
+    bed.apply(node_namespace, gpu_pod("after", "cuda-info", vgpu(1024), node="node-1"))
+    done = bed.wait_phase(node_namespace, "after", {"Succeeded", "Failed"})
+    logs = bed.logs(node_namespace, "after")
+    assert done["status"]["phase"] == "Succeeded" and " 1024 1024" in logs, logs
+
+
+def test_twenty_pods_at_once(bed: Bed, node_namespace: str) -> None:
+    """20 budgeted pods created at once fill both nodes' 20 shares; each runs under its own
+    budget. Prints the figures docs/node-daemon.md quotes."""
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    names = [f"many-{i:02d}" for i in range(20)]
+    manifests = [gpu_pod(n, "cuda-info && cuda-alloc 1000", vgpu(1024), node=None)
+                 for n in names]
+    started = time.time()
+    out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": manifests}))
+    assert out.returncode == 0, out.stderr
+    def all_done() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = json.loads(bed.kubectl(
+            "get", "pods", "-n", node_namespace, "-o", "json").stdout)["items"]
+        done = [p for p in items if p["status"].get("phase") in ("Succeeded", "Failed")]
+        return items if len(done) == 20 else None
+
+    pods = wait_until("20 pods done", all_done, 300, 1)
+    elapsed = time.time() - started
+    failed = {p["metadata"]["name"]: bed.logs(node_namespace, p["metadata"]["name"])
+              for p in pods if p["status"]["phase"] != "Succeeded"}
+    assert not failed, failed
+    per_node = {n: sum(p["spec"]["nodeName"] == n for p in pods) for n in bed.daemons}
+    assert per_node == {"node-0": 10, "node-1": 10}, per_node
+    uuids = set()
+    for p in pods:
+        lines = bed.logs(node_namespace, p["metadata"]["name"]).splitlines()
+        gpu = next(x for x in lines if x.startswith("0 ")).split()
+        assert gpu[-2:] == ["1024", "1024"] and "allocated 1000" in lines, lines
+        uuids.add(gpu[-3])
+    assert len(uuids) == 2, uuids  # one GPU per node
+    to_start = sorted(_seconds(p["status"]["containerStatuses"][0]["state"]["terminated"][
+        "startedAt"]) - _seconds(p["metadata"]["creationTimestamp"]) for p in pods)
+    allocs = {n: (d.metric("tessera_node_allocate_seconds_sum"),
+                  d.metric("tessera_node_allocate_seconds_count"))
+              for n, d in bed.daemons.items()}
+    print(f"\n[figures] 20 pods at once: all Succeeded in {elapsed:.1f}s; create->container "
+          f"start p50 {to_start[9]:.0f}s max {to_start[-1]:.0f}s; Allocate (sum s, count) "
+          f"per daemon so far {allocs}")
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()

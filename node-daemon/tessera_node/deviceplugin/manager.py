@@ -4,11 +4,14 @@ they belong to. It calls the pure modules and the budget writer; the gRPC server
 ``resolve`` is the periodic step (every second while an allocation is pending): it takes one
 PodResources ``List``, confirms pending allocations (budget ready, or refused with an Event
 when memory would overcommit or the pod has no budget), and removes the files of
-allocations whose pods have ended.
+allocations whose pods have ended (deleted, or Succeeded/Failed, and no longer listed by the
+kubelet). Its caller must know the node's pods (the pod watch listed): a pod missing from
+``pods`` counts as ended.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +40,11 @@ from tessera_node.deviceplugin.response import (
     container_response,
 )
 from tessera_node.deviceplugin.server import AllocateError
+
+log = logging.getLogger("tessera_node.deviceplugin")
+
+ENDED = ("Succeeded", "Failed")
+"""Pod phases after which no container of the pod runs again."""
 
 Refused = Callable[[PodView, str, str], None]
 """(pod, container, reason): the daemon posts an Event on the pod."""
@@ -169,10 +177,23 @@ class Manager:
             for key, rec in records.items():
                 if key in held:
                     continue
-                if key in self._matched or now - rec.created > self.config.forget_after_s:
-                    self._matched.pop(key, None)
-                    self.registry.drop(key)
-                    self.writer.remove(key)
+                ref = self._matched.get(key)
+                if ref is None:
+                    if now - rec.created <= self.config.forget_after_s:
+                        continue
+                    why = "never confirmed"
+                else:
+                    # The kubelet lists nothing for a moment after it restarts: a container's
+                    # files go only once its pod has ended (removing a file a running
+                    # container has a mount on would detach that mount, budget and all).
+                    pod = pods.get((ref.namespace, ref.pod))
+                    if pod is not None and pod.phase not in ENDED:
+                        continue
+                    why = "pod ended"
+                self._matched.pop(key, None)
+                self.registry.drop(key)
+                self.writer.remove(key)
+                log.info("allocation removed", extra={"key": key, "why": why})
 
     def _confirm(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None) -> None:
         self._matched[rec.key] = ref

@@ -329,6 +329,8 @@ class DevicePluginService:
             self.unregistered.pop(name, None)
 
     async def _resolve(self, manager: Manager) -> None:
+        if not self.health.synced(POD_WATCH):
+            return  # a pod not known yet would count as ended
         try:
             listing = await asyncio.to_thread(self._list_held)
         except OSError as exc:

@@ -204,7 +204,12 @@ def test_cycle_pending_ready_refused_removed(tmp_path: Path) -> None:
     assert c.events == [("b", "main", b.reason)]
     c.m.resolve(both)
     assert len(c.events) == 1  # one Event, not one per period
+    # the kubelet lists nothing for a moment (it restarted): a's pod has not ended, a's
+    # files stay (removing them would detach the running container's budget mount)
+    c.m.resolve([])
+    assert sorted(r.key for r in c.writer.records()) == sorted([ka, kb])
     # a ends: its files go; b's are kept while the kubelet shows it
+    c.pods[0]["status"] = {"phase": "Succeeded"}
     c.m.resolve(both[1:])
     assert [r.key for r in c.writer.records()] == [kb]
     assert not (c.writer.root / ka).exists()
@@ -231,5 +236,6 @@ def test_pod_without_budget_is_refused_and_stale_pending_is_forgotten(tmp_path: 
     assert [e[:2] for e in c.events] == [("a", "main")]
     c.pods.append(pod("b", {"main": {VGPU: 1}}, budget=budget_of(GIB)))
     c.m.allocate(VGPU, [share_id(G0, 1)])  # b's, never shown held by the kubelet
+    del c.pods[0]  # a deleted
     c.m.resolve([], now=c.writer.records()[-1].created + 301)
     assert c.writer.records() == []
