@@ -340,6 +340,8 @@ def test_twenty_pods_at_once(bed: Bed, node_namespace: str) -> None:
     budget. Prints the figures docs/node-daemon.md quotes."""
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
+    files_before = {n: len(list(d.state_dir.glob("containers/*/budget")))
+                    for n, d in bed.daemons.items()}
     names = [f"many-{i:02d}" for i in range(20)]
     manifests = [gpu_pod(n, "cuda-info && cuda-alloc 1000", vgpu(1024), node=None)
                  for n in names]
@@ -358,8 +360,9 @@ def test_twenty_pods_at_once(bed: Bed, node_namespace: str) -> None:
     failed = {p["metadata"]["name"]: bed.logs(node_namespace, p["metadata"]["name"])
               for p in pods if p["status"]["phase"] != "Succeeded"}
     assert not failed, failed
+    # both nodes' shares are used (a pod that ended gives its share back at once)
     per_node = {n: sum(p["spec"]["nodeName"] == n for p in pods) for n in bed.daemons}
-    assert per_node == {"node-0": 10, "node-1": 10}, per_node
+    assert all(per_node.values()), per_node
     uuids = set()
     for p in pods:
         lines = bed.logs(node_namespace, p["metadata"]["name"]).splitlines()
@@ -367,12 +370,17 @@ def test_twenty_pods_at_once(bed: Bed, node_namespace: str) -> None:
         assert gpu[-2:] == ["1024", "1024"] and "allocated 1000" in lines, lines
         uuids.add(gpu[-3])
     assert len(uuids) == 2, uuids  # one GPU per node
+    # every container's files went with its pod
+    for n, d in bed.daemons.items():
+        wait_until(f"{n}'s budget files removed", lambda n=n, d=d: len(list(
+            d.state_dir.glob("containers/*/budget"))) <= files_before[n], 30)
     to_start = sorted(_seconds(p["status"]["containerStatuses"][0]["state"]["terminated"][
         "startedAt"]) - _seconds(p["metadata"]["creationTimestamp"]) for p in pods)
     allocs = {n: (d.metric("tessera_node_allocate_seconds_sum"),
                   d.metric("tessera_node_allocate_seconds_count"))
               for n, d in bed.daemons.items()}
-    print(f"\n[figures] 20 pods at once: all Succeeded in {elapsed:.1f}s; create->container "
+    print(f"\n[figures] 20 pods at once: all Succeeded in {elapsed:.1f}s ({per_node}); "
+          f"create->container "
           f"start p50 {to_start[9]:.0f}s max {to_start[-1]:.0f}s; Allocate (sum s, count) "
           f"per daemon so far {allocs}")
 

@@ -177,8 +177,8 @@ class Manager:
             for key, rec in records.items():
                 if key in held:
                     continue
-                ref = self._matched.get(key)
-                if ref is None:
+                owner = self._matched.get(key)
+                if owner is None:
                     if now - rec.created <= self.config.forget_after_s:
                         continue
                     why = "never confirmed"
@@ -186,7 +186,7 @@ class Manager:
                     # The kubelet lists nothing for a moment after it restarts: a container's
                     # files go only once its pod has ended (removing a file a running
                     # container has a mount on would detach that mount, budget and all).
-                    pod = pods.get((ref.namespace, ref.pod))
+                    pod = pods.get((owner.namespace, owner.pod))
                     if pod is not None and pod.phase not in ENDED:
                         continue
                     why = "pod ended"
