@@ -19,6 +19,7 @@ import pytest
 
 from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.api.resources import mig_resource_name
+from tessera.mig.catalog import profile
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.images import WORKLOAD
 from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
@@ -140,7 +141,8 @@ def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     bed.apply(node_namespace, gpu_pod(
-        "budgeted", "cuda-info && cuda-alloc 1000 && cuda-alloc 1100", vgpu(1024)))
+        "budgeted", "nvml-info && cuda-info && cuda-alloc 1000 && cuda-alloc 1100",
+        vgpu(1024)))
     done = bed.wait_phase(node_namespace, "budgeted", {"Succeeded", "Failed"})
     logs = bed.logs(node_namespace, "budgeted")
     assert done["status"]["phase"] == "Failed", logs
@@ -151,6 +153,9 @@ def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
     gpu_line = next(line for line in lines if line.startswith("0 "))
     assert gpu_line.split()[-2:] == ["1024", "1024"], logs
     assert "devices 1" in lines and "allocated 1000" in lines and "freed" in lines, logs
+    # NVML's memory info (what nvidia-smi shows) too: index, name, uuid, total, used, free
+    nvml = next(line for line in lines if line.startswith("0, ")).split(", ")
+    assert nvml[-3:] == ["1024", "0", "1024"] and nvml[2] == gpu_line.split()[-3], logs
     assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
     assert "allocated 1100" not in lines, logs
 
@@ -185,7 +190,9 @@ def test_mig_instances_whole_then_shared_then_mig_disabled_again(
         lines = logs.splitlines()
         gpu_line = next(line for line in lines if line.startswith("0 "))
         total = int(gpu_line.split()[-2])
-        assert 9000 < total < 10240 and "MIG 1g.10gb" in gpu_line, logs  # one instance
+        # one instance: its memory as the model table (and nvidia-smi) says
+        assert total == profile("H100-80GB", "1g.10gb").memory_mib, logs
+        assert "MIG 1g.10gb" in gpu_line, logs
         assert "devices 1" in lines and "allocated 9000" in lines, logs
         assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
 

@@ -226,7 +226,8 @@ class Manager:
         ))
 
     def pending(self) -> bool:
-        return any(r.key not in self._matched for r in self.writer.records())
+        with self._lock:
+            return any(r.key not in self._matched for r in self.writer.records())
 
 
 class ResourcePlugin:

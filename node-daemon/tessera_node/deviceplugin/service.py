@@ -257,7 +257,13 @@ class DevicePluginService:
         self.error = None
         try:
             while True:
-                await self.step()
+                try:
+                    await self.step()
+                except (ApiError, OSError, ValueError) as exc:
+                    # the plugins keep serving: stopping them would make the kubelet count
+                    # every device unhealthy and refuse the pods it is admitting
+                    metrics.ERRORS.labels("device-plugin").inc()
+                    log.exception("device plugin step failed", extra={"error": str(exc)})
                 manager = self.require_manager()
                 interval = (self.opts.confirm_interval_s if manager.pending()
                             else self.opts.poll_interval_s)
