@@ -148,6 +148,8 @@ def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
     assert done["status"]["phase"] == "Failed", logs
     state = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state["exitCode"] == 1, (state, logs)
+    print(f"\n[figures] one vgpu pod: create->container start "
+          f"{_seconds(state['startedAt']) - _seconds(done['metadata']['creationTimestamp']):.0f}s")
     lines = logs.splitlines()
     # cuMemGetInfo inside shows the budget: 1024 MiB in total, all of it free
     gpu_line = next(line for line in lines if line.startswith("0 "))
