@@ -102,3 +102,8 @@ CONTAINERS_DIR = "containers"
 """Under the state directory: one directory per allocation (budget file, ledger)."""
 LIB_DIR = "lib"
 """Under the state directory: one directory per installed libtessera version."""
+ALLOCATE_WAIT_S = 10.0
+"""How long an Allocate that finds no candidate pod waits for the pod watch to show one (the
+kubelet may hear of a pod before the daemon does)."""
+FORGET_PENDING_S = 300.0
+"""A pending allocation the kubelet never shows as held is removed after this long."""

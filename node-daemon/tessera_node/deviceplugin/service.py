@@ -46,14 +46,17 @@ from tessera_node.deviceplugin.matcher import Held, PodView, pod_view
 from tessera_node.deviceplugin.podresources import PodResourcesClient
 from tessera_node.deviceplugin.response import ContainerResponse, SimPaths
 from tessera_node.deviceplugin.server import AllocateError, PluginServer
-from tessera_node.settings import CONTAINERS_DIR, LIB_DIR, Options
+from tessera_node.settings import (
+    ALLOCATE_WAIT_S,
+    CONTAINERS_DIR,
+    FORGET_PENDING_S,
+    LIB_DIR,
+    Options,
+)
 
 log = logging.getLogger("tessera_node.deviceplugin")
 
 POD_WATCH = "pods"
-ALLOCATE_WAIT_S = 10.0
-"""How long Allocate waits for the pod watch to show a pod that could be the one (the
-kubelet may hear of a pod before the daemon does)."""
 REFUSED_REASON = "GPUBudgetRefused"
 
 
@@ -291,6 +294,7 @@ class DevicePluginService:
             node=self.opts.node_name, shares_per_unit=self.opts.shares_per_unit,
             lib_dir=str(lib_dir), visibility=self.opts.device_visibility,  # type: ignore[arg-type]
             policy=self.opts.share_policy, sim=sim,  # type: ignore[arg-type]
+            forget_after_s=FORGET_PENDING_S,
         )
         writer = BudgetWriter(state / CONTAINERS_DIR, int(self.opts.budget_wait_s * 1000))
         self.manager = Manager(config, writer, self.pods, self._on_refused, self.registry)
