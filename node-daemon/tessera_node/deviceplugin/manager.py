@@ -87,6 +87,7 @@ class Manager:
         self.state = NodeState()
         self._lock = threading.Lock()
         self._matched: dict[str, ContainerRef] = {}
+        self._ready_cache: dict[str, list[tuple[str, int | None]]] | None = None
 
     # -- what is advertised ------------------------------------------------------------
     def update(self, state: NodeState) -> None:
@@ -117,6 +118,7 @@ class Manager:
                 )
             key = allocation_key(resource, device_ids)
             self._matched.pop(key, None)
+            self._ready().pop(key, None)
             self.writer.allocate(key, resource, list(device_ids), list(decision.units))
             return container_response(
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
@@ -128,19 +130,27 @@ class Manager:
         """Memory budgeted per unit by ready allocations (a whole instance: all of it)."""
         mem = {u.uuid: u.memory_bytes for u in self.state.units}
         held: dict[str, list[int]] = {}
-        for rec in self.writer.records():
-            if rec.key == exclude:
+        for key, entries in self._ready().items():
+            if key == exclude:
                 continue
-            b = self.writer.read(rec.key)
-            if b.state != "ready":
-                continue
-            for e in b.entries:
-                if e.uuid is None:
-                    continue
-                held.setdefault(e.uuid, []).append(
-                    e.memory if e.memory is not None else (mem.get(e.uuid) or 0)
-                )
+            for uuid, memory in entries:
+                held.setdefault(uuid, []).append(
+                    memory if memory is not None else (mem.get(uuid) or 0))
         return held
+
+    def _ready(self) -> dict[str, list[tuple[str, int | None]]]:
+        """Ready allocations' (unit, memory budget) entries, kept in memory (read from disk
+        once, after a restart): every Allocate checks them, and reading every budget file
+        each time cost milliseconds per Allocate on a busy node."""
+        if self._ready_cache is None:
+            cache: dict[str, list[tuple[str, int | None]]] = {}
+            for rec in self.writer.records():
+                b = self.writer.read(rec.key)
+                if b.state == "ready":
+                    cache[rec.key] = [(e.uuid, e.memory) for e in b.entries
+                                      if e.uuid is not None]
+            self._ready_cache = cache
+        return self._ready_cache
 
     def _fits(self, pod: PodView, container: str, resource: str, units: Sequence[str],
               exclude: str | None = None) -> str | None:
@@ -192,6 +202,7 @@ class Manager:
                     why = "pod ended"
                 self._matched.pop(key, None)
                 self.registry.drop(key)
+                self._ready().pop(key, None)
                 self.writer.remove(key)
                 log.info("allocation removed", extra={"key": key, "why": why})
 
@@ -199,19 +210,22 @@ class Manager:
         self._matched[rec.key] = ref
         if pod is None:
             gone = f"pod {ref.namespace}/{ref.pod} not found"
+            self._ready().pop(rec.key, None)
             self.writer.refuse(rec.key, gone)
             self._register(rec, ref, "", None, gone)
             return
         whole = rec.resource != VGPU
         why = self._fits(pod, ref.container, rec.resource, rec.units, exclude=rec.key)
         if why is not None:
+            self._ready().pop(rec.key, None)
             self.writer.refuse(rec.key, why)
             self._register(rec, ref, pod.uid, None, why)
             self.on_refused(pod, ref.container, why)
             return
         b = budgets.container_budget(pod.annotations, ref.container)
-        self.writer.ready(rec.key, budgets.entries(b, rec.units, whole,
-                                                   self.state.context_bytes))
+        entries = budgets.entries(b, rec.units, whole, self.state.context_bytes)
+        self.writer.ready(rec.key, entries)
+        self._ready()[rec.key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
         self._register(rec, ref, pod.uid, b, None)
 
     def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,

@@ -11,13 +11,14 @@ import pytest
 from test_deviceplugin_devices import G0, G1, M0, M1, SNAP
 from test_deviceplugin_matching import Cycle, budget_of, pod
 
-from tessera.api.names import VGPU
+from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera.kube.health import Health
 from tessera_node.cli import build_parser, options
 from tessera_node.deviceplugin import library
 from tessera_node.deviceplugin.devices import HEALTHY, UNHEALTHY, share_id
 from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key
 from tessera_node.deviceplugin.response import LIB_NAME, PRELOAD_NAME, preload_line
+from tessera_node.deviceplugin.server import AllocateError
 from tessera_node.deviceplugin.service import DevicePluginService
 from tessera_node.settings import Options
 
@@ -150,3 +151,14 @@ def test_the_registry_lists_containers_set_up_until_their_pods_end(tmp_path: Pat
     c.pods[0]["status"] = {"phase": "Failed"}
     c.m.resolve(both[1:])
     assert [e.pod for e in c.m.registry.snapshot()] == ["b"]
+
+
+def test_a_restarted_daemon_counts_the_budgets_already_on_disk(tmp_path: Path) -> None:
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(50 * GIB))])
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    c.m.resolve([Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),))])
+    again = Cycle(tmp_path, [pod("b", {"main": {VGPU: 1}}, budget=budget_of(40 * GIB))])
+    with pytest.raises(AllocateError, match="no pending pod on n1 asking for 1"):
+        again.m.allocate(VGPU, [share_id(G0, 1)])  # 50 + 40 GiB > 80 GiB
+    again.pods[0]["metadata"]["annotations"][ANNOTATION_BUDGET] = budget_of(30 * GIB)
+    again.m.allocate(VGPU, [share_id(G0, 1)])  # 50 + 30 fits
