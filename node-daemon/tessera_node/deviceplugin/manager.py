@@ -23,7 +23,13 @@ from tessera_node.budget.writer import AllocationRecord, BudgetWriter
 from tessera_node.containers import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin import budgets, fit
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred
-from tessera_node.deviceplugin.devices import PluginDevice, Sharing, Unit, advertised
+from tessera_node.deviceplugin.devices import (
+    PluginDevice,
+    Sharing,
+    Unit,
+    advertised,
+    unit_of,
+)
 from tessera_node.deviceplugin.matcher import (
     ContainerRef,
     Held,
@@ -239,6 +245,35 @@ class Manager:
             ledger_dir=str(self.writer.ledger_dir(rec.key)),
         ))
 
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]:
+        """GetPreferredAllocation: the policy's choice among the units whose unbudgeted
+        memory holds the smallest budget a pending pod asking for ``size`` shares has
+        (``pack`` alone would send a pod to the fullest GPU, where its Allocate fails
+        while another GPU has room); all units when too few of them do."""
+        with self._lock:
+            gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
+            if resource == VGPU:
+                need = self._smallest_need(resource, size)
+                if need is not None:
+                    mem = {u.uuid: u.memory_bytes for u in self.state.units}
+                    free = fit.free_memory({u: m for u, m in mem.items() if m is not None},
+                                           self._held())
+                    roomy = [d for d in available if free.get(unit_of(d), -1) >= need]
+                    if len({unit_of(d) for d in [*must_include, *roomy]}) >= size:
+                        available = roomy
+            return preferred(available, must_include, size, gpu_of, self.config.policy)
+
+    def _smallest_need(self, resource: str, size: int) -> int | None:
+        needs = []
+        for p, c in candidates(self.pods(), self.config.node, resource, size,
+                               frozenset(self._matched.values())):
+            try:
+                needs.append(budgets.container_budget(p.annotations, c).memory_bytes)
+            except BudgetError:
+                continue
+        return min(needs) if needs else None
+
     def pending(self) -> bool:
         with self._lock:
             return any(r.key not in self._matched for r in self.writer.records())
@@ -256,8 +291,7 @@ class ResourcePlugin:
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int
                   ) -> list[str]:
-        gpu_of = {u.uuid: u.gpu_uuid for u in self.manager.state.units}
-        return preferred(available, must_include, size, gpu_of, self.manager.config.policy)
+        return self.manager.preferred(self.name, available, must_include, size)
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
         return self.manager.allocate(self.name, device_ids)

@@ -15,7 +15,8 @@ from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera.kube.health import Health
 from tessera_node.cli import build_parser, options
 from tessera_node.deviceplugin import library
-from tessera_node.deviceplugin.devices import HEALTHY, UNHEALTHY, share_id
+from tessera_node.deviceplugin.devices import HEALTHY, UNHEALTHY, Unit, share_id
+from tessera_node.deviceplugin.manager import NodeState
 from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key
 from tessera_node.deviceplugin.response import LIB_NAME, PRELOAD_NAME, preload_line
 from tessera_node.deviceplugin.server import AllocateError
@@ -162,3 +163,22 @@ def test_a_restarted_daemon_counts_the_budgets_already_on_disk(tmp_path: Path) -
         again.m.allocate(VGPU, [share_id(G0, 1)])  # 50 + 40 GiB > 80 GiB
     again.pods[0]["metadata"]["annotations"][ANNOTATION_BUDGET] = budget_of(30 * GIB)
     again.m.allocate(VGPU, [share_id(G0, 1)])  # 50 + 30 fits
+
+
+def test_preferred_allocation_packs_only_onto_units_with_room_for_the_pending_budget(
+    tmp_path: Path
+) -> None:
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(50 * GIB)),
+                         pod("b", {"main": {VGPU: 1}}, budget=budget_of(40 * GIB))])
+    c.m.update(NodeState(units=[Unit(G0, G0, 0, None, 80 * GIB, True),
+                                Unit(G1, G1, 1, None, 80 * GIB, True)]))
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    c.m.resolve([Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),))])
+    free = [share_id(u, k) for u in (G0, G1) for k in range(4) if (u, k) != (G0, 0)]
+    plugin = c.m.resource(VGPU)
+    # pack alone prefers G0 (in use, fewer free shares), but 50 + 40 GiB do not fit there
+    assert plugin.preferred(free, [], 1) == [share_id(G1, 0)]
+    c.pods[1]["metadata"]["annotations"][ANNOTATION_BUDGET] = budget_of(20 * GIB)
+    assert plugin.preferred(free, [], 1) == [share_id(G0, 1)]  # it fits: pack onto G0
+    c.pods[1]["metadata"]["annotations"][ANNOTATION_BUDGET] = budget_of(90 * GIB)
+    assert plugin.preferred(free, [], 1) == [share_id(G0, 1)]  # fits nowhere: the policy's
