@@ -9,8 +9,9 @@
   without a budget;
 * device visibility. ``cdi``: CDI device names (``nvidia.com/gpu=<UUID>``, the toolkit's
   CDI spec with UUID names). ``volume-mounts``: the NVIDIA container toolkit's
-  volume-mount device list (``/var/run/nvidia-container-devices/<UUID>``), which, unlike
-  ``NVIDIA_VISIBLE_DEVICES``, a pod cannot set for itself. ``sim``: the simulated node
+  volume-mount device list (``/var/run/nvidia-container-devices/<UUID>``), which, unlike a
+  device list in ``NVIDIA_VISIBLE_DEVICES``, a pod cannot set for itself (the variable only
+  names the folder, as NVIDIA's device plugin sets it). ``sim``: the simulated node
   (containerd without CDI): the simulator's libraries and node state are mounted, as the
   toolkit would mount the driver's, and ``CUDA_VISIBLE_DEVICES`` names the units by UUID
   (``GPU-…``/``MIG-…``, as the driver reads it).
@@ -93,6 +94,11 @@ def container_response(
         cdi = tuple(f"{CDI_KIND}={u}" for u in units)
     elif visibility == "volume-mounts":
         mounts += [Mount(f"{TOOLKIT_DEVICE_LIST_DIR}/{u}", "/dev/null", True) for u in units]
+        # what NVIDIA's device plugin sets with this strategy: the variable names the folder,
+        # not devices; the toolkit (accept-nvidia-visible-devices-as-volume-mounts = true,
+        # accept-nvidia-visible-devices-envvar-when-unprivileged = false) reads the mounts and
+        # ignores a device list a pod sets itself
+        envs = {"NVIDIA_VISIBLE_DEVICES": TOOLKIT_DEVICE_LIST_DIR}
     else:
         if sim is None:
             raise ValueError("the sim visibility needs the simulator's paths")

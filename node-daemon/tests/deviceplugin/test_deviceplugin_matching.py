@@ -131,7 +131,8 @@ PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
         ("cdi", [], (f"nvidia.com/gpu={G0}", f"nvidia.com/gpu={M0}"), {}),
         ("volume-mounts",
          [(f"/var/run/nvidia-container-devices/{G0}", "/dev/null", True),
-          (f"/var/run/nvidia-container-devices/{M0}", "/dev/null", True)], (), {}),
+          (f"/var/run/nvidia-container-devices/{M0}", "/dev/null", True)], (),
+         {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}),
         ("sim",
          [("/usr/local/tessera-sim/lib", "/sim/lib", True),
           ("/usr/local/tessera-sim/node.ini", "/sim/node.ini", True),
@@ -155,7 +156,9 @@ def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, b
     ]
     assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == base + extra_mounts
     assert r.cdi_devices == cdi and r.envs == envs
-    assert "NVIDIA_VISIBLE_DEVICES" not in r.envs
+    # never a device list a pod could have written itself
+    assert r.envs.get("NVIDIA_VISIBLE_DEVICES", "/var/run/nvidia-container-devices") == \
+        "/var/run/nvidia-container-devices"
     assert preload_line() == "/usr/local/lib/tessera/libtessera.so\n"
 
 
