@@ -31,7 +31,7 @@ _HELP = {
     "retry_interval_s": "seconds before a failed MIG change is tried again",
     "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
     "device_plugin": "true/false: serve the kubelet device plugin",
-    "shares_per_unit": "tessera.dev/vgpu shares per GPU or shared MIG instance",
+    "shares_per_unit": "vgpu shares per GPU or shared MIG instance",
     "share_policy": "pack or spread: which shares GetPreferredAllocation prefers",
     "device_visibility": "cdi, volume-mounts or sim: how Allocate makes GPUs visible",
     "sim_node": "the simulated node's description (sim visibility)",
