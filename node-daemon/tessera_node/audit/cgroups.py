@@ -10,6 +10,7 @@ any prefix (nested runtimes, kind nodes) are understood:
     4:pids:/kubepods/besteffort/pod<uid>/<64 hex>                          cgroupfs
     0::/kubepods.slice/kubepods-burstable.slice/
         kubepods-burstable-pod<uid with _>.slice/cri-containerd-<64 hex>.scope   systemd
+    0::/…/kubelet-kubepods-besteffort-pod<uid with _>.slice/cri-containerd-….scope   kind
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-_POD_SEGMENT = re.compile(rf"^(?:pod|kubepods(?:-[a-z]+)?-pod)({_UID})(?:\.slice)?$")
+_POD_SEGMENT = re.compile(rf"^(?:[a-z]+(?:-[a-z]+)*-)?pod({_UID})(?:\.slice)?$")
 _CONTAINER_SEGMENT = re.compile(
     r"^(?:(?:cri-containerd|docker|crio|cri-o)-)?([0-9a-f]{64})(?:\.scope)?$")
 
