@@ -1,0 +1,275 @@
+"""The audit on a simulated GPU node against the real API server: real processes using the
+simulator's libcuda (one under libtessera, with its ledger), placed in real cgroups named as
+the kubelet names a pod's and a container's, real Pod and GPUQuota objects; the runner with
+the daemon's own pod-bound token (so its RBAC is the chart's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from tessera.kube.client import Kube, load_credentials
+from tessera_e2e.node_daemons import SimNode, create_node, daemon_kubeconfig
+from tessera_node.audit.registry import StaticRegistry, TesseraContainer
+from tessera_node.audit.runner import REASON_FOREIGN, REASON_OVER_BUDGET, AuditRunner
+from tessera_node.budget.formats import BudgetEntry, BudgetFile
+from tessera_node.device.nvml import NvmlReader
+from tessera_sim import BUILD_DIR
+
+REPO = Path(__file__).resolve().parents[3]
+WORKLOAD = REPO / "sim" / "tests" / "workload.py"
+LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
+CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+MIB = 1 << 20
+
+pytestmark = pytest.mark.integration
+
+
+def _require() -> None:
+    """Missing prerequisites fail (this tier does not skip)."""
+    assert os.geteuid() == 0, "the audit test needs root (cgroups, SIGKILL of any process)"
+    assert (CGROUP_ROOT / "cgroup.procs").exists(), f"no cgroup hierarchy at {CGROUP_ROOT}"
+    assert LIBTESSERA.exists(), "libtessera not built (make hook)"
+
+
+class Cgroups:
+    """Real cgroups laid out as the kubelet's cgroupfs driver lays out a pod's, below a test
+    root so nothing of the host's is touched."""
+
+    def __init__(self) -> None:
+        self.root = CGROUP_ROOT / f"tessera-audit-{uuid.uuid4().hex[:8]}"
+        self.made: list[Path] = []
+
+    def container(self, pod_uid: str, container_id: str) -> Path:
+        d = self.root / "kubepods" / "besteffort" / f"pod{pod_uid}" / container_id
+        for p in reversed([d, *d.parents]):
+            if p == CGROUP_ROOT or not str(p).startswith(str(self.root)):
+                continue
+            if not p.exists():
+                p.mkdir()
+                self.made.append(p)
+        return d
+
+    def remove(self) -> None:
+        for p in reversed(self.made):
+            for _ in range(50):
+                try:
+                    p.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+class Workload:
+    """``sim/tests/workload.py`` in a cgroup (or none), on the simulated node."""
+
+    def __init__(self, env: dict[str, str], cgroup: Path | None, *args: str,
+                 device: str, extra_env: dict[str, str] | None = None) -> None:
+        enter = f"echo $$ > {cgroup}/cgroup.procs && " if cgroup else ""
+        cmd = f"{enter}exec {sys.executable} {WORKLOAD} {' '.join(args)}"
+        self.proc = subprocess.Popen(
+            ["sh", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**env, "CUDA_VISIBLE_DEVICES": device, **(extra_env or {})})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith(("ready", "alloc 0")), line + self.proc.stdout.read()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def label(self) -> str:
+        comm = Path(f"/proc/{self.pid}/comm").read_text().strip()
+        return f"pid {self.pid} ({comm})"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    _require()
+    c = Cgroups()
+    yield c
+    c.remove()
+
+
+def _pod(chart: Any, ns: str, name: str, node: str) -> str:
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "app", "image": "workload:dev"},
+                                    {"name": "side", "image": "workload:dev"}]}}
+    out = chart.kubectl("create", "-f", "-", input=json.dumps(body))
+    assert out.returncode == 0, out.stderr
+    got = chart.kubectl("get", "pod", name, "-n", ns, "-o", "jsonpath={.metadata.uid}")
+    return str(got.stdout.strip())
+
+
+def _quota(chart: Any, ns: str, over: str, foreign: str) -> None:
+    body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+            "metadata": {"name": "team", "namespace": ns},
+            "spec": {"hard": {"memory": "100Gi"},
+                     "enforcement": {"overBudget": over, "foreignProcesses": foreign}}}
+    out = chart.kubectl("apply", "-f", "-", input=json.dumps(body))
+    assert out.returncode == 0, out.stderr
+
+
+def _events(chart: Any, ns: str, name: str, reason: str) -> list[str]:
+    out = chart.kubectl("get", "events", "-n", ns, "--field-selector",
+                        f"involvedObject.name={name},reason={reason}", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return [e["message"] for e in json.loads(out.stdout)["items"]
+            if (e.get("source") or {}).get("component") == "tessera-node"]
+
+
+def _metric(name: str, **labels: str) -> float | None:
+    for line in generate_latest().decode().splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line
+                                               for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_over_budget_and_foreign_processes_reported_then_stopped(
+        chart: Any, namespace: str, cgroups: Cgroups, tmp_path: Path) -> None:
+    node = f"nd-{uuid.uuid4().hex[:8]}"
+    create_node(chart.kubectl, node)
+    kubeconfig = daemon_kubeconfig(chart.kubectl, chart.kubeconfig, tmp_path, node)
+    sim = SimNode(tmp_path / "sim", node, ["H100-80GB", "A100-40GB:mig"])
+    assert sim.smi("mig", "-i", "1", "-cgi", "1g.5gb", "-C").returncode == 0
+    lines = sim.smi("-L").stdout.split()
+    gpu0 = next(w for w in lines if w.startswith("GPU-")).rstrip(")")
+    mig = next(w for w in lines if w.startswith("MIG-")).rstrip(")")
+    os.environ["TESSERA_SIM_NODE"] = sim.env["TESSERA_SIM_NODE"]  # for NVML in this process
+
+    uid_a, uid_b = _pod(chart, namespace, "trainer", node), _pod(chart, namespace, "rogue", node)
+    _quota(chart, namespace, "Report", "Report")
+    cid_app = "a" * 64
+    state = tmp_path / "containers" / "trainer-app"
+    (state / "run").mkdir(parents=True)
+    budget = BudgetFile(state / "budget")
+    budget.update([BudgetEntry(0, gpu0, memory=512 * MIB, cores=25)])
+    registry = StaticRegistry([TesseraContainer(namespace, "trainer", uid_a, "app",
+                                                state / "budget", state / "run", (gpu0,),
+                                                cid_app)])
+    workloads: list[Workload] = []
+    try:
+        # the tessera container: under libtessera (its ledger), 300 MiB, kernels held to a
+        # launch rate so that they wait for tokens
+        app = Workload(sim.env, cgroups.container(uid_a, cid_app), "tenant", "300", "150",
+                       device=gpu0, extra_env={
+                           "LD_PRELOAD": str(LIBTESSERA), "TESSERA_MEMORY_LIMIT": "1Gi",
+                           "TESSERA_CORE_RATE": "100", "TESSERA_LEDGER":
+                           str(state / "run" / "ledger")})
+        workloads.append(app)
+        # a GPU obtained around the device plugin: the pod's other container, on the MIG
+        # instance; and a process on the host, in no pod
+        rogue = Workload(sim.env, cgroups.container(uid_b, "b" * 64), "hold", "100",
+                         device=mig)
+        host = Workload(sim.env, None, "hold", "64", device=gpu0)
+        workloads += [rogue, host]
+
+        async def scenario() -> None:
+            kube = Kube(load_credentials(str(kubeconfig)), user_agent="tessera-node")
+            reader = NvmlReader(str(BUILD_DIR))
+            runner = AuditRunner(kube, node, registry, reader, interval_s=0.5, own_pid=0)
+            try:
+                await _scenario(chart, namespace, node, runner, budget, gpu0, mig, uid_a,
+                                app, rogue, host)
+            finally:
+                reader.close()
+                await kube.close()
+
+        asyncio.run(scenario())
+    finally:
+        for w in workloads:
+            w.stop()
+        os.environ.pop("TESSERA_SIM_NODE", None)
+
+
+async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget: BudgetFile,
+                    gpu0: str, mig: str, uid_a: str, app: Workload, rogue: Workload,
+                    host: Workload) -> None:
+    labels = {"namespace": ns, "pod": "trainer", "container": "app", "gpu": gpu0}
+    # 1. within budget: no finding; the container's figures are served
+    first = await runner.audit_once()
+    assert first is not None and first.over == ()
+    # its kernels ran before it said ready: NVML saw it busy (the first audit reads every
+    # sample NVML keeps, the last 10 s)
+    util = _metric("tessera_container_utilization_percent", **labels)
+    assert util is not None and util > 0
+    await runner.audit_once()
+    assert _metric("tessera_container_utilization_percent", **labels) == 0  # idle since
+    assert _metric("tessera_container_memory_used_bytes", **labels) == 300 * MIB
+    assert _metric("tessera_container_memory_budget_bytes", **labels) == 512 * MIB
+    assert _metric("tessera_container_core_budget_percent", **labels) == 25
+    waits = _metric("tessera_container_token_wait_seconds_count", **labels)
+    assert waits is not None and waits > 0, "held to 100 launches/s, its launches waited"
+    assert _metric("tessera_container_over_budget", **labels) == 0
+
+    # 2. the foreign processes: both listed (confirmed in two audits), one Event each on the
+    # Node, the rogue one naming its pod; Report: both still run
+    assert _metric("tessera_node_foreign_gpu_processes", gpu=mig) == 1
+    assert _metric("tessera_node_foreign_gpu_memory_bytes", gpu=mig) == 100 * MIB
+    assert _metric("tessera_node_foreign_gpu_processes", gpu=gpu0) == 1
+    node_events = _events(chart, "default", node, REASON_FOREIGN)
+    assert len(node_events) == 2, node_events
+    rogue_msg = next(m for m in node_events if f"pid {rogue.pid} " in m)
+    assert f"in pod {ns}/rogue holds 100 MiB of GPU memory on {mig}" in rogue_msg
+    assert "reported only" in rogue_msg
+    host_msg = next(m for m in node_events if f"pid {host.pid} " in m)
+    assert "outside any pod" in host_msg and "reported only" in host_msg
+    await runner.audit_once()
+    assert len(_events(chart, "default", node, REASON_FOREIGN)) == 2  # deduplicated
+    assert rogue.proc.poll() is None and host.proc.poll() is None
+
+    # 3. the budget lowered below what the container holds: over budget, reported on its pod
+    budget.update([BudgetEntry(0, gpu0, memory=256 * MIB, cores=25)])
+    await runner.audit_once()
+    assert _events(chart, ns, "trainer", REASON_OVER_BUDGET) == []  # seen once: not yet
+    await runner.audit_once()
+    over = _events(chart, ns, "trainer", REASON_OVER_BUDGET)
+    assert over == [f"container app holds 300 MiB of GPU memory on {gpu0}, over its budget of "
+                    f"256 MiB (NVML per-process figures: {app.label}); reported "
+                    "only (GPUQuota enforcement.overBudget is not Stop)"], over
+    assert _metric("tessera_container_over_budget", **labels) == 1
+    await runner.audit_once()
+    assert len(_events(chart, ns, "trainer", REASON_OVER_BUDGET)) == 1
+    assert app.proc.poll() is None
+
+    # 4. the quota says Stop: the next audit kills both, and says so; the host process
+    # (no namespace, no quota) is never stopped
+    _quota(chart, ns, "Stop", "Stop")
+    app_label = app.label
+    await runner.audit_once()
+    assert app.proc.wait(10) == -signal.SIGKILL
+    assert rogue.proc.wait(10) == -signal.SIGKILL
+    over = _events(chart, ns, "trainer", REASON_OVER_BUDGET)
+    assert len(over) == 2 and over[1].endswith(f"stopped (SIGKILL): {app_label}")
+    stopped = [m for m in _events(chart, "default", node, REASON_FOREIGN) if "stopped" in m]
+    assert len(stopped) == 1 and f"pid {rogue.pid} " in stopped[0], stopped
+    assert host.proc.poll() is None
+
+    # 5. gone: no finding; a container's series go with it once the registry drops it
+    await runner.audit_once()
+    assert runner.last is not None and runner.last.over == ()
+    assert [p.pid for p in runner.last.foreign] == [host.pid]
+    assert _metric("tessera_container_memory_used_bytes", **labels) == 0
+    runner.registry.items.clear()  # type: ignore[attr-defined]
+    await runner.audit_once()
+    assert _metric("tessera_container_memory_budget_bytes", **labels) is None
