@@ -20,13 +20,17 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from tessera.api.names import API_VERSION
 from tessera.kube.client import Kube, load_credentials
 from tessera_e2e.node_daemons import SimNode, create_node, daemon_kubeconfig
+from tessera_e2e.operators import wait_until
 from tessera_node.audit.registry import StaticRegistry, TesseraContainer
 from tessera_node.audit.runner import REASON_FOREIGN, REASON_OVER_BUDGET, AuditRunner
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
 from tessera_node.device.nvml import NvmlReader
 from tessera_sim import BUILD_DIR
+
+from .conftest import StartDaemon
 
 REPO = Path(__file__).resolve().parents[3]
 WORKLOAD = REPO / "sim" / "tests" / "workload.py"
@@ -121,7 +125,7 @@ def _pod(chart: Any, ns: str, name: str, node: str) -> str:
 
 
 def _quota(chart: Any, ns: str, over: str, foreign: str) -> None:
-    body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+    body = {"apiVersion": API_VERSION, "kind": "GPUQuota",
             "metadata": {"name": "team", "namespace": ns},
             "spec": {"hard": {"memory": "100Gi"},
                      "enforcement": {"overBudget": over, "foreignProcesses": foreign}}}
@@ -273,3 +277,25 @@ async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget:
     runner.registry.items.clear()  # type: ignore[attr-defined]
     await runner.audit_once()
     assert _metric("tessera_container_memory_budget_bytes", **labels) is None
+
+
+def test_the_daemon_audits_its_node(chart: Any, start_daemon: StartDaemon) -> None:
+    """``tessera-node run`` runs the audit: with no container set up by tessera yet, a process
+    using a GPU of its node is foreign: served as a metric, one Event on the Node."""
+    _require()
+    d = start_daemon(["H100-80GB"], extra=["--audit-interval", "0.5"])
+    gpu = next(w for w in d.sim.smi("-L").stdout.split() if w.startswith("GPU-")).rstrip(")")
+    w = Workload(d.sim.env, None, "hold", "128", device=gpu)
+    try:
+        wait_until("the foreign process served", lambda: d.metric(
+            "tessera_node_foreign_gpu_memory_bytes", gpu=gpu) == 128 * MIB, 30)
+        msgs = wait_until("its Event", lambda: _events(chart, "default", d.node,
+                                                       REASON_FOREIGN), 30)
+        assert len(msgs) == 1 and msgs[0].startswith(f"{w.label} outside any pod holds "
+                                                     f"128 MiB of GPU memory on {gpu}")
+        assert (d.metric("tessera_node_audit_runs_total", result="ok") or 0) >= 2
+    finally:
+        w.stop()
+    wait_until("gone from the metrics", lambda: d.metric(
+        "tessera_node_foreign_gpu_processes", gpu=gpu) is None, 30)
+    assert len(_events(chart, "default", d.node, REASON_FOREIGN)) == 1
