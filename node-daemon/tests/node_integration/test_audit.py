@@ -9,9 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,84 +27,17 @@ from tessera_node.budget.formats import BudgetEntry, BudgetFile
 from tessera_node.device.nvml import NvmlReader
 from tessera_sim import BUILD_DIR
 
+from .audit_harness import LIBTESSERA, Cgroups, Workload, require
 from .conftest import StartDaemon
 
-REPO = Path(__file__).resolve().parents[3]
-WORKLOAD = REPO / "sim" / "tests" / "workload.py"
-LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
-CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 MIB = 1 << 20
 
 pytestmark = pytest.mark.integration
 
 
-def _require() -> None:
-    """Missing prerequisites fail (this tier does not skip)."""
-    assert os.geteuid() == 0, "the audit test needs root (cgroups, SIGKILL of any process)"
-    assert (CGROUP_ROOT / "cgroup.procs").exists(), f"no cgroup hierarchy at {CGROUP_ROOT}"
-    assert LIBTESSERA.exists(), "libtessera not built (make hook)"
-
-
-class Cgroups:
-    """Real cgroups laid out as the kubelet's cgroupfs driver lays out a pod's, below a test
-    root so nothing of the host's is touched."""
-
-    def __init__(self) -> None:
-        self.root = CGROUP_ROOT / f"tessera-audit-{uuid.uuid4().hex[:8]}"
-        self.made: list[Path] = []
-
-    def container(self, pod_uid: str, container_id: str) -> Path:
-        d = self.root / "kubepods" / "besteffort" / f"pod{pod_uid}" / container_id
-        for p in reversed([d, *d.parents]):
-            if p == CGROUP_ROOT or not str(p).startswith(str(self.root)):
-                continue
-            if not p.exists():
-                p.mkdir()
-                self.made.append(p)
-        return d
-
-    def remove(self) -> None:
-        for p in reversed(self.made):
-            for _ in range(50):
-                try:
-                    p.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-
-
-class Workload:
-    """``sim/tests/workload.py`` in a cgroup (or none), on the simulated node."""
-
-    def __init__(self, env: dict[str, str], cgroup: Path | None, *args: str,
-                 device: str, extra_env: dict[str, str] | None = None) -> None:
-        enter = f"echo $$ > {cgroup}/cgroup.procs && " if cgroup else ""
-        cmd = f"{enter}exec {sys.executable} {WORKLOAD} {' '.join(args)}"
-        self.proc = subprocess.Popen(
-            ["sh", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**env, "CUDA_VISIBLE_DEVICES": device, **(extra_env or {})})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith(("ready", "alloc 0")), line + self.proc.stdout.read()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def label(self) -> str:
-        comm = Path(f"/proc/{self.pid}/comm").read_text().strip()
-        return f"pid {self.pid} ({comm})"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
 @pytest.fixture
 def cgroups() -> Iterator[Cgroups]:
-    _require()
+    require()
     c = Cgroups()
     yield c
     c.remove()
@@ -283,7 +213,7 @@ async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget:
 def test_the_daemon_audits_its_node(chart: Any, start_daemon: StartDaemon) -> None:
     """``tessera-node run`` runs the audit: with no container set up by tessera yet, a process
     using a GPU of its node is foreign: served as a metric, one Event on the Node."""
-    _require()
+    require()
     d = start_daemon(["H100-80GB"], extra=["--audit-interval", "0.5"])
     gpu = next(w for w in d.sim.smi("-L").stdout.split() if w.startswith("GPU-")).rstrip(")")
     w = Workload(d.sim.env, None, "hold", "128", device=gpu)
