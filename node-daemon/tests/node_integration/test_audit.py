@@ -110,7 +110,11 @@ def test_over_budget_and_foreign_processes_reported_then_stopped(
                            "LD_PRELOAD": str(LIBTESSERA), "TESSERA_MEMORY_LIMIT": "1Gi",
                            "TESSERA_CORE_RATE": "100", "TESSERA_LEDGER":
                            str(state / "run" / "ledger")})
-        workloads.append(app)
+        # a process of the same container that goes around libtessera (no preload, not in
+        # the ledger): its cgroup makes it the container's all the same
+        bypass = Workload(sim.env, cgroups.container(uid_a, cid_app), "hold", "100",
+                          device=gpu0)
+        workloads += [app, bypass]
         # a GPU obtained around the device plugin: the pod's other container, on the MIG
         # instance; and a process on the host, in no pod
         rogue = Workload(sim.env, cgroups.container(uid_b, "b" * 64), "hold", "100",
@@ -123,8 +127,8 @@ def test_over_budget_and_foreign_processes_reported_then_stopped(
             reader = NvmlReader(str(BUILD_DIR))
             runner = AuditRunner(kube, node, registry, reader, interval_s=0.5, own_pid=0)
             try:
-                await _scenario(chart, namespace, node, runner, budget, gpu0, mig, uid_a,
-                                app, rogue, host)
+                await _scenario(chart, namespace, node, runner, budget, gpu0, mig,
+                                [app, bypass], rogue, host)
             finally:
                 reader.close()
                 await kube.close()
@@ -137,8 +141,10 @@ def test_over_budget_and_foreign_processes_reported_then_stopped(
 
 
 async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget: BudgetFile,
-                    gpu0: str, mig: str, uid_a: str, app: Workload, rogue: Workload,
+                    gpu0: str, mig: str, mine: list[Workload], rogue: Workload,
                     host: Workload) -> None:
+    mine = sorted(mine, key=lambda w: w.pid)
+    labels_mine = ", ".join(w.label for w in mine)
     labels = {"namespace": ns, "pod": "trainer", "container": "app", "gpu": gpu0}
     # 1. within budget: no finding; the container's figures are served
     first = await runner.audit_once()
@@ -149,7 +155,7 @@ async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget:
     assert util is not None and util > 0
     await runner.audit_once()
     assert _metric("tessera_container_utilization_percent", **labels) == 0  # idle since
-    assert _metric("tessera_container_memory_used_bytes", **labels) == 300 * MIB
+    assert _metric("tessera_container_memory_used_bytes", **labels) == 400 * MIB
     assert _metric("tessera_container_memory_budget_bytes", **labels) == 512 * MIB
     assert _metric("tessera_container_core_budget_percent", **labels) == 25
     waits = _metric("tessera_container_token_wait_seconds_count", **labels)
@@ -178,24 +184,23 @@ async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget:
     assert _events(chart, ns, "trainer", REASON_OVER_BUDGET) == []  # seen once: not yet
     await runner.audit_once()
     over = _events(chart, ns, "trainer", REASON_OVER_BUDGET)
-    assert over == [f"container app holds 300 MiB of GPU memory on {gpu0}, over its budget of "
-                    f"256 MiB (NVML per-process figures: {app.label}); reported "
+    assert over == [f"container app holds 400 MiB of GPU memory on {gpu0}, over its budget of "
+                    f"256 MiB (NVML per-process figures: {labels_mine}); reported "
                     "only (GPUQuota enforcement.overBudget is not Stop)"], over
     assert _metric("tessera_container_over_budget", **labels) == 1
     await runner.audit_once()
     assert len(_events(chart, ns, "trainer", REASON_OVER_BUDGET)) == 1
-    assert app.proc.poll() is None
+    assert all(w.proc.poll() is None for w in mine)
 
     # 4. the quota says Stop: the next audit kills both, and says so; the host process
     # (no namespace, no quota) is never stopped
     _quota(chart, ns, "Stop", "Stop")
-    app_label = app.label
     await runner.audit_once()
-    assert app.proc.wait(10) == -signal.SIGKILL
+    assert [w.proc.wait(10) for w in mine] == [-signal.SIGKILL] * 2
     assert rogue.proc.wait(10) == -signal.SIGKILL
     over = _events(chart, ns, "trainer", REASON_OVER_BUDGET)
     assert len(over) == 2, over  # the report, then the stop (Events list in no set order)
-    assert sum(m.endswith(f"stopped (SIGKILL): {app_label}") for m in over) == 1, over
+    assert sum(m.endswith(f"stopped (SIGKILL): {labels_mine}") for m in over) == 1, over
     stopped = [m for m in _events(chart, "default", node, REASON_FOREIGN) if "stopped" in m]
     assert len(stopped) == 1 and f"pid {rogue.pid} " in stopped[0], stopped
     assert host.proc.poll() is None
