@@ -76,7 +76,8 @@ def main() -> int:
             with BudgetFile(state / "budget") as b:
                 b.update([BudgetEntry(0, gpu, memory=256 * MIB, cores=25)])
             containers.append(TesseraContainer("bench", f"pod-{i}", uid, "app",
-                                               state / "budget", state / "run", (gpu,), cid))
+                                               str(state / "budget"), str(state / "run"),
+                                               (gpu,), cid))
             workloads.append(Workload(sim.env, cg.container(uid, cid), "hold", "128",
                                       device=gpu))
         reader = NvmlReader(str(BUILD_DIR))

@@ -1,7 +1,9 @@
 """What the audit needs to know of the containers tessera set up on this node.
 
 The device plugin's side keeps the registry (which pod and container each allocation
-belongs to, once confirmed); the audit only reads it through :class:`ContainerRegistry`.
+belongs to, once confirmed); the audit only reads it, through :class:`ContainerRegistry`:
+any object with a ``snapshot()`` of entries that have the attributes of :class:`SetUp`
+will do (structural typing), so the device plugin's own registry plugs in as it is.
 """
 
 from __future__ import annotations
@@ -15,47 +17,80 @@ LEDGER_FILE = "ledger"
 """The ledger's name inside a container's ledger directory (``/run/tessera/ledger``)."""
 
 
+class SetUp(Protocol):
+    """One container tessera's device plugin set up, its pod confirmed. An entry may also
+    carry ``container_id`` (the runtime's ID, ``containerd://`` stripped): it makes the match
+    of a process to a container of a pod with several GPU containers exact."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def pod(self) -> str: ...
+
+    @property
+    def pod_uid(self) -> str: ...
+
+    @property
+    def container(self) -> str: ...
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The GPU (``GPU-…``) or MIG (``MIG-…``) UUIDs it was given."""
+        ...
+
+    @property
+    def budget_file(self) -> str:
+        """Its budget file on the host."""
+        ...
+
+    @property
+    def ledger_dir(self) -> str:
+        """Its ledger directory on the host (mounted at /run/tessera in the container)."""
+        ...
+
+
+class ContainerRegistry(Protocol):
+    def snapshot(self) -> Sequence[SetUp]:
+        """Every container tessera set up on this node now (thread-safe)."""
+        ...
+
+
+def ledger_path(c: SetUp) -> Path:
+    return Path(c.ledger_dir) / LEDGER_FILE
+
+
+def container_id(c: SetUp) -> str | None:
+    cid = getattr(c, "container_id", None)
+    return cid if isinstance(cid, str) and cid else None
+
+
 @dataclass(frozen=True)
 class TesseraContainer:
-    """One container tessera's device plugin set up, its pod confirmed."""
+    """A plain :class:`SetUp` (standalone use and tests)."""
 
     namespace: str
     pod: str
     pod_uid: str
     container: str
-    budget_path: Path
-    """Its budget file on the host (GPU-/MIG- UUIDs, memory and core budgets)."""
-    ledger_dir: Path
-    """Its ledger directory on the host (mounted at /run/tessera in the container)."""
+    budget_file: str
+    ledger_dir: str
     units: tuple[str, ...]
-    """The GPU (``GPU-…``) or MIG (``MIG-…``) UUIDs it was given."""
     container_id: str | None = None
-    """The runtime's container ID (``containerd://`` stripped), when known: it makes the
-    match of a process to a container of a pod with several GPU containers exact."""
-
-    @property
-    def ledger_path(self) -> Path:
-        return self.ledger_dir / LEDGER_FILE
-
-
-class ContainerRegistry(Protocol):
-    def containers(self) -> Sequence[TesseraContainer]:
-        """Every container tessera set up on this node now (blocking; may read files)."""
-        ...
 
 
 class NoContainers:
-    """No device plugin yet: tessera set up no container, so every GPU process is foreign."""
+    """No device plugin: tessera set up no container, so every GPU process is foreign."""
 
-    def containers(self) -> Sequence[TesseraContainer]:
+    def snapshot(self) -> Sequence[SetUp]:
         return ()
 
 
 class StaticRegistry:
     """A fixed, replaceable list (standalone use and tests)."""
 
-    def __init__(self, containers: Sequence[TesseraContainer] = ()) -> None:
-        self.items: list[TesseraContainer] = list(containers)
+    def __init__(self, containers: Sequence[SetUp] = ()) -> None:
+        self.items: list[SetUp] = list(containers)
 
-    def containers(self) -> Sequence[TesseraContainer]:
+    def snapshot(self) -> Sequence[SetUp]:
         return tuple(self.items)

@@ -35,7 +35,7 @@ from tessera_node.audit.logic import (
     foreign_message,
     over_budget_message,
 )
-from tessera_node.audit.registry import ContainerRegistry, TesseraContainer
+from tessera_node.audit.registry import ContainerRegistry, SetUp, container_id, ledger_path
 from tessera_node.budget.formats import read_budget
 from tessera_node.budget.ledger import LedgerView, read_ledger
 from tessera_node.device.nvml import DeviceError, process_name
@@ -59,20 +59,20 @@ class AuditDevices(Protocol):
 class ContainerState:
     """What the runner read of one container (budget file, ledger)."""
 
-    spec: TesseraContainer
+    spec: SetUp
     view: AuditedContainer
     cores: Mapping[str, float | None]
     entry_of: Mapping[str, int]
     ledger: LedgerView | None
 
 
-def read_container(c: TesseraContainer) -> ContainerState:
+def read_container(c: SetUp) -> ContainerState:
     """Its budget per UUID (pending, refused or unreadable: 0 everywhere) and its ledger."""
     limits: dict[str, int | None] = {u: 0 for u in c.units}
     cores: dict[str, float | None] = {}
     entry_of: dict[str, int] = {}
     try:
-        b = read_budget(c.budget_path)
+        b = read_budget(c.budget_file)
     except (OSError, ValueError) as exc:
         log.warning("budget file unreadable: audited as 0", extra={
             "container": f"{c.namespace}/{c.pod}/{c.container}", "error": str(exc)})
@@ -85,11 +85,11 @@ def read_container(c: TesseraContainer) -> ContainerState:
                     entry_of[e.uuid] = i
     ledger = None
     with contextlib.suppress(OSError, ValueError):  # no process has joined yet
-        ledger = read_ledger(c.ledger_path)
+        ledger = read_ledger(ledger_path(c))
     ids = frozenset((s.pid, s.start_ticks) for s in (ledger.slots if ledger else ())
                     if s.alive and s.start_ticks)
     view = AuditedContainer(ContainerKey(c.namespace, c.pod, c.container), c.pod_uid,
-                            c.container_id, limits, ids)
+                            container_id(c), limits, ids)
     return ContainerState(c, view, cores, entry_of, ledger)
 
 
@@ -150,7 +150,7 @@ class AuditRunner:
             log.warning("audit: cannot read the GPUs", extra={"error": str(exc)})
             return None
         states = await asyncio.to_thread(
-            lambda: [read_container(c) for c in self.registry.containers()])
+            lambda: [read_container(c) for c in self.registry.snapshot()])
         processes = await asyncio.to_thread(gpu_processes, snapshot, self.proc, self.own_pid)
         util = await asyncio.to_thread(self._utilization, snapshot)
         result = audit([s.view for s in states], processes, self.slack_bytes)

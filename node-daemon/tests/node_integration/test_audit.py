@@ -99,8 +99,8 @@ def test_over_budget_and_foreign_processes_reported_then_stopped(
     budget = BudgetFile(state / "budget")
     budget.update([BudgetEntry(0, gpu0, memory=512 * MIB, cores=25)])
     registry = StaticRegistry([TesseraContainer(namespace, "trainer", uid_a, "app",
-                                                state / "budget", state / "run", (gpu0,),
-                                                cid_app)])
+                                                str(state / "budget"), str(state / "run"),
+                                                (gpu0,), cid_app)])
     workloads: list[Workload] = []
     try:
         # the tessera container: under libtessera (its ledger), 300 MiB, kernels held to a
