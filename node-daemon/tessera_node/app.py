@@ -12,6 +12,8 @@ from tessera.api.names import NODE_DAEMON
 from tessera.kube import serve
 from tessera.kube.client import Kube, load_credentials
 from tessera.kube.health import Health, supervise
+from tessera_node.audit.registry import ContainerRegistry, NoContainers
+from tessera_node.audit.runner import AuditRunner
 from tessera_node.daemon import NodeDaemon
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
@@ -23,7 +25,9 @@ from tessera_node.settings import Options
 log = logging.getLogger("tessera_node")
 
 
-async def run(opts: Options) -> None:
+async def run(opts: Options, registry: ContainerRegistry | None = None) -> None:
+    """``registry``: the containers tessera set up on this node (the device plugin's);
+    none yet: every GPU process is foreign to the audit."""
     kube = Kube(load_credentials(opts.kubeconfig), user_agent=NODE_DAEMON)
     health = Health(stuck_after_s=opts.stuck_after_s)
     reader = NvmlReader(opts.driver_root)
@@ -42,8 +46,11 @@ async def run(opts: Options) -> None:
                                opts.metrics_host, opts.metrics_port)
     log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,
                                "driverRoot": opts.driver_root, "nvidiaSmi": smi.path})
+    auditor = AuditRunner(kube, opts.node_name, registry or NoContainers(), reader,
+                          opts.audit_interval_s, opts.audit_slack_mib)
     parts = {"node-watch": daemon.watch_node, "partition-watch": daemon.watch_partitions,
-             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop}
+             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop,
+             "audit": auditor.run}
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)

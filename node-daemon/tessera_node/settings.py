@@ -41,6 +41,14 @@ class Options:
     """Whether the daemon may reset an idle GPU to finish a MIG mode change that waits for
     one (Ampere); false: the node entry says the change is pending a reset."""
 
+    audit_interval_s: float = 10.0
+    """How often the audit compares NVML's per-process memory with the containers' budgets
+    and looks for GPU processes outside them (also how often the per-container metrics are
+    refreshed); a finding counts once two audits in a row see it."""
+    audit_slack_mib: int = 0
+    """Device memory a container may hold beyond its budget before the audit calls it over
+    budget (what the hook cannot count: module code and data; 0: none)."""
+
 
 DEFAULTS = Options()
 
@@ -58,5 +66,7 @@ ENV = {
     "stuck_after_s": "TESSERA_STUCK_AFTER",
     "retry_interval_s": "TESSERA_RETRY_INTERVAL",
     "allow_gpu_reset": "TESSERA_ALLOW_GPU_RESET",
+    "audit_interval_s": "TESSERA_AUDIT_INTERVAL",
+    "audit_slack_mib": "TESSERA_AUDIT_SLACK_MIB",
 }
 """The environment variable each setting falls back to when its flag is not given."""
