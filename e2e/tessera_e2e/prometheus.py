@@ -36,6 +36,10 @@ def find_tool(name: str) -> str:
     return path
 
 
+def _duration(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
 def scaled_rules(source: Path, target: Path, hold: str) -> Path:
     """``source`` with every rule's ``for`` set to ``hold`` (a live test cannot wait the
     minutes real alerts hold for; the durations themselves are promtool-tested)."""
@@ -61,9 +65,9 @@ class LocalPrometheus:
         directory.mkdir(parents=True, exist_ok=True)
         self.scrape_configs: list[dict[str, Any]] = []
         self.config: dict[str, Any] = {
-            "global": {"scrape_interval": f"{scrape_interval_s}s",
-                       "scrape_timeout": f"{scrape_interval_s}s",
-                       "evaluation_interval": f"{evaluation_interval_s}s"},
+            "global": {"scrape_interval": _duration(scrape_interval_s),
+                       "scrape_timeout": _duration(scrape_interval_s),
+                       "evaluation_interval": _duration(evaluation_interval_s)},
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": self.scrape_configs,
         }
