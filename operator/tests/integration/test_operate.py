@@ -10,9 +10,10 @@ and two tessera-node daemons on simulated GPU nodes, scraped by a real Prometheu
 - "daemon down" (deploy/prometheus/tessera-rules.yaml, its ``for`` shortened to 2 s) fires
   for the daemon that is stopped, and only for it.
 
-The run's series for the dashboard's main panels are saved (``dashboard-data.json`` in the
-test's temporary directory, or where ``TESSERA_DASHBOARD_DATA`` says) for
-``deploy/grafana/render.py``, which draws the README's picture from them.
+At the end the run's series for the dashboard's main panels (the daemon's stop included) are
+saved (``dashboard-data.json`` in the test's temporary directory, or where
+``TESSERA_DASHBOARD_DATA`` says) for ``deploy/grafana/render.py``, which draws the README's
+picture from them.
 """
 
 from __future__ import annotations
@@ -256,17 +257,15 @@ def test_every_dashboard_query_returns_series(scene: Scene) -> None:
         "memory": 2 * 2**30, "cores": 50, "pods": 1}
     refused = prom.query('sum(tessera_admission_seconds_count{result="denied"})')
     assert float(refused[0]["value"][1]) >= 1
-    save_dashboard_data(scene, d)
 
 
 def save_dashboard_data(scene: Scene, d: Any) -> None:
     """Range data of the main panels (every variable at All) for deploy/grafana/render.py."""
-    end = time.time()
-    start = min(scene.started, end - 60)
+    start, end = scene.started, time.time()
     panels = []
-    for title in ("GPU memory used", "MIG instances", "MIG apply outcomes",
+    for title in ("Node daemons up", "MIG instances", "MIG apply outcomes", "Refusals",
                   "GPU memory: budgeted vs hard", "Cores: budgeted vs hard",
-                  "Admission latency", "Admission answers", "Node daemons up"):
+                  "Share of hard in use", "GPU memory used"):
         targets = [t for t in dashboard.targets(d) if t.panel == title]
         assert targets, title
         panels.append({"title": title, "targets": [{
@@ -305,3 +304,4 @@ def test_daemon_down_fires_for_the_stopped_daemon(scene: Scene) -> None:
                a["labels"].get("resource")) for a in prom.alerts() if a["state"] == "firing"}
     assert others == {("TesseraNodeDaemonDown", None, None),
                       ("TesseraQuotaNearHard", scene.namespace, "memory")}
+    save_dashboard_data(scene, json.loads(DASHBOARD.read_text()))
