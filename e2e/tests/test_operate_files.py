@@ -145,3 +145,24 @@ def test_expand_replaces_macros_and_refuses_unknown_variables() -> None:
         assert "$nope" in str(exc)
     else:
         raise AssertionError("an unknown variable expanded")
+
+
+def test_kind_config_gives_each_worker_the_simulator_and_its_own_state() -> None:
+    kind = REPO / "e2e" / "kind"
+    syntax = subprocess.run(["bash", "-n", str(kind / "up.sh")], capture_output=True,
+                            text=True, check=False)
+    assert syntax.returncode == 0, syntax.stderr
+    config = yaml.safe_load((kind / "kind-config.yaml").read_text())
+    roles = [n["role"] for n in config["nodes"]]
+    assert roles == ["control-plane", "worker", "worker"]
+    states = []
+    for n in config["nodes"][1:]:
+        mounts = {m["containerPath"]: m for m in n["extraMounts"]}
+        assert mounts["/var/lib/tessera/gpu/lib"]["hostPath"] == "@SIM_BUILD@/lib"
+        assert mounts["/var/lib/tessera/gpu/bin"]["hostPath"] == "@SIM_BUILD@/bin"
+        assert mounts["/var/lib/tessera/gpu/lib"]["readOnly"] is True
+        states.append(mounts["/var/lib/tessera/gpu/state"]["hostPath"])
+    assert states == ["@STATE@/worker-0", "@STATE@/worker-1"]
+    values = yaml.safe_load((kind / "values.yaml").read_text())["nodeDaemon"]
+    env = {e["name"]: e["value"] for e in values["env"]}
+    assert env["TESSERA_SIM_NODE"] == "/var/lib/tessera/gpu/state/node.conf"
