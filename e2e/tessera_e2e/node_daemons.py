@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from tessera_e2e.operators import (
     token_kubeconfig,
     wait_until,
 )
-from tessera_e2e.processes import die_with_parent
+from tessera_e2e.processes import die_with_parent, terminate
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node
 
@@ -167,13 +166,7 @@ class NodeDaemonProcess:
         return out
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
 
 
 def node_json(kubectl: Kubectl, node: str) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -23,7 +22,7 @@ from typing import Any
 import yaml
 
 from tessera_e2e.operators import free_port, wait_until
-from tessera_e2e.processes import die_with_parent
+from tessera_e2e.processes import die_with_parent, terminate
 
 Series = list[dict[str, Any]]
 
@@ -157,13 +156,7 @@ class LocalPrometheus:
                 for s in self.query(f'up{{job="{job}"}}')}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
 
     def __enter__(self) -> LocalPrometheus:
         return self.start()
