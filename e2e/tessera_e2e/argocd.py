@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from tessera_e2e.build import (
     Reporter,
     ensure_product,
     sources_digest,
-    stderr_reporter,
 )
 from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.pins import _required_version
@@ -59,8 +59,12 @@ def product(layout: Layout, module_dir: Path = MODULE_DIR) -> Product:
     )
 
 
+def _report(line: str) -> None:
+    print(f"[argocd-health] {line}", file=sys.stderr, flush=True)
+
+
 def ensure_argocd_health(layout: Layout | None = None, *, env: Mapping[str, str] | None = None,
-                         report: Reporter = stderr_reporter) -> Path:
+                         report: Reporter = _report) -> Path:
     """The built program (built first when its stamp does not match)."""
     return ensure_product(product(layout or default_layout()), env=env, report=report) / BINARY
 
