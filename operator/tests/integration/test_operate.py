@@ -140,7 +140,10 @@ def scene(cluster: Any, operators: Operators, tmp_path_factory: pytest.TempPathF
         prom.stop()
 
 
-def test_argocd_health_of_the_objects_the_api_server_returns(scene: Scene) -> None:
+@pytest.fixture(scope="module")
+def objects(scene: Scene) -> dict[str, Any]:
+    """The GPUPartitions and the GPUQuota this run makes, as the API server returned them at
+    each step that matters, by what the step was."""
     c, pool, ns = scene.cluster, scene.pool, scene.namespace
     seen: dict[str, Any] = {}
     # GPUPartitions: one applied on both nodes, one claiming GPUs the first holds, one
@@ -174,7 +177,12 @@ def test_argocd_health_of_the_objects_the_api_server_returns(scene: Scene) -> No
     apply(c, quota)
     seen["quota over hard"] = settled(c, "gpuquota", "team", ns, "Degraded", "True", "OverHard")
     scene.objects = seen
+    return seen
 
+
+def test_argocd_health_of_the_objects_the_api_server_returns(objects: dict[str, Any]
+                                                             ) -> None:
+    seen = objects
     verdicts = dict(zip(seen, evaluate(ensure_argocd_health(), HEALTH_SCRIPT, list(seen.values())),
                         strict=True))
     ready_msg = condition(seen["partition ready"], "Ready")["message"]
@@ -221,11 +229,10 @@ def expansions(scene: Scene, d: Any, expr: str) -> list[dict[str, str]]:
     return out
 
 
-def test_every_dashboard_query_returns_series(scene: Scene) -> None:
+def test_every_dashboard_query_returns_series(scene: Scene, objects: dict[str, Any]) -> None:
     prom = scene.prom
     d = json.loads(DASHBOARD.read_text())
-    # MIG applies and admissions happened; let the rate windows see them
-    assert scene.objects, "runs after the Argo CD test, which makes the objects"
+    # MIG applies and admissions happened (``objects``); let the rate windows see them
     wait_until("two operator replicas and two daemons scraped", lambda: sorted(
         prom.targets_up("tessera-operator").values()) == [1.0, 1.0] and sorted(
         prom.targets_up("tessera-node").values()) == [1.0, 1.0], 30)
@@ -283,7 +290,8 @@ def save_dashboard_data(scene: Scene, d: Any) -> None:
     out.write_text(json.dumps(data))
 
 
-def test_daemon_down_fires_for_the_stopped_daemon(scene: Scene) -> None:
+def test_daemon_down_fires_for_the_stopped_daemon(scene: Scene, objects: dict[str, Any]
+                                                 ) -> None:
     prom = scene.prom
     stopped, alive = scene.daemons
 
