@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -164,7 +163,3 @@ class LocalPrometheus:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def sleep_scrapes(prom: LocalPrometheus, n: int = 2) -> None:
-    """Let ``n`` scrape intervals pass (so a new series has samples to rate over)."""
-    time.sleep(n * prom.scrape_interval_s)
