@@ -78,12 +78,15 @@ class QuotaStore:
         :meth:`reserve` (every write is conditional), never a wrong count."""
         if not self._synced:
             return (await self.kube.list(quota_url(ns), cached=True)).get("items") or []
-        out = []
-        for key, q in self._cache.items():
-            if key[0] == ns:
-                known = self._latest.get(key)
-                out.append(known if known is not None and _rv(known) > _rv(q) else q)
-        return out
+        return [self._newest(key, q) for key, q in self._cache.items() if key[0] == ns]
+
+    def _newest(self, key: tuple[str, str], q: Obj) -> Obj:
+        known = self._latest.get(key)
+        return known if known is not None and _rv(known) > _rv(q) else q
+
+    def snapshot(self) -> list[Obj]:
+        """Every GPUQuota this replica's watch knows, each in its newest known version."""
+        return [self._newest(key, q) for key, q in list(self._cache.items())]
 
     def view(self, q: Obj) -> QuotaView:
         """:func:`view_of` a quota this replica read from the API server, parsed once per
