@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from tessera_e2e.operators import (
     token_kubeconfig,
     wait_until,
 )
-from tessera_e2e.processes import die_with_parent
+from tessera_e2e.processes import die_with_parent, terminate
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node
 
@@ -175,13 +175,7 @@ class NodeDaemonProcess:
         return out
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
 
 
 def daemon_pythonpath() -> str:
@@ -304,3 +298,28 @@ def node_json(kubectl: Kubectl, node: str) -> Any:
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip())
     return json.loads(out.stdout)
+
+
+def start_sim_daemon(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
+                     gpus: list[str], labels: dict[str, str] | None = None,
+                     extra: list[str] | None = None, name: str | None = None
+                     ) -> NodeDaemonProcess:
+    """A running daemon on a fresh Node (``nd-<random>`` unless named) with its own
+    simulated GPUs, its pod-bound token and its logs in ``directory``."""
+    node = name or f"nd-{uuid.uuid4().hex[:8]}"
+    create_node(kubectl, node, labels)
+    kubeconfig = daemon_kubeconfig(kubectl, admin_kubeconfig, directory, node)
+    d = NodeDaemonProcess(node, SimNode(directory / "sim", node, gpus), kubeconfig,
+                          directory, extra)
+    try:
+        return d.start()
+    except BaseException:
+        remove_sim_daemon(kubectl, d)
+        raise
+
+
+def remove_sim_daemon(kubectl: Kubectl, d: NodeDaemonProcess) -> None:
+    """Stop the daemon and delete its pod and Node."""
+    d.stop()
+    kubectl("delete", "pod", f"{DAEMON_SA}-{d.node}", "-n", OPERATOR_NS, "--wait=false")
+    kubectl("delete", "node", d.node, "--wait=false")

@@ -12,6 +12,7 @@ from tessera.api.names import NODE_DAEMON
 from tessera.kube import serve
 from tessera.kube.client import Kube, load_credentials
 from tessera.kube.health import Health, supervise
+from tessera_node.audit.runner import AuditRunner
 from tessera_node.containers import ContainerRegistry
 from tessera_node.daemon import NodeDaemon
 from tessera_node.device.hostlock import GPULocks
@@ -50,8 +51,11 @@ async def run(opts: Options) -> None:
                                opts.metrics_host, opts.metrics_port)
     log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,
                                "driverRoot": opts.driver_root, "nvidiaSmi": smi.path})
+    auditor = AuditRunner(kube, opts.node_name, registry, reader,
+                          opts.audit_interval_s, opts.audit_slack_mib)
     parts = {"node-watch": daemon.watch_node, "partition-watch": daemon.watch_partitions,
-             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop}
+             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop,
+             "audit": auditor.run}
     if plugin is not None:
         parts |= {"pod-watch": plugin.watch_pods, "device-plugin": plugin.run}
     tasks = []

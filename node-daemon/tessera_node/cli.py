@@ -30,6 +30,8 @@ _HELP = {
     "stuck_after_s": "seconds a watch or NVML may fail before /healthz reports it",
     "retry_interval_s": "seconds before a failed MIG change is tried again",
     "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
+    "audit_interval_s": "seconds between audits of GPU processes against budgets",
+    "audit_slack_mib": "MiB a container may hold beyond its budget before it is over budget",
     "device_plugin": "true/false: serve the kubelet device plugin",
     "shares_per_unit": "vgpu shares per GPU or shared MIG instance",
     "share_policy": "pack or spread: which shares GetPreferredAllocation prefers",
@@ -76,9 +78,12 @@ def options(args: argparse.Namespace) -> Options:
     opts = Options(**{f.name: getattr(args, f.name) for f in fields(Options)})
     if not opts.node_name:
         raise ValueError(f"--node-name (or {ENV['node_name']}) is required")
-    if min(opts.poll_interval_s, opts.resync_interval_s, opts.retry_interval_s) <= 0:
-        raise ValueError("--poll-interval, --resync-interval and --retry-interval must be "
-                         "positive")
+    if min(opts.poll_interval_s, opts.resync_interval_s, opts.retry_interval_s,
+           opts.audit_interval_s) <= 0:
+        raise ValueError("--poll-interval, --resync-interval, --retry-interval and "
+                         "--audit-interval must be positive")
+    if opts.audit_slack_mib < 0:
+        raise ValueError("--audit-slack-mib must not be negative")
     if opts.device_visibility not in VISIBILITIES:
         raise ValueError(f"--device-visibility must be one of {', '.join(VISIBILITIES)}")
     if opts.share_policy not in POLICIES:

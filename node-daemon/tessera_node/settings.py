@@ -67,6 +67,14 @@ class Options:
     """How often the kubelet's PodResources are polled while an allocation waits for its pod
     (every ``poll_interval`` otherwise)."""
 
+    audit_interval_s: float = 10.0
+    """How often the audit compares NVML's per-process memory with the containers' budgets
+    and looks for GPU processes outside them (also how often the per-container metrics are
+    refreshed); a finding counts once two audits in a row see it."""
+    audit_slack_mib: int = 0
+    """Device memory a container may hold beyond its budget before the audit calls it over
+    budget (what the hook cannot count: module code and data; 0: none)."""
+
 
 DEFAULTS = Options()
 
@@ -84,6 +92,8 @@ ENV = {
     "stuck_after_s": "TESSERA_STUCK_AFTER",
     "retry_interval_s": "TESSERA_RETRY_INTERVAL",
     "allow_gpu_reset": "TESSERA_ALLOW_GPU_RESET",
+    "audit_interval_s": "TESSERA_AUDIT_INTERVAL",
+    "audit_slack_mib": "TESSERA_AUDIT_SLACK_MIB",
     "device_plugin": "TESSERA_DEVICE_PLUGIN",
     "shares_per_unit": "TESSERA_SHARES_PER_UNIT",
     "share_policy": "TESSERA_SHARE_POLICY",
