@@ -29,6 +29,7 @@ from tessera_node.budget.formats import read_budget
 pytestmark = pytest.mark.integration
 
 MIG_1G = mig_resource_name("1g.10gb")
+MIB = 1 << 20
 SHARES = 10  # the daemon's default shares per GPU
 BUDGET_WAIT_S = 8  # how long libtessera waits for a pending budget file
 ANCHOR = {"name": "daemon", "image": WORKLOAD, "imagePullPolicy": "Never",
@@ -110,7 +111,8 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
             kc = daemon_kubeconfig(node_cluster.kubectl, node_cluster.kubeconfig, logdir,
                                    node.name, container=ANCHOR)
             daemons[node.name] = KubeletNodeDaemon(node, kc, logdir,
-                                                   ["--budget-wait", str(BUDGET_WAIT_S)]).start()
+                                                   ["--budget-wait", str(BUDGET_WAIT_S),
+                                                    "--audit-interval", "2"]).start()
         for d in daemons.values():
             wait_until(f"{d.node} daemon ready", lambda d=d: d.get("/readyz")[0] == 200, 60)
         yield Bed(node_cluster, ops, daemons)
@@ -396,3 +398,25 @@ def test_twenty_pods_at_once(bed: Bed, node_namespace: str) -> None:
 
 def _seconds(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def test_the_audit_knows_the_containers_the_plugin_set_up(bed: Bed, node_namespace: str
+                                                          ) -> None:
+    """The daemon's audit reads the device plugin's registry: a budgeted container's GPU
+    memory is counted as its own (per-container metrics), not as a foreign process."""
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    bed.apply(node_namespace, gpu_pod("audited", "cuda-alloc 500 60", vgpu(1024),
+                                      node="node-1"))
+    bed.wait_phase(node_namespace, "audited", {"Running"})
+    wait_until("the allocation", lambda: "allocated 500" in bed.logs(node_namespace,
+                                                                     "audited"), 30)
+    d = bed.daemons["node-1"]
+    labels = {"namespace": node_namespace, "pod": "audited", "container": "main"}
+    used = wait_until("the container's memory in its metrics", lambda: (
+        v if (v := d.metric("tessera_container_memory_used_bytes", **labels)) else None), 30)
+    assert used >= 500 * MIB, used
+    assert d.metric("tessera_container_memory_budget_bytes", **labels) == 1024 * MIB
+    assert d.metric("tessera_container_over_budget", **labels) == 0
+    assert not d.metric("tessera_node_foreign_gpu_processes"), "counted as foreign"
+    bed.kubectl("delete", "pod", "-n", node_namespace, "audited", "--wait=false")
