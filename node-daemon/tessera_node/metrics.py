@@ -59,6 +59,11 @@ AUDIT_FOREIGN_BYTES = Gauge("tessera_node_foreign_gpu_memory_bytes",
 AUDIT_STOPS = Counter("tessera_node_audit_stops_total",
                       "Processes the audit killed (SIGKILL), by finding "
                       "(over_budget, foreign) and result (ok, failed).", ["kind", "result"])
+ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate calls, by "
+                      "resource and result (ok, refused).", ["resource", "result"])
+ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
+                             "Allocate (waiting for the pod watch included).", ["resource"],
+                             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 
