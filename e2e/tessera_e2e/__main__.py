@@ -9,7 +9,7 @@ import sys
 import threading
 from types import FrameType
 
-from tessera_e2e.build import ensure_built, ensure_containerd
+from tessera_e2e.build import ensure_built, ensure_containerd, ensure_helm
 from tessera_e2e.cache import default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
 from tessera_e2e.demo import main_demo
@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera_e2e", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="build the control plane binaries into the cache")
+    build = commands.add_parser("build", help="build the control plane binaries, containerd and helm into the cache")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             ensure_built(force=args.force)
             ensure_containerd(force=args.force)
+            ensure_helm(force=args.force)
         elif args.command == "cluster":
             _cluster(args)
         elif args.command == "images":
