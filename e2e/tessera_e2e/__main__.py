@@ -55,7 +55,8 @@ def _demo(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera_e2e", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="build the control plane binaries, containerd and helm into the cache")
+    build = commands.add_parser("build", help="build the control plane binaries, containerd "
+                                "and helm into the cache")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
