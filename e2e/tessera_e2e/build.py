@@ -188,8 +188,13 @@ def helm_product(layout: Layout, module_dir: Path = HELM_MODULE_DIR) -> Product:
     """helm, from its own wrapper module (e2e/helm/go.mod) into its own cache directory, so
     that neither its dependency versions nor its stamp touch the control plane's."""
     version = _required_module_version(module_dir, HELM_MODULE)
+    # `helm template` and `helm lint` assume this Kubernetes version (the chart states a
+    # kubeVersion): the control plane's, not helm's built-in default (1.20).
+    pins = load_pins()
     ldflags = (f"-s -w -X {HELM_MODULE}/internal/version.version={version} "
-               f"-X {HELM_MODULE}/internal/version.gitTreeState=clean")
+               f"-X {HELM_MODULE}/internal/version.gitTreeState=clean "
+               f"-X {HELM_MODULE}/pkg/chartutil.k8sVersionMajor=1 "
+               f"-X {HELM_MODULE}/pkg/chartutil.k8sVersionMinor={pins.kubernetes_minor}")
     return Product(
         title=f"helm {version}",
         module_dir=module_dir,
