@@ -26,7 +26,7 @@ RELEASE = "tessera"
 GPU_NODE_LABEL = "nvidia.com/gpu.present=true"
 
 
-def testbed_values(tag: str) -> dict[str, Any]:
+def values_for_testbed(tag: str) -> dict[str, Any]:
     """Values that run the chart on the test bed: local images, the simulated driver."""
     return {
         "image": {"repository": REPOSITORY, "tag": tag, "pullPolicy": "Never"},
