@@ -115,9 +115,13 @@ def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) ->
     bed.values["operator"] = {"webhookClient": {"caConfigMap": "tessera-webhook-client"}}
     started = time.monotonic()
     out = bed.helm.install(NS, bed.values)
+    assert out.returncode == 0, out.stderr + out.stdout
+    _say(f"helm install --wait returned: {time.monotonic() - started:.1f}s")
+    # helm's --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for all
+    wait_until("a Ready daemon on every node", lambda: (lambda pods: len(pods) == len(names)
+               and all(_ready(p) for p in pods))(_daemon_pods(bed)), 180, 1)
     ready_s = time.monotonic() - started
     _say(f"helm install to Ready (operator 2/2, daemons on {len(names)} nodes): {ready_s:.1f}s")
-    assert out.returncode == 0, out.stderr + out.stdout
     assert _deployment_ready(bed)
     operators = get_json(cluster, "pods", "-n", NS, "-l",
                          "app.kubernetes.io/component=operator")["items"]
@@ -164,7 +168,7 @@ def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu", "namespace": TEAM},
         "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
                                  "imagePullPolicy": "Never", "command": ["sleep", "3600"],
-                                 "resources": {"limits": {VGPU: "1", VGPU_MEMORY: "2Gi"}}}]}}))
+                                 "resources": {"limits": {VGPU: "1", VGPU_MEMORY: "2048"}}}]}}))
     pod = get_json(bed.cluster, "pod", "gpu", "-n", TEAM)
     assert pod["metadata"]["annotations"].get(f"{PREFIX}budget"), pod["metadata"]
     wait_until("the pod counted", lambda: _quota_used(bed).get("pods") == 1, 60)
