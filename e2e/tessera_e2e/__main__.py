@@ -7,14 +7,17 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
+from tessera_e2e import chartdocs
 from tessera_e2e.build import ensure_built, ensure_containerd, ensure_helm
 from tessera_e2e.cache import default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
 from tessera_e2e.demo import main_demo
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
+from tessera_e2e.tessera_images import APP_VERSION, REPO, ensure_tessera_images
 
 
 def _wait_for_interrupt() -> None:
@@ -61,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
                          help=f"real nodes (kubelet + containerd), default {DEFAULT_NODES}")
-    commands.add_parser("images", help="build the nodes' OCI images, print their digests")
+    commands.add_parser("images", help="build the nodes' OCI images and tessera's, print "
+                        "their digests")
+    commands.add_parser("chart-docs", help="regenerate the values table of the chart README")
     demo = commands.add_parser("demo", help="cluster + CRDs + examples, until Ctrl-C")
     demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
     args = parser.parse_args(argv)
@@ -75,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "images":
             for image in ensure_images(default_layout(), SIM_BUILD / "lib").values():
                 print(f"{image.ref} {image.digest} {image.archive}")
+            for ref, built in ensure_tessera_images(default_layout(), Path(sys.executable),
+                                                    REPO / "hook" / "build", APP_VERSION).items():
+                print(f"{ref} {built.image.digest} {built.image.archive} "
+                      f"{built.size_bytes / 2**20:.0f} MiB")
+        elif args.command == "chart-docs":
+            print(chartdocs.write())
         else:
             _demo(args)
     except ControlPlaneError as error:

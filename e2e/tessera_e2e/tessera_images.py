@@ -11,7 +11,8 @@ The recipe (the same one `images/Dockerfile` states for people who build with Do
 3. node daemon only: ``libtessera.so`` (hook/build) at ``/opt/tessera/lib``, which the
    DaemonSet's init container copies to a versioned host directory.
 
-The operator image runs as UID 65532; the node daemon's needs root (see docs/install.md).
+The operator image runs as UID 65532; the node daemon's needs root (charts/tessera/README.md,
+"Privileges").
 Both images share their two lower layers, so a node's containerd stores them once.
 
 Reproducible as the test images are (``images.layer_tar``: fixed metadata, sorted entries,
@@ -35,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from tessera_e2e.cache import Layout
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.images import REPOSITORY, Image, ImageFile, layer_tar, oci_layered_archive
@@ -46,6 +49,9 @@ PYTHON = "/usr/bin/python3.11"
 SITE_PACKAGES = "usr/lib/python3/dist-packages"
 LIBTESSERA = "opt/tessera/lib/libtessera.so"
 OPERATOR_UID = 65532
+APP_VERSION = yaml.safe_load((REPO / "charts" / "tessera" / "Chart.yaml").read_text())[
+    "appVersion"]
+"""The tag `make images` gives (the chart's appVersion, its default image tag)."""
 # A Python 3.11 runtime and the C libraries its extension modules (and grpcio's, pydantic's,
 # cryptography's) load; dbm, nis, readline and curses are left out (tessera uses none).
 DEBIAN_PACKAGES = (

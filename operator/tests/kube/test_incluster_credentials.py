@@ -10,6 +10,7 @@ from kubernetes.config import incluster_config
 from tessera.kube.client import load_credentials
 from tessera.webhooks.certs import make_serving_cert
 
+
 def test_the_pod_token_is_sent_as_one_bearer_token(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     token, ca = tmp_path / "token", tmp_path / "ca.crt"
