@@ -180,8 +180,12 @@ def app_files(python: Path, work: Path) -> dict[str, ImageFile]:
         elif path.is_dir():
             files[name] = ImageFile(mode=0o755)
         else:
+            data = path.read_bytes()
+            if relative.name == "RECORD":  # it lists direct_url.json with its hash
+                data = b"".join(line for line in data.splitlines(keepends=True)
+                                if b"/direct_url.json," not in line)
             executable = path.stat().st_mode & 0o111
-            files[name] = ImageFile(path.read_bytes(), 0o755 if executable else 0o644)
+            files[name] = ImageFile(data, 0o755 if executable else 0o644)
     return files
 
 

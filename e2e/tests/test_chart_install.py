@@ -10,6 +10,7 @@ tessera Node key is left). Timings go to stdout (`pytest -s`) for e2e/README.md.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tessera.api.names import PREFIX, VGPU, VGPU_MEMORY
 from tessera_e2e.build import ensure_containerd, ensure_helm
-from tessera_e2e.cache import default_layout
+from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.helm import (
@@ -179,6 +181,10 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
     before = _quota_used(bed)
     assert before.get("pods") == 1, before
     old_daemons = {p["metadata"]["uid"] for p in _daemon_pods(bed)}
+    # The live GPUQuota CRD as an older release left it (no printer columns): Helm never
+    # upgrades crds/, the documented `kubectl apply --server-side` of the chart's does.
+    bed.kubectl("patch", "crd", "gpuquotas.tessera.dev", "--type=json", "-p",
+                '[{"op": "remove", "path": "/spec/versions/0/additionalPrinterColumns"}]')
     values = json.loads(json.dumps(bed.values))
     values["image"]["tag"] = NEW_TAG
     values["operator"]["leaseDurationSeconds"] = 20
@@ -195,6 +201,14 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
     container = operators["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].endswith(f":{NEW_TAG}")
     assert "--lease-duration=20" in container["args"]
+    crd = get_json(bed.cluster, "crd", "gpuquotas.tessera.dev")
+    assert "additionalPrinterColumns" not in crd["spec"]["versions"][0]  # Helm left it
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                str(REPO / "charts" / "tessera" / "crds"))
+    crd = get_json(bed.cluster, "crd", "gpuquotas.tessera.dev")
+    shipped = yaml.safe_load((REPO / "crds" / "gpuquotas.tessera.dev.yaml").read_text())
+    assert crd["spec"]["versions"][0]["additionalPrinterColumns"] == shipped["spec"][
+        "versions"][0]["additionalPrinterColumns"]
     # the reservation survived the operators' rollout (the recount finds the pod again)
     wait_until("quota recounted by the new operators", lambda: _quota_used(bed) == before, 60)
     for node in bed.cluster.nodes:
@@ -240,3 +254,18 @@ def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:
                                  "resources": {"limits": {VGPU: "1"}}}]}}))
 
 
+
+
+def test_tessera_images_are_reproducible(tmp_path: Path) -> None:
+    """Two builds from the same .deb files, wheels and libtessera: the same digests."""
+    python = REPO / ".venv" / "bin" / "python"
+    debs = default_layout().root / "tessera-images" / "debs"
+    digests = []
+    for run in ("one", "two"):
+        layout = Layout(tmp_path / run)
+        if debs.is_dir():  # the same .deb files (a new Debian update would be another input)
+            shutil.copytree(debs, layout.root / "tessera-images" / "debs")
+        built = ensure_tessera_images(layout, python, REPO / "hook" / "build", TAG)
+        assert all(b.seconds > 0 for b in built.values())  # really built, not cached
+        digests.append({ref: b.image.digest for ref, b in built.items()})
+    assert digests[0] == digests[1]
