@@ -32,7 +32,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +196,7 @@ def libtessera_files(hook_build: Path) -> dict[str, ImageFile]:
     return {LIBTESSERA: ImageFile(path.read_bytes(), 0o755)}
 
 
-def check_runs(layers: list[Mapping[str, ImageFile]], module: str, work: Path) -> None:
+def check_runs(layers: Sequence[Mapping[str, ImageFile]], module: str, work: Path) -> None:
     """Unpack the layers and import ``module`` with the image's own Python (chroot, root)."""
     root = work / "rootfs"
     for files in layers:

@@ -9,6 +9,7 @@ tessera Node key is left). Timings go to stdout (`pytest -s`) for e2e/README.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -133,12 +134,15 @@ def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) ->
     assert all(_ready(p) for p in daemons), [p["status"] for p in daemons]
     # the operator set the chart's webhook configurations' CA to its serving certificate's
     secret = get_json(cluster, "secret", "tessera-webhook-tls", "-n", NS)
+
+    def patched(kind: str, name: str) -> bool:
+        hooks = get_json(cluster, kind, name)["webhooks"]
+        return len(hooks) > 0 and all(h["clientConfig"].get("caBundle") == secret["data"][
+            "ca.crt"] for h in hooks)
+
     for kind, name in (("mutatingwebhookconfiguration", "tessera-pods"),
                        ("validatingwebhookconfiguration", "tessera-resources")):
-        hooks = wait_until(f"{name} caBundle", lambda k=kind, n=name: [
-            h for h in get_json(cluster, k, n)["webhooks"]
-            if h["clientConfig"].get("caBundle") == secret["data"]["ca.crt"]], 60)
-        assert len(hooks) == len(get_json(cluster, kind, name)["webhooks"])
+        wait_until(f"{name} caBundle", functools.partial(patched, kind, name), 60)
     # each daemon reported its node's GPUs, and libtessera is on each node's host
     for node in cluster.nodes:
         labels = get_json(cluster, "node", node.name)["metadata"]["labels"]
