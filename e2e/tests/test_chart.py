@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tessera.kube.client import Kube, load_credentials
 from tessera.webhooks import config as webhook_config
 from tessera.webhooks.config import ClientConfig
 from tessera_e2e import chart, chartdocs, helm
@@ -167,3 +170,41 @@ def test_the_dockerfile_installs_the_packages_the_test_bed_images_have() -> None
     text = (chart.REPO / "images" / "Dockerfile").read_text()
     install = text.split("--no-install-recommends", 1)[1].split("&&", 1)[0]
     assert sorted(install.replace("\\", " ").split()) == sorted(DEBIAN_PACKAGES)
+
+
+@pytest.mark.integration
+def test_the_operator_sets_only_the_ca_of_the_charts_webhooks(bin_dir: Path,
+                                                              helm_binary: Path) -> None:
+    """--webhook-configurations=ca-bundle against a real API server (a cluster of its own:
+    these configurations' names are the ones the operator tests apply)."""
+    with LocalCluster(bin_dir, controllers=False) as cluster:
+        cc = ClientConfig(b"-----CA-----", service_name="tessera-webhook",
+                          service_namespace="ts")
+
+        async def patch() -> list[str]:
+            kube = Kube(load_credentials(str(cluster.kubeconfig)))
+            try:
+                return await webhook_config.patch_ca_bundles(kube, cc)
+            finally:
+                await kube.close()
+
+        assert len(asyncio.run(patch())) == 2  # nothing installed: nothing created
+        assert "tessera-pods" not in cluster.kubectl("get", "mutatingwebhookconfigurations").stdout
+        chart_docs = [d for d in helm.template(helm_binary, "ts")
+                      if d["kind"].endswith("WebhookConfiguration")]
+        text = "\n---\n".join(yaml.safe_dump(d) for d in chart_docs)
+        assert cluster.kubectl("apply", "-f", "-", input=text).returncode == 0
+        assert asyncio.run(patch()) == []
+        for want in chart_docs:
+            got = json.loads(cluster.kubectl("get", want["kind"], want["metadata"]["name"],
+                                             "-o", "json").stdout)
+            for hook in got["webhooks"]:
+                assert hook["clientConfig"].pop("caBundle") == "LS0tLS1DQS0tLS0t"
+            # everything the chart sets is the chart's (the API server adds its defaults)
+            assert [{k: g[k] for k in w} for g, w in zip(got["webhooks"], want["webhooks"],
+                                                          strict=True)] == want["webhooks"]
+        # the installer re-applying its manifests (an upgrade) keeps the operator's CA
+        assert cluster.kubectl("apply", "-f", "-", input=text).returncode == 0
+        got = json.loads(cluster.kubectl("get", "mutatingwebhookconfiguration", "tessera-pods",
+                                         "-o", "json").stdout)
+        assert got["webhooks"][0]["clientConfig"]["caBundle"] == "LS0tLS1DQS0tLS0t"
