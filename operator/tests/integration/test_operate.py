@@ -141,8 +141,10 @@ def pod(name: str, ns: str, memory_mib: int, cores: int) -> dict[str, Any]:
                 "limits": {VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(cores)}}}]}}
 
 
-def first_gpu(d: NodeDaemonProcess) -> str:
-    return next(w for w in d.sim.smi("-L").stdout.split() if w.startswith("GPU-")).rstrip(")")
+def spare_gpu(d: NodeDaemonProcess) -> str:
+    """The UUID of GPU 1: the partitions take GPU 0 (MIG mode changes wait for a GPU that
+    no process uses)."""
+    return [w for w in d.sim.smi("-L").stdout.split() if w.startswith("GPU-")][1].rstrip(")")
 
 
 @contextlib.contextmanager
@@ -152,7 +154,7 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
     pod on each node, and the first node's audit running and scraped (module docstring)."""
     require()
     d = daemons[0]
-    gpu = first_gpu(d)
+    gpu = spare_gpu(d)
     pod_name, container = AUDITED
     body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": ns},
             "spec": {"nodeName": d.node, "tolerations": [{"operator": "Exists"}],
@@ -178,7 +180,7 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
                                       "LD_PRELOAD": str(LIBTESSERA),
                                       "TESSERA_MEMORY_LIMIT": "1Gi", "TESSERA_CORE_RATE": "100",
                                       "TESSERA_LEDGER": str(state / "run" / "ledger")}))
-        foreign = [Workload(x.sim.env, None, "hold", "64", device=first_gpu(x))
+        foreign = [Workload(x.sim.env, None, "hold", "64", device=spare_gpu(x))
                    for x in daemons]
         workloads += foreign
 
@@ -433,7 +435,7 @@ def test_audit_alerts_fire_for_the_container_over_budget_and_the_foreign_process
     foreign = wait_until("TesseraForeignGpuProcess firing on both nodes",
                          lambda: firing("TesseraForeignGpuProcess", 2), 60)
     assert sorted((f["node"], f["gpu"]) for f in foreign) == sorted(
-        (d.node, first_gpu(d)) for d in scene.daemons)
+        (d.node, spare_gpu(d)) for d in scene.daemons)
     held = prom.query("tessera_node_foreign_gpu_memory_bytes")
     assert sorted(float(x["value"][1]) for x in held) == [64 * MIB, 64 * MIB]
     assert all(w.proc.poll() is None for w in a.foreign), "Report: nothing is stopped"
