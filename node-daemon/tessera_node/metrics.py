@@ -64,6 +64,13 @@ ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate 
 ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
                              "Allocate (waiting for the pod watch included).", ["resource"],
                              buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
+# Counters with known label values start at 0, so that increase() sees the first audit
+# failure and the first stop (a series that appears at 1 has no increase to show).
+for _result in ("ok", "nvml_error", "api_error"):
+    AUDIT_RUNS.labels(_result)
+for _kind in ("over_budget", "foreign"):
+    for _result in ("ok", "failed"):
+        AUDIT_STOPS.labels(_kind, _result)
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 
