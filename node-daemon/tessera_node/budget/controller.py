@@ -26,9 +26,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from tessera_node.budget.fairshare import Claim, FairShare, Grant, Sample
 from tessera_node.budget.formats import BudgetFile
 from tessera_node.budget.ledger import LedgerView, read_ledger
 from tessera_node.budget.ratelaw import Observation, RateLaw
+from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
 
 
 def proc_identity(pid: int) -> tuple[int, int] | None:
@@ -68,12 +70,13 @@ class UtilizationSource(Protocol):
 class NvmlUtilization:
     """``nvmlDeviceGetProcessUtilization`` since the last sample seen."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, device: int | str) -> None:
         import pynvml
 
         self._nvml: Any = pynvml
         pynvml.nvmlInit()
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._handle = (pynvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int)
+                        else pynvml.nvmlDeviceGetHandleByUUID(device))
         self._last_us = 0
 
     def sample(self) -> tuple[dict[int, float], tuple[float, float] | None]:
@@ -100,68 +103,165 @@ class Tenant:
     budget: BudgetFile
     ledger: Path
     entry: int = 0
-    readings: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
+    weight: float = 1.0  # its GPUQuota's weight
+    lend: bool = True  # False: its GPUQuota opted out of lending and borrowing
+    quota: str = ""  # namespace/name of its GPUQuota, for the metrics
+    readings: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=64))
+    """(wall time, tokens taken, waits for tokens) at each step."""
 
     def tokens_at(self, t: float) -> float | None:
         """Tokens taken by wall time t, interpolated between readings."""
         r = self.readings
         if not r or t < r[0][0]:
             return None
-        for (t0, v0), (t1, v1) in zip(r, list(r)[1:], strict=False):
+        for (t0, v0, _), (t1, v1, _) in zip(r, list(r)[1:], strict=False):
             if t0 <= t <= t1:
                 return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
         return r[-1][1]
 
+    def waited_since(self, t: float) -> bool:
+        """Whether it waited for tokens between the last reading at or before t and now."""
+        r = self.readings
+        before = [w for (t0, _, w) in r if t0 <= t]
+        return bool(r) and bool(before) and r[-1][2] > before[-1]
 
+
+@dataclass
 class Controller:
-    def __init__(
-        self, source: UtilizationSource, tenants: list[Tenant], law: RateLaw | None = None
-    ) -> None:
-        self.source = source
-        self.tenants = tenants
-        self.law = law or RateLaw()
+    """One GPU or MIG instance. ``source`` None: no per-process utilisation (a MIG instance),
+    the token law runs instead of the rate law."""
+
+    source: UtilizationSource | None
+    tenants: list[Tenant]
+    law: RateLaw = field(default_factory=RateLaw)
+    fair: FairShare = field(default_factory=FairShare)
+    tokens: TokenLaw = field(default_factory=TokenLaw)
+    last: float | None = None
+    totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per container since start: seconds measured, lent and borrowed GPU-seconds, busy
+    GPU-seconds, budget GPU-seconds (for the metrics: lent/borrowed core time, achieved
+    share vs budget)."""
 
     def step(self) -> dict[str, dict[str, float]]:
         now = time.time()
+        self.views: dict[str, LedgerView] = {}
         for t in self.tenants:
-            with contextlib.suppress(OSError, ValueError):  # no process has joined yet
-                t.readings.append((now, read_ledger(t.ledger).devices[t.entry].tokens))
+            with contextlib.suppress(OSError, ValueError, IndexError):  # no process joined yet
+                view = read_ledger(t.ledger)
+                dev = view.devices[t.entry]
+                t.readings.append((now, dev.tokens, dev.waits))
+                self.views[t.name] = view
+        claims: dict[str, Claim] = {}
+        for t in self.tenants:
+            with contextlib.suppress(OSError, ValueError):
+                entries = t.budget.read().entries
+                cores = entries[t.entry].cores if t.entry < len(entries) else None
+                if cores is not None:
+                    claims[t.name] = Claim(min(100.0, cores) / 100.0, t.weight, t.lend)
+        for name in set(self.law.tenants) - set(claims):
+            self.law.remove(name)
+        if self.source is None:
+            report = self._step_tokens(now, claims)
+        else:
+            report = self._step_busy(claims)
+        self.last = now
+        return report
+
+    def _step_busy(self, claims: dict[str, Claim]) -> dict[str, dict[str, float]]:
+        assert self.source is not None
         busy_by_pid, window = self.source.sample()
+        if window is None:
+            for name, c in claims.items():
+                if name not in self.law.tenants:
+                    self.law.set_target(name, c.budget)
+            return {}  # nothing measured: rates stay as they are
         observations: dict[str, Observation] = {}
-        report: dict[str, dict[str, float]] = {}
+        samples: dict[str, Sample] = {}
         for t in self.tenants:
-            entries = t.budget.read().entries
-            target = entries[t.entry].cores if t.entry < len(entries) else None
-            if target is None:
-                self.law.remove(t.name)
+            if t.name not in claims:
                 continue
-            self.law.set_target(t.name, min(100.0, target) / 100.0)
-            if window is None:
-                continue
-            try:
-                led = read_ledger(t.ledger)
-            except (OSError, ValueError):
+            led = self.views.get(t.name)
+            if led is None:
                 continue
             a, b = t.tokens_at(window[0]), t.tokens_at(window[1])
             if a is None or b is None:
                 continue
-            spent = max(0.0, b - a)
             busy = attribute(led, busy_by_pid)
             observations[t.name] = Observation(
-                busy=busy, tokens=spent, seconds=window[1] - window[0]
+                busy=busy, tokens=max(0.0, b - a), seconds=window[1] - window[0]
             )
-            report[t.name] = {"busy": busy, "tokens": spent, "target": target / 100.0}
-        if window is None:
-            return report  # nothing measured: rates stay as they are
-        rates = self.law.step(observations, gpu_busy=sum(busy_by_pid.values()))
+            samples[t.name] = Sample(use=busy, throttled=t.waited_since(window[0]))
+        gpu = sum(busy_by_pid.values())
+        grants = self.fair.step(claims, samples, saturated=gpu >= self.law.saturated_at)
+        for name, g in grants.items():
+            self.law.set_target(name, min(1.0, g.share))
+        rates = self.law.step(observations, gpu_busy=gpu)
+        spent = {n: o.tokens for n, o in observations.items()}
+        return self._publish(claims, grants, rates, samples, spent, self.law.burst,
+                             window[1] - window[0])
+
+    def _step_tokens(self, now: float, claims: dict[str, Claim]) -> dict[str, dict[str, float]]:
+        if self.last is None:
+            return {}
+        token_samples: dict[str, TokenSample] = {}
+        in_force: dict[str, float] = {}
         for t in self.tenants:
-            if t.name not in rates:
+            if t.name not in claims:
                 continue
-            entries = t.budget.read().entries
-            e = entries[t.entry]
-            entries[t.entry] = replace(e, rate=rates[t.name], burst=self.law.burst(rates[t.name]))
-            t.budget.update(entries)
-            report.setdefault(t.name, {})["rate"] = rates[t.name]
+            a, b = t.tokens_at(self.last), t.tokens_at(now)
+            if a is None or b is None:
+                continue
+            token_samples[t.name] = TokenSample(max(0.0, b - a), now - self.last,
+                                                t.waited_since(self.last))
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                in_force[t.name] = t.budget.read().entries[t.entry].rate
+        self.tokens.observe(in_force, token_samples)
+        uses = self.tokens.uses(token_samples)
+        samples = {n: Sample(use=uses[n], throttled=s.throttled)
+                   for n, s in token_samples.items()}
+        grants = self.fair.step(claims, samples, saturated=self.tokens.saturated)
+        rates = self.tokens.rates({n: g.share for n, g in grants.items()})
+        spent = {n: s.tokens for n, s in token_samples.items()}
+        return self._publish(claims, grants, rates, samples, spent, self.tokens.burst,
+                             now - self.last)
+
+    def _publish(
+        self,
+        claims: dict[str, Claim],
+        grants: dict[str, Grant],
+        rates: dict[str, float],
+        samples: dict[str, Sample],
+        spent: dict[str, float],
+        burst: Callable[[float], float],
+        seconds: float,
+    ) -> dict[str, dict[str, float]]:
+        report: dict[str, dict[str, float]] = {}
+        for t in self.tenants:
+            g = grants.get(t.name)
+            if g is None or t.name not in rates:
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                entries = t.budget.read().entries
+                e = entries[t.entry]
+                entries[t.entry] = replace(e, rate=rates[t.name], burst=burst(rates[t.name]))
+                t.budget.update(entries)
+            s = samples.get(t.name)
+            report[t.name] = {
+                "target": claims[t.name].budget, "share": g.share, "lent": g.lent,
+                "borrowed": g.borrowed, "rate": rates[t.name],
+            }
+            if s is not None:
+                report[t.name]["busy"] = s.use
+                report[t.name]["tokens"] = spent.get(t.name, 0.0)
+                report[t.name]["throttled"] = float(s.throttled)
+                tot = self.totals.setdefault(
+                    t.name, {"seconds": 0.0, "lent": 0.0, "borrowed": 0.0, "busy": 0.0,
+                             "budget": 0.0})
+                tot["seconds"] += seconds
+                tot["lent"] += g.lent * seconds
+                tot["borrowed"] += g.borrowed * seconds
+                tot["busy"] += s.use * seconds
+                tot["budget"] += claims[t.name].budget * seconds
         return report
 
     def run(
@@ -187,23 +287,40 @@ def parse_container(spec: str) -> Tenant:
     return Tenant(name=name, budget=BudgetFile(budget), ledger=Path(ledger))
 
 
+def utilization_source(device: str) -> UtilizationSource | None:
+    """NVML per-process utilisation of a GPU (index or ``GPU-`` UUID); None for a MIG device
+    (``MIG-`` UUID), where NVML has none and the controller runs on token counts."""
+    if device.upper().startswith("MIG-"):
+        return None
+    return NvmlUtilization(int(device) if device.isdigit() else device)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera_node.budget.controller")
-    ap.add_argument("--device", type=int, default=0, help="NVML index of the GPU")
+    ap.add_argument("--device", default="0",
+                    help="the GPU (NVML index or GPU- UUID) or MIG instance (MIG- UUID)")
     ap.add_argument("--container", action="append", default=[], metavar="NAME:BUDGET:LEDGER")
+    ap.add_argument("--weight", action="append", default=[], metavar="NAME=WEIGHT",
+                    help="a container's GPUQuota weight (1 when absent)")
+    ap.add_argument("--no-lend", action="append", default=[], metavar="NAME",
+                    help="a container whose GPUQuota neither lends nor borrows")
     ap.add_argument("--entry", type=int, default=0, help="budget entry of this GPU")
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--duration", type=float, default=None)
     ap.add_argument("--log", action="store_true", help="print one JSON line per step")
     args = ap.parse_args(argv)
     tenants = [parse_container(s) for s in args.container]
+    weights = dict(w.split("=", 1) for w in args.weight)
     for t in tenants:
         t.entry = args.entry
-    ctl = Controller(NvmlUtilization(args.device), tenants)
+        t.weight = float(weights.get(t.name, 1))
+        t.lend = t.name not in args.no_lend
+    ctl = Controller(utilization_source(args.device), tenants)
 
     def log(t: float, report: dict[str, dict[str, float]]) -> None:
         if args.log:
-            print(json.dumps({"t": round(t, 3), **report}), flush=True)
+            print(json.dumps({"t": round(t, 3), "cpu": round(time.process_time(), 4), **report}),
+                  flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
         ctl.run(args.interval, args.duration, log)

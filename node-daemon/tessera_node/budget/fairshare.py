@@ -73,10 +73,14 @@ class FairShare:
     margin: float = 0.03  # what a lender keeps above its use, fraction of the GPU
     states: dict[str, _State] = field(default_factory=dict)
 
-    def step(self, claims: dict[str, Claim], samples: dict[str, Sample]) -> dict[str, Grant]:
+    def step(
+        self, claims: dict[str, Claim], samples: dict[str, Sample], saturated: bool = False
+    ) -> dict[str, Grant]:
         """One period: fold in the samples, return every claimant's grant.
 
-        A container without a sample this period keeps its lending state."""
+        A container without a sample this period keeps its lending state. ``saturated``: the
+        GPU ran flat out, so a container below its budget may have been held back rather
+        than idle: no one starts lending on such a period (reclaiming still happens)."""
         for gone in set(self.states) - set(claims):
             del self.states[gone]
         total = sum(c.budget for c in claims.values())
@@ -85,7 +89,7 @@ class FairShare:
         pool = max(0.0, 1.0 - total)
         for name, c in claims.items():
             st = self.states.setdefault(name, _State())
-            self._observe(st, c, budgets[name], samples.get(name))
+            self._observe(st, c, budgets[name], samples.get(name), saturated)
             if st.lending:
                 pool += budgets[name] - st.keep
         borrowers = {
@@ -103,7 +107,9 @@ class FairShare:
                 grants[name] = Grant(share=b + x, borrowed=x)
         return grants
 
-    def _observe(self, st: _State, c: Claim, budget: float, s: Sample | None) -> None:
+    def _observe(
+        self, st: _State, c: Claim, budget: float, s: Sample | None, saturated: bool
+    ) -> None:
         if s is None:
             return
         if not c.lend:
@@ -116,6 +122,8 @@ class FairShare:
             else:
                 st.keep = min(budget, max(use + self.margin, (st.keep + use + self.margin) / 2))
             return
+        if saturated:
+            return  # neither quiet nor busy: no evidence either way
         if not s.throttled and use < budget - self.margin:
             st.quiet += 1
             st.keep = use + self.margin if st.quiet == 1 else max(st.keep, use + self.margin)

@@ -89,11 +89,13 @@ def _slot_locked(fd: int, index: int) -> bool:
 def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
     fd = os.open(Path(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        raw = os.pread(fd, FILE_SIZE, 0)
-        if len(raw) < FILE_SIZE:
+        if os.fstat(fd).st_size < FILE_SIZE:
             raise ValueError("ledger too short")
-        magic, version, nslots, ndev, hsize, ssize = struct.unpack_from("<6I", raw, 0)
+        raw = os.pread(fd, HEADER_SIZE, 0)
         (hwm,) = struct.unpack_from("<I", raw, HWM_OFFSET)
+        # the slots in use only: a controller reads every ledger ten times a second
+        raw += os.pread(fd, min(hwm, NSLOTS) * SLOT_SIZE, HEADER_SIZE)
+        magic, version, nslots, ndev, hsize, ssize = struct.unpack_from("<6I", raw, 0)
         if (magic, version, nslots, ndev, hsize, ssize) != (
             MAGIC,
             VERSION,

@@ -54,17 +54,41 @@ def test_controller_sets_rates_from_measurement(
     tenant = Tenant(name="a", budget=budget, ledger=ledger)
     ctl = Controller(nvml, [tenant])
     make_ledger(ledger, pid=4242, tokens=0)
-    tenant.readings.append((1000.0, 0.0))
-    tenant.readings.append((1000.2, 200.0))  # 1000 tokens/s
+    tenant.readings.append((1000.0, 0.0, 0))
+    tenant.readings.append((1000.2, 200.0, 0))  # 1000 tokens/s
     nvml.window = (1000.0, 1000.1)
     nvml.busy = {4242: 0.2, 999: 0.3}  # 999 is someone else
     report = ctl.step()
     assert report["a"]["busy"] == 0.2
     assert abs(report["a"]["tokens"] - 100.0) < 1e-6  # interpolated over the NVML window
-    # cost = 0.02 busy-s / 100 tokens; rate = 0.4 * 0.97 / 2e-4
+    # cost = 0.02 busy-s / 100 tokens; alone on the GPU it may borrow all of it (work-
+    # conserving): rate = 1.0 * 0.97 / 2e-4
     rate = budget.read().entries[0].rate
-    assert abs(rate - 0.4 * 0.97 / 2e-4) < 1.0
+    assert abs(rate - 1.0 * 0.97 / 2e-4) < 1.0
+    assert report["a"]["share"] == 1.0 and abs(report["a"]["borrowed"] - 0.6) < 1e-9
     assert budget.read().entries[0].memory == 1 << 30  # everything else kept
+
+
+def test_hard_capped_container_gets_its_budget_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = BudgetFile(tmp_path / "budget")
+    budget.update([BudgetEntry(memory=1 << 30, cores=40, rate=100, burst=1)])
+    ledger = tmp_path / "ledger"
+    import tessera_node.budget.ledger as led
+
+    monkeypatch.setattr(led, "_slot_locked", lambda fd, i: True)
+    nvml = FakeNvml()
+    tenant = Tenant(name="a", budget=budget, ledger=ledger, lend=False)
+    ctl = Controller(nvml, [tenant])
+    make_ledger(ledger, pid=4242, tokens=0)
+    tenant.readings.append((1000.0, 0.0, 0))
+    tenant.readings.append((1000.2, 200.0, 0))
+    nvml.window = (1000.0, 1000.1)
+    nvml.busy = {4242: 0.2}
+    report = ctl.step()
+    assert report["a"]["share"] == 0.4 and report["a"]["borrowed"] == 0
+    assert abs(budget.read().entries[0].rate - 0.4 * 0.97 / 2e-4) < 1.0
 
 
 def test_controller_without_window_keeps_rates(tmp_path: Path) -> None:
