@@ -204,7 +204,6 @@ class Controller:
         if self.last is None:
             return {}
         token_samples: dict[str, TokenSample] = {}
-        in_force: dict[str, float] = {}
         for t in self.tenants:
             if t.name not in claims:
                 continue
@@ -213,13 +212,10 @@ class Controller:
                 continue
             token_samples[t.name] = TokenSample(max(0.0, b - a), now - self.last,
                                                 t.waited_since(self.last))
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                in_force[t.name] = t.budget.read().entries[t.entry].rate
-        self.tokens.observe(in_force, token_samples)
+        wanting = self.tokens.observe(token_samples)
         uses = self.tokens.uses(token_samples)
-        samples = {n: Sample(use=uses[n], throttled=s.throttled)
-                   for n, s in token_samples.items()}
-        grants = self.fair.step(claims, samples, saturated=self.tokens.saturated)
+        samples = {n: Sample(use=uses[n], throttled=n in wanting) for n in token_samples}
+        grants = self.fair.step(claims, samples)
         rates = self.tokens.rates({n: g.share for n, g in grants.items()})
         spent = {n: s.tokens for n, s in token_samples.items()}
         return self._publish(claims, grants, rates, samples, spent, self.tokens.burst,

@@ -8,11 +8,11 @@ ledgers count: tokens each container took (one per kernel) and whether it waited
   instance's *capacity* (tokens per second it runs when saturated). Shares of tokens are
   shares of time exactly when the containers' kernels cost the same on average; otherwise
   a container's time share is off by the ratio of its mean kernel cost to the others'.
-* **Capacity** is searched for: while every container that is active waits for tokens (the
-  rates bind) it grows, fast until the first saturation (``slow_start``), slowly after it
-  (``probe_up``); as soon as an active container takes most of its rate without ever
-  waiting (its launches back up on the instance: the stream queues are full), the estimate
-  drops to ``cut`` × what the instance ran in that period.
+* **Capacity** is searched for: while the containers that want more all wait for tokens
+  (the rates bind) it grows, fast until the first saturation (``slow_start``), slowly after
+  it (``probe_up``); as soon as a container stops waiting for tokens but keeps launching
+  about as much (its launches back up on the instance: its stream queues are full), the
+  estimate drops to ``cut`` × what the instance ran in that period.
 * **Why shares hold anyway.** The instance runs kernels first come, first served, so while
   every container's launches are bound by its token rate the instance completes their
   kernels in the proportions they were launched, whether or not it keeps up (a backlog
@@ -26,7 +26,7 @@ shares within ±3 points of the targets over 10 s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,14 @@ class TokenLaw:
     min_capacity: float = 10.0
     max_capacity: float = 1e7
     slow_start: float = 1.1  # growth per period until the first saturation
-    probe_up: float = 1.01  # growth per period after it
+    probe_up: float = 1.03  # growth per period after it
     cut: float = 0.8  # on saturation: this share of what the instance ran
-    active_at: float = 0.6  # taking this share of its rate makes a container active
+    held_at: float = 0.3  # keeping this share of its intake while not waiting: held back
     burst_seconds: float = 0.01
     saturated_once: bool = False
-    saturated: bool = False  # in the last period
+    saturated: bool = False  # someone was held back in the last period
+    _last: dict[str, tuple[bool, float]] = field(default_factory=dict)  # throttled, intake
+    _held: dict[str, float] = field(default_factory=dict)  # intake when held back
 
     def uses(self, samples: dict[str, TokenSample]) -> dict[str, float]:
         """Each container's use of the instance over the period, as a fraction."""
@@ -56,22 +58,47 @@ class TokenLaw:
             for n, s in samples.items()
         }
 
-    def observe(self, rates: dict[str, float], samples: dict[str, TokenSample]) -> None:
-        """Fold in one period (``rates``: what was in force during it)."""
-        active = {
-            n: s for n, s in samples.items()
-            if s.seconds > 0 and rates.get(n, 0) > 0
-            and (s.throttled or s.tokens / s.seconds >= self.active_at * rates[n])
-        }
-        self.saturated = any(not s.throttled for s in active.values())
-        if self.saturated:
-            # launches queue on the instance: what it ran is its capacity
+    def observe(self, samples: dict[str, TokenSample]) -> set[str]:
+        """Fold in one period; return the containers that wanted more than they got: those
+        that waited for tokens, and those held back by the instance itself.
+
+        A container is *held back* from the period in which it stops waiting for tokens
+        while still taking at least ``held_at`` of what it took before (its launches now
+        wait on full stream queues instead), until it waits for tokens again or its intake
+        falls below ``held_at`` of that (it went idle). A new hold-back means the instance
+        is saturated: the capacity estimate drops to ``cut`` × what it ran."""
+        wanting: set[str] = set()
+        new_hold = False
+        for n, s in samples.items():
+            if s.seconds <= 0:
+                continue
+            intake = s.tokens / s.seconds
+            prev = self._last.get(n)
+            if s.throttled:
+                self._held.pop(n, None)
+                wanting.add(n)
+            elif n in self._held:
+                if intake >= self.held_at * self._held[n]:
+                    wanting.add(n)
+                else:
+                    del self._held[n]
+            elif prev is not None and prev[0] and prev[1] > 0 and intake >= self.held_at * prev[1]:
+                self._held[n] = prev[1]
+                wanting.add(n)
+                new_hold = True
+            self._last[n] = (s.throttled, intake)
+        for gone in set(self._last) - set(samples):
+            self._last.pop(gone, None)
+            self._held.pop(gone, None)
+        self.saturated = bool(self._held)
+        if new_hold:
             ran = sum(s.tokens / s.seconds for s in samples.values() if s.seconds > 0)
             self.capacity = max(self.min_capacity, min(self.capacity, self.cut * ran))
             self.saturated_once = True
-        elif active:
+        elif wanting and not self._held:
             grow = self.probe_up if self.saturated_once else self.slow_start
             self.capacity = min(self.max_capacity, self.capacity * grow)
+        return wanting
 
     def rates(self, shares: dict[str, float]) -> dict[str, float]:
         return {n: max(0.0, share) * self.capacity for n, share in shares.items()}
