@@ -50,9 +50,9 @@ from tessera_hook_harness import (  # noqa: E402
     prepare_host_mountpoints,
     sim_env,
 )
-from tessera_sim.node import GPUSpec, node_description  # noqa: E402
 
 from tessera_node.budget.formats import BudgetEntry  # noqa: E402
+from tessera_sim.node import GPUSpec, node_description  # noqa: E402
 
 NS_PER_BLOCK = 100_000
 Step = dict[str, object]

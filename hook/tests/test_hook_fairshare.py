@@ -17,7 +17,8 @@ from tessera_hook_harness import ROOT
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fairshare", ROOT / "bench" / "fairshare.py")
+    spec = importlib.util.spec_from_file_location("bench_fairshare",
+                                                  ROOT / "bench" / "fairshare.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up

@@ -160,10 +160,8 @@ class Controller:
                     claims[t.name] = Claim(min(100.0, cores) / 100.0, t.weight, t.lend)
         for name in set(self.law.tenants) - set(claims):
             self.law.remove(name)
-        if self.source is None:
-            report = self._step_tokens(now, claims)
-        else:
-            report = self._step_busy(claims)
+        report = (self._step_tokens(now, claims) if self.source is None
+                  else self._step_busy(claims))
         self.last = now
         return report
 

@@ -97,7 +97,7 @@ class FairShare:
         }
         extra = water_fill(pool, borrowers, {n: 1.0 - budgets[n] for n in borrowers})
         grants = {}
-        for name, c in claims.items():
+        for name in claims:
             st = self.states[name]
             b = budgets[name]
             if st.lending:
