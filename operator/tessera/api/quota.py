@@ -86,7 +86,7 @@ _ORDER_RULES: list[JsonValue] = [_le_rule(small, big, q) for small, big, q in _O
 class GPUQuotaSpec(ApiModel):
     """Totals for the namespace, and the per-pod budget defaults and ceiling.
 
-    Only one GPUQuota per namespace may carry default, max and weight (checked at
+    Only one GPUQuota per namespace may carry default, max, weight and lending (checked at
     admission, since it depends on the other quotas); any number may carry hard.
     """
 
@@ -100,6 +100,10 @@ class GPUQuotaSpec(ApiModel):
     """Largest budget one pod may ask for."""
     weight: int | None = Field(default=None, ge=1, le=1000)
     """Fair-share weight for idle GPU capacity (1 when absent)."""
+    lending: bool | None = None
+    """false: hard caps. This namespace's pods neither lend the core time they leave idle
+    nor borrow what others leave idle; each holds exactly its core budget (true when
+    absent)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
