@@ -30,20 +30,14 @@ from tessera.api.names import (
     ANNOTATION_BUDGET_RESIZE,
     REASON_RESIZE_REFUSED,
 )
+from tessera.api.resize import ResizeStatus, digest
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.kube.events import post_event
 from tessera.quota.arith import TERMINAL_PHASES, deny_message
 from tessera.quota.batch import Release, Reserve
 from tessera.quota.ledger import expires_at
 from tessera.quota.objects import FieldError, policy_of
-from tessera.quota.resize import (
-    ResizeError,
-    ResizeStatus,
-    digest,
-    plan,
-    usage_fields,
-    usage_from_fields,
-)
+from tessera.quota.resize import ResizeError, plan, usage_fields, usage_from_fields
 from tessera.reservations.store import QuotaStore
 
 log = logging.getLogger("tessera.resize")

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.resize import ResizeStatus, digest
 from tessera.quota.arith import QuotaPolicy, Usage, usage_of
-from tessera.quota.resize import ResizeError, ResizeStatus, digest, parse_request, plan
+from tessera.quota.resize import ResizeError, parse_request, plan
 
 GIB_MIB = 1024
 
