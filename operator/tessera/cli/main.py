@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from tessera.cli.errors import CLIError
 
 # Command-group modules, each with ``register(subparsers) -> None``.
-_GROUPS = ("tessera.cli.mig", "tessera.cli.crds", "tessera.cli.operator")
+_GROUPS = ("tessera.cli.mig", "tessera.cli.crds", "tessera.cli.operator", "tessera.cli.resize")
 
 Handler = Callable[[argparse.Namespace], int]
 

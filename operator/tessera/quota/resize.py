@@ -4,7 +4,10 @@ A user asks with ``tessera.dev/budget-request`` on the pod: a JSON object naming
 and, for each, a new ``memory`` (a Kubernetes quantity) and/or ``cores`` (percent of one
 GPU), *totals* over the container's GPU shares, the units its limits use::
 
-    {"main": {"memory": "12Gi", "cores": 40}}
+    {"main": {"memory": "12Gi", "cores": 40}, "@id": "2"}
+
+(``@id`` is optional: a request is answered once, so asking for the same sizes again after
+a refusal needs a different ``@id``.)
 
 The operator checks the request against the namespace's per-pod ``max`` (the new budget as
 a whole, as admission does) and, for what grows, against every GPUQuota's ``hard`` (growing
@@ -29,6 +32,9 @@ from tessera.quota.arith import QuotaPolicy, Usage, container_usage, usage_of
 from tessera.quota.units import memory_mib, mib_quantity
 
 MIB = api_budget.MIB
+REQUEST_ID = "@id"
+"""Optional key of a request (not a container name: those are DNS labels): any string, so the
+same sizes can be asked for again after a refusal (each request is answered once)."""
 
 
 class ResizeError(ValueError):
@@ -63,6 +69,10 @@ def parse_request(text: str) -> dict[str, tuple[int | None, int | None]]:
         raise ResizeError('budget request must be a JSON object naming containers, e.g. '
                           '{"main": {"memory": "12Gi", "cores": 40}}')
     out: dict[str, tuple[int | None, int | None]] = {}
+    if not isinstance(raw.pop(REQUEST_ID, ""), str):
+        raise ResizeError(f"budget request {REQUEST_ID} must be a string")
+    if not raw:
+        raise ResizeError("budget request names no container")
     for name, want in raw.items():
         if not isinstance(want, dict) or not want or set(want) - {"memory", "cores"}:
             raise ResizeError(f"budget request for container {name!r} must be an object with "

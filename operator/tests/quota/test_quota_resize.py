@@ -86,3 +86,8 @@ def test_status_round_trip_and_unreadable() -> None:
     assert ResizeStatus.parse('{"request": "a", "state": "Weird"}') is None
     assert digest("x") != digest("y")
     assert parse_request('{"main": {"memory": "1Gi"}}') == {"main": (1024, None)}
+    assert parse_request('{"main": {"cores": 5}, "@id": "x"}') == {"main": (None, 5)}
+    with pytest.raises(ResizeError, match="names no container"):
+        parse_request('{"@id": "x"}')
+    with pytest.raises(ResizeError, match="@id must be a string"):
+        parse_request('{"main": {"cores": 5}, "@id": 3}')
