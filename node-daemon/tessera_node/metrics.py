@@ -69,3 +69,43 @@ def observe(snapshot: DeviceSnapshot) -> None:
                 MIG_MEMORY_TOTAL.labels(*mig).set(i.memory_total_bytes)
             if i.memory_used_bytes is not None:
                 MIG_MEMORY_USED.labels(*mig).set(i.memory_used_bytes)
+
+
+# -- the core controller: work-conserving fair share per GPU / MIG instance ------------------
+
+_QUOTA = ["quota"]
+_CONTAINER = ["device", "quota", "container"]
+CORE_LENT = Counter("tessera_quota_core_lent_seconds_total",
+                    "GPU-seconds of core budget a GPUQuota's containers left idle and lent "
+                    "to others (one GPU for one second = 1).", _QUOTA)
+CORE_BORROWED = Counter("tessera_quota_core_borrowed_seconds_total",
+                        "GPU-seconds beyond their budgets a GPUQuota's containers were given "
+                        "from what others left idle.", _QUOTA)
+CORE_BUSY = Counter("tessera_container_core_busy_seconds_total",
+                    "GPU-seconds a container kept its GPU or MIG instance busy (on MIG: its "
+                    "share of the instance's launches).", _CONTAINER)
+CORE_BUDGET = Counter("tessera_container_core_budget_seconds_total",
+                      "GPU-seconds of core budget a container held: rate(busy) / "
+                      "rate(budget) is its achieved share vs budget.", _CONTAINER)
+CORE_SHARE = Gauge("tessera_container_core_share",
+                   "Achieved busy share of the GPU in the controller's last period.", _CONTAINER)
+CORE_TARGET = Gauge("tessera_container_core_budget", "Core budget, fraction of the GPU.",
+                    _CONTAINER)
+
+
+def observe_core_shares(device: str, quota_of: dict[str, str],
+                        report: dict[str, dict[str, float]]) -> None:
+    """One controller period on ``device``: its report (per container: ``seconds``,
+    ``busy``, ``target``, ``lent``, ``borrowed``), containers labelled with their quotas."""
+    for name, r in report.items():
+        secs = r.get("seconds")
+        if not secs or "busy" not in r:
+            continue
+        quota = quota_of.get(name, "")
+        labels = (device, quota, name)
+        CORE_LENT.labels(quota).inc(r["lent"] * secs)
+        CORE_BORROWED.labels(quota).inc(r["borrowed"] * secs)
+        CORE_BUSY.labels(*labels).inc(r["busy"] * secs)
+        CORE_BUDGET.labels(*labels).inc(r["target"] * secs)
+        CORE_SHARE.labels(*labels).set(r["busy"])
+        CORE_TARGET.labels(*labels).set(r["target"])

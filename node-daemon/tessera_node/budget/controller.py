@@ -31,6 +31,7 @@ from tessera_node.budget.formats import BudgetFile
 from tessera_node.budget.ledger import LedgerView, read_ledger
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
+from tessera_node.metrics import observe_core_shares
 
 
 def proc_identity(pid: int) -> tuple[int, int] | None:
@@ -137,10 +138,6 @@ class Controller:
     fair: FairShare = field(default_factory=FairShare)
     tokens: TokenLaw = field(default_factory=TokenLaw)
     last: float | None = None
-    totals: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per container since start: seconds measured, lent and borrowed GPU-seconds, busy
-    GPU-seconds, budget GPU-seconds (for the metrics: lent/borrowed core time, achieved
-    share vs budget)."""
 
     def step(self) -> dict[str, dict[str, float]]:
         now = time.time()
@@ -248,14 +245,7 @@ class Controller:
                 report[t.name]["busy"] = s.use
                 report[t.name]["tokens"] = spent.get(t.name, 0.0)
                 report[t.name]["throttled"] = float(s.throttled)
-                tot = self.totals.setdefault(
-                    t.name, {"seconds": 0.0, "lent": 0.0, "borrowed": 0.0, "busy": 0.0,
-                             "budget": 0.0})
-                tot["seconds"] += seconds
-                tot["lent"] += g.lent * seconds
-                tot["borrowed"] += g.borrowed * seconds
-                tot["busy"] += s.use * seconds
-                tot["budget"] += claims[t.name].budget * seconds
+                report[t.name]["seconds"] = seconds
         return report
 
     def run(
@@ -302,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--duration", type=float, default=None)
     ap.add_argument("--log", action="store_true", help="print one JSON line per step")
+    ap.add_argument("--quota", action="append", default=[], metavar="NAME=QUOTA",
+                    help="a container's GPUQuota (namespace/name), for the metrics")
+    ap.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics (lent/borrowed core time, shares) here")
     args = ap.parse_args(argv)
     tenants = [parse_container(s) for s in args.container]
     weights = dict(w.split("=", 1) for w in args.weight)
@@ -309,9 +303,17 @@ def main(argv: list[str] | None = None) -> int:
         t.entry = args.entry
         t.weight = float(weights.get(t.name, 1))
         t.lend = t.name not in args.no_lend
+    quotas = dict(q.split("=", 1) for q in args.quota)
+    for t in tenants:
+        t.quota = quotas.get(t.name, "")
     ctl = Controller(utilization_source(args.device), tenants)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
 
     def log(t: float, report: dict[str, dict[str, float]]) -> None:
+        observe_core_shares(args.device, {x.name: x.quota for x in tenants}, report)
         if args.log:
             print(json.dumps({"t": round(t, 3), "cpu": round(time.process_time(), 4), **report}),
                   flush=True)

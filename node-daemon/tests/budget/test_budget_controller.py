@@ -112,3 +112,34 @@ def test_attribution_by_start_time_across_pid_namespaces() -> None:
     stale = LedgerSlot(1, me[0], True, zero, 0.0, me[1] + 1)  # same PID, another process
     assert attribute(LedgerView((), (mine,)), {os.getpid(): 0.25}) == 0.25
     assert attribute(LedgerView((), (stale,)), {os.getpid(): 0.25}) == 0.0
+
+
+def test_metrics_lent_borrowed_and_achieved_share() -> None:
+    from prometheus_client import REGISTRY
+
+    from tessera_node.metrics import observe_core_shares
+
+    def value(name: str, **labels: str) -> float:
+        v = REGISTRY.get_sample_value(name, labels)
+        return 0.0 if v is None else v
+
+    before = (value("tessera_quota_core_lent_seconds_total", quota="ns1/q"),
+              value("tessera_quota_core_borrowed_seconds_total", quota="ns2/q"))
+    report = {
+        "idle": {"seconds": 0.1, "busy": 0.0, "target": 0.2, "lent": 0.17, "borrowed": 0.0,
+                 "share": 0.2, "rate": 1.0},
+        "busy": {"seconds": 0.1, "busy": 0.8, "target": 0.8, "lent": 0.0, "borrowed": 0.17,
+                 "share": 0.97, "rate": 1.0},
+        "unmeasured": {"target": 0.5, "share": 0.5, "lent": 0.0, "borrowed": 0.0, "rate": 1.0},
+    }
+    observe_core_shares("GPU-x", {"idle": "ns1/q", "busy": "ns2/q"}, report)
+    assert value("tessera_quota_core_lent_seconds_total", quota="ns1/q") - before[0] == \
+        pytest.approx(0.017)
+    assert value("tessera_quota_core_borrowed_seconds_total", quota="ns2/q") - before[1] == \
+        pytest.approx(0.017)
+    labels = {"device": "GPU-x", "quota": "ns2/q", "container": "busy"}
+    assert value("tessera_container_core_share", **labels) == 0.8
+    assert value("tessera_container_core_budget", **labels) == 0.8
+    assert value("tessera_container_core_busy_seconds_total", **labels) == pytest.approx(0.08)
+    assert REGISTRY.get_sample_value("tessera_container_core_share", {
+        "device": "GPU-x", "quota": "", "container": "unmeasured"}) is None
