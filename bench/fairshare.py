@@ -223,15 +223,30 @@ def contention(tmp: Path, quick: bool) -> dict[str, object]:
     ten = shares(steps, names, warm, warm + measure)
     ones = [shares(steps, names, warm + k, warm + k + 1) for k in range(int(measure))]
     busy = gpu_busy(steps, names, warm, warm + measure)
-    # lending: first step after a stopped from which the GPU stays >= 95 % busy
-    lend_t = first_time(steps, marks["idle"], lambda s: sum(
-        field_of(s, n, "busy") for n in names) >= 0.95)
-    # reclaim: from a's first launch after it came back to its budget (100 ms windows)
-    first_launch = next((float(s["t"]) for s in steps  # type: ignore[arg-type]
-                         if float(s["t"]) > marks["back"] and field_of(s, "a", "tokens") > 0),
-                        None)
-    got = None if first_launch is None else first_time(
-        steps, first_launch - 1e-9, lambda s: field_of(s, "a", "busy") >= 0.18)
+    # lending: from a's stop to the first 300 ms (three periods) the others keep the GPU
+    # >= 95 % busy
+    def total(x: Step) -> float:
+        return sum(field_of(x, n, "busy") for n in names)
+
+    lend_t = None
+    after = [s for s in steps if float(s["t"]) > marks["idle"]]  # type: ignore[arg-type]
+    for i in range(2, len(after)):
+        if sum(total(x) for x in after[i - 2: i + 1]) / 3 >= 0.95:
+            lend_t = float(after[i]["t"])  # type: ignore[arg-type]
+            break
+    # reclaim: from a's first launch after it came back (within the period that first shows
+    # its tokens: its start is at most one period earlier) to the first period from which
+    # it holds its budget (that period >= budget - 2 points, and the mean of five periods)
+    got = first_launch = None
+    back = [s for s in steps if float(s["t"]) > marks["back"]]  # type: ignore[arg-type]
+    i0 = next((i for i, s in enumerate(back) if field_of(s, "a", "tokens") > 0), None)
+    if i0 is not None:
+        first_launch = float(back[i0]["t"]) - 0.1  # type: ignore[arg-type]
+        for i in range(i0, len(back) - 4):
+            w = [field_of(x, "a", "busy") for x in back[i: i + 5]]
+            if w[0] >= 0.18 and sum(w) / 5 >= 0.18:
+                got = float(back[i]["t"])  # type: ignore[arg-type]
+                break
     resized = first_time(steps, marks["resize"], lambda s: all(
         abs(v - t) <= 2.0 for v, t in zip(shares(steps, ["a", "b", "c"], float(s["t"]) - 0.45,
                                                  float(s["t"]) + 0.05).values(),
@@ -247,7 +262,7 @@ def contention(tmp: Path, quick: bool) -> dict[str, object]:
         "gpu_busy_fraction": round(busy, 3),
         "lending_latency_s": None if lend_t is None else round(lend_t - marks["idle"], 2),
         "reclaim_latency_s": None if got is None or first_launch is None
-        else round(got - first_launch + 0.1, 2),
+        else round(got - first_launch, 2),
         "resize_latency_s": None if resized is None else round(resized - marks["resize"], 2),
         "launch_wait_p99_ms": round(1000 * max(waits), 2),
         "controller_cpu_pct_of_core": round(100 * ctl_cpu / ctl_wall, 2),

@@ -47,7 +47,33 @@ def proc_identity(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def attribute(led: LedgerView, busy_by_pid: dict[int, float]) -> float:
+IDENTITY_TTL_S = 1.0
+
+
+class Identities:
+    """``proc_identity`` per host PID, remembered for ``IDENTITY_TTL_S`` (a PID reused within
+    that second is attributed to its former owner for the rest of it)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[float, tuple[int, int] | None]] = {}
+
+    def __call__(self, pid: int) -> tuple[int, int] | None:
+        now = time.monotonic()
+        hit = self._seen.get(pid)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        ident = proc_identity(pid)
+        self._seen[pid] = (now + IDENTITY_TTL_S, ident)
+        if len(self._seen) > 4096:
+            self._seen = {p: v for p, v in self._seen.items() if v[0] > now}
+        return ident
+
+
+def attribute(
+    led: LedgerView,
+    busy_by_pid: dict[int, float],
+    identity: Callable[[int], tuple[int, int] | None] = proc_identity,
+) -> float:
     """Busy share of a container's processes. NVML reports host PIDs; the ledger holds PIDs
     as the container sees them plus their start time, which names the same process in every
     PID namespace."""
@@ -55,7 +81,7 @@ def attribute(led: LedgerView, busy_by_pid: dict[int, float]) -> float:
     plain = {s.pid for s in led.slots if s.alive and not s.start_ticks}
     total = 0.0
     for pid, busy in busy_by_pid.items():
-        ident = proc_identity(pid)
+        ident = identity(pid)
         if (ident is not None and ident in ids) or pid in plain:
             total += busy
     return total
@@ -115,16 +141,23 @@ class Tenant:
         r = self.readings
         if not r or t < r[0][0]:
             return None
-        for (t0, v0, _), (t1, v1, _) in zip(r, list(r)[1:], strict=False):
-            if t0 <= t <= t1:
+        if t >= r[-1][0]:
+            return r[-1][1]
+        t1, v1 = r[-1][0], r[-1][1]
+        for i in range(len(r) - 2, -1, -1):  # newest first: t is a recent time
+            t0, v0, _ = r[i]
+            if t0 <= t:
                 return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-        return r[-1][1]
+            t1, v1 = t0, v0
+        return r[0][1]
 
     def waited_since(self, t: float) -> bool:
         """Whether it waited for tokens between the last reading at or before t and now."""
         r = self.readings
-        before = [w for (t0, _, w) in r if t0 <= t]
-        return bool(r) and bool(before) and r[-1][2] > before[-1]
+        for i in range(len(r) - 1, -1, -1):
+            if r[i][0] <= t:
+                return r[-1][2] > r[i][2]
+        return False
 
 
 @dataclass
@@ -138,13 +171,14 @@ class Controller:
     fair: FairShare = field(default_factory=FairShare)
     tokens: TokenLaw = field(default_factory=TokenLaw)
     last: float | None = None
+    identities: Identities = field(default_factory=Identities)
 
     def step(self) -> dict[str, dict[str, float]]:
         now = time.time()
         self.views: dict[str, LedgerView] = {}
         for t in self.tenants:
             with contextlib.suppress(OSError, ValueError, IndexError):  # no process joined yet
-                view = read_ledger(t.ledger)
+                view = read_ledger(t.ledger, only=t.entry)
                 dev = view.devices[t.entry]
                 t.readings.append((now, dev.tokens, dev.waits))
                 self.views[t.name] = view
@@ -181,7 +215,7 @@ class Controller:
             a, b = t.tokens_at(window[0]), t.tokens_at(window[1])
             if a is None or b is None:
                 continue
-            busy = attribute(led, busy_by_pid)
+            busy = attribute(led, busy_by_pid, self.identities)
             observations[t.name] = Observation(
                 busy=busy, tokens=max(0.0, b - a), seconds=window[1] - window[0]
             )

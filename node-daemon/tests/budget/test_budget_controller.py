@@ -62,9 +62,9 @@ def test_controller_sets_rates_from_measurement(
     assert report["a"]["busy"] == 0.2
     assert abs(report["a"]["tokens"] - 100.0) < 1e-6  # interpolated over the NVML window
     # cost = 0.02 busy-s / 100 tokens; alone on the GPU it may borrow all of it (work-
-    # conserving): rate = 1.0 * 0.97 / 2e-4
+    # conserving): rate = 1.0 * 0.99 / 2e-4
     rate = budget.read().entries[0].rate
-    assert abs(rate - 1.0 * 0.97 / 2e-4) < 1.0
+    assert abs(rate - 1.0 * 0.99 / 2e-4) < 1.0
     assert report["a"]["share"] == 1.0 and abs(report["a"]["borrowed"] - 0.6) < 1e-9
     assert budget.read().entries[0].memory == 1 << 30  # everything else kept
 
@@ -88,7 +88,7 @@ def test_hard_capped_container_gets_its_budget_only(
     nvml.busy = {4242: 0.2}
     report = ctl.step()
     assert report["a"]["share"] == 0.4 and report["a"]["borrowed"] == 0
-    assert abs(budget.read().entries[0].rate - 0.4 * 0.97 / 2e-4) < 1.0
+    assert abs(budget.read().entries[0].rate - 0.4 * 0.99 / 2e-4) < 1.0
 
 
 def test_controller_without_window_keeps_rates(tmp_path: Path) -> None:
