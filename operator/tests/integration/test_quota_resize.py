@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tessera_e2e.operators import token_kubeconfig
 from tessera_node.deviceplugin.resize import decide
 
 from .conftest import Operators
-from .harness import kubectl_json, wait_until
+from .harness import OPERATOR_NS, kubectl_json, wait_until
 from .test_quota_admission import pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
@@ -51,14 +53,26 @@ def budget_of(cluster: Any, ns: str, name: str) -> dict[str, Any]:
     return b["containers"]["main"]
 
 
-def node_answers(cluster: Any, ns: str, name: str, committed_elsewhere: int) -> dict[str, Any]:
-    """The node daemon's step: decide against what else is committed on the GPU (80 GiB),
-    write the outcome on the pod."""
+@pytest.fixture(scope="module")
+def node_kubeconfig(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A token of the node daemon's ServiceAccount (the chart's RBAC and policies apply)."""
+    token = cluster.kubectl("create", "token", "tessera-node", "-n", OPERATOR_NS,
+                            "--duration", "1h")
+    assert token.returncode == 0, token.stderr
+    return token_kubeconfig(cluster.kubeconfig, tmp_path_factory.mktemp("node-kc"),
+                            token.stdout.strip(), "node")
+
+
+def node_answers(cluster: Any, kc: Path, ns: str, name: str, committed_elsewhere: int
+                 ) -> dict[str, Any]:
+    """The node daemon's step, as its ServiceAccount: decide against what else is committed
+    on the GPU (80 GiB), write the outcome on the pod."""
     out = decide(annotations(cluster, ns, name), "main", [GPU], [], {GPU: 80 << 30},
                  {GPU: [committed_elsewhere]})
     assert out is not None
     patch = {"metadata": {"annotations": out.annotation_patch()}}
-    r = cluster.kubectl("patch", "pod", name, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+    r = cluster.kubectl("--kubeconfig", str(kc), "patch", "pod", name, "-n", ns,
+                        "--type=merge", "-p", json.dumps(patch))
     assert r.returncode == 0, r.stderr
     return out.annotation_patch()
 
@@ -68,7 +82,8 @@ def events(cluster: Any, ns: str, reason: str) -> list[str]:
     return [e["message"] for e in ev["items"] if e.get("reason") == reason]
 
 
-def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators) -> None:
+def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
+                                  node_kubeconfig: Path) -> None:
     ns = namespace
     setup_ns(cluster, ns, quota(ns, hard={"memory": "8Gi", "cores": 200, "pods": 10},
                                 max_={"memory": "6Gi", "cores": 100}))
@@ -87,7 +102,14 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators) 
     assert budget_of(cluster, ns, "a")["cores"] == 40
     wait_until("used follows", lambda: used(cluster, ns)["memory"] == "6Gi"
                and used(cluster, ns)["cores"] == 70, 20, 0.1)
-    node_answers(cluster, ns, "a", committed_elsewhere=10 << 30)
+    # the pod's owner cannot write the outcome (nor the budget) themselves
+    forged = json.dumps({"request": st["request"], "state": "Refused", "reason": "x",
+                         "previous": annotations(cluster, ns, "a")["tessera.dev/budget"]})
+    out = cluster.kubectl("annotate", "--overwrite", "pod", "a", "-n", ns,
+                          f"tessera.dev/budget-resize={forged}")
+    assert out.returncode != 0 and "tessera.dev/budget-resize] is the outcome" in out.stderr, \
+        out.stderr
+    node_answers(cluster, node_kubeconfig, ns, "a", committed_elsewhere=10 << 30)
     assert answered(cluster, ns, "a", "Applied") == {
         "request": st["request"], "state": "Applied"}
 
@@ -111,7 +133,7 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators) 
     request(cluster, ns, "a", {"main": {"memory": "1Gi"}})
     answered(cluster, ns, "a", "Approved")
     wait_until("shrink released", lambda: used(cluster, ns)["memory"] == "3Gi", 20, 0.1)
-    node_answers(cluster, ns, "a", committed_elsewhere=0)
+    node_answers(cluster, node_kubeconfig, ns, "a", committed_elsewhere=0)
     answered(cluster, ns, "a", "Applied")
 
     # now b may grow to 5Gi (3Gi + 3Gi <= 8Gi); the node refuses it for GPU memory (76Gi
@@ -120,7 +142,7 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators) 
     request(cluster, ns, "b", {"main": {"memory": "5Gi"}, "@id": "again"})
     answered(cluster, ns, "b", "Approved")
     wait_until("growth held", lambda: used(cluster, ns)["memory"] == "6Gi", 20, 0.1)
-    node_answers(cluster, ns, "b", committed_elsewhere=76 << 30)
+    node_answers(cluster, node_kubeconfig, ns, "b", committed_elsewhere=76 << 30)
     wait_until("rolled back", lambda: "previous" not in status(cluster, ns, "b")
                and budget_of(cluster, ns, "b")["memoryBytes"] == 2 << 30, 20, 0.1)
     st = status(cluster, ns, "b")
