@@ -87,11 +87,12 @@ def _slot_locked(fd: int, index: int) -> bool:
 
 
 _UNREAD = LedgerDevice(0, 0.0, 0.0, 0, 0)
+_NO_BYTES = (0,) * MAX_DEV
 
 
 def read_ledger(path: str | os.PathLike[str], only: int | None = None) -> LedgerView:
-    """The ledger now; ``only``: decode that device's counters alone (the others read as
-    zero), as the controller does ten times a second."""
+    """The ledger now; ``only``: decode that device's counters alone (the others, and what
+    each slot holds, read as zero), as the controller does ten times a second."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
         if os.fstat(fd).st_size < FILE_SIZE:
@@ -128,7 +129,8 @@ def read_ledger(path: str | os.PathLike[str], only: int | None = None) -> Ledger
             pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
             if pid == 0:
                 continue
-            held = struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET)
+            held = (_NO_BYTES if only is not None
+                    else struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET))
             _launches, wait_ns, start = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
             slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
         return LedgerView(tuple(devices), tuple(slots))
