@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tessera_node.budget.fairshare import Claim, FairShare, Grant, Sample
-from tessera_node.budget.formats import BudgetEntry, BudgetFile
+from tessera_node.budget.formats import BudgetFile
 from tessera_node.budget.ledger import LedgerView, read_ledger
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
@@ -183,10 +183,9 @@ class Controller:
                 t.readings.append((now, dev.tokens, dev.waits))
                 self.views[t.name] = view
         claims: dict[str, Claim] = {}
-        self.entries: dict[str, list[BudgetEntry]] = {}
         for t in self.tenants:
             with contextlib.suppress(OSError, ValueError):
-                entries = self.entries[t.name] = t.budget.read().entries
+                entries = t.budget.read().entries
                 cores = entries[t.entry].cores if t.entry < len(entries) else None
                 if cores is not None:
                     claims[t.name] = Claim(min(100.0, cores) / 100.0, t.weight, t.lend)
@@ -266,8 +265,10 @@ class Controller:
             g = grants.get(t.name)
             if g is None or t.name not in rates:
                 continue
-            with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
-                entries = self.entries[t.name]
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # read again right before writing: only rate and burst are the controller's
+                # (a resize may have rewritten the rest since the period began)
+                entries = t.budget.read().entries
                 e = entries[t.entry]
                 new = replace(e, rate=rates[t.name], burst=burst(rates[t.name]))
                 if new.pack() != e.pack():  # unchanged: no write, no generation bump
