@@ -52,7 +52,9 @@ def pending_request(pod: Mapping[str, Any]) -> bool:
     if status is not None and status.state == "Refused" and status.previous is not None:
         return True
     req = ann.get(ANNOTATION_BUDGET_REQUEST)
-    return bool(req) and (status is None or status.request != digest(req))
+    if not isinstance(req, str) or not req:
+        return False
+    return status is None or status.request != digest(req)
 
 
 async def reconcile_resize(kube: Kube, store: QuotaStore, pod: Obj, component: str,
