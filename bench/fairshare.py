@@ -45,9 +45,7 @@ from tessera_hook_harness import (  # noqa: E402
     PROBE,
     SIM_LIB,
     Container,
-    build,
-    missing_prerequisite,
-    prepare_host_mountpoints,
+    ready_for_bench,
     sim_env,
 )
 
@@ -293,12 +291,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    why = missing_prerequisite()
-    if why:
-        print(f"cannot run: {why}", file=sys.stderr)
+    if not ready_for_bench():
         return 1
-    build()
-    prepare_host_mountpoints()
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as d:
         for name, fn in (("contention", contention), ("mig", mig_accuracy)):

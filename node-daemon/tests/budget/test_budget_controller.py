@@ -40,9 +40,9 @@ class FakeNvml:
         return dict(self.busy), self.window
 
 
-def test_controller_sets_rates_from_measurement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def one_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lend: bool = True
+               ) -> tuple[BudgetFile, FakeNvml, Controller]:
+    """Container "a" (budget 40 %, PID 4242) that took 1000 tokens/s; an NVML window."""
     budget = BudgetFile(tmp_path / "budget")
     budget.update([BudgetEntry(memory=1 << 30, cores=40, rate=100, burst=1)])
     ledger = tmp_path / "ledger"
@@ -51,12 +51,19 @@ def test_controller_sets_rates_from_measurement(
 
     monkeypatch.setattr(led, "_slot_locked", lambda fd, i: True)
     nvml = FakeNvml()
-    tenant = Tenant(name="a", budget=budget, ledger=ledger)
+    tenant = Tenant(name="a", budget=budget, ledger=ledger, lend=lend)
     ctl = Controller(nvml, [tenant])
     make_ledger(ledger, pid=4242, tokens=0)
     tenant.readings.append((1000.0, 0.0, 0))
     tenant.readings.append((1000.2, 200.0, 0))  # 1000 tokens/s
     nvml.window = (1000.0, 1000.1)
+    return budget, nvml, ctl
+
+
+def test_controller_sets_rates_from_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget, nvml, ctl = one_tenant(tmp_path, monkeypatch)
     nvml.busy = {4242: 0.2, 999: 0.3}  # 999 is someone else
     report = ctl.step()
     assert report["a"]["busy"] == 0.2
@@ -72,19 +79,7 @@ def test_controller_sets_rates_from_measurement(
 def test_hard_capped_container_gets_its_budget_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    budget = BudgetFile(tmp_path / "budget")
-    budget.update([BudgetEntry(memory=1 << 30, cores=40, rate=100, burst=1)])
-    ledger = tmp_path / "ledger"
-    import tessera_node.budget.ledger as led
-
-    monkeypatch.setattr(led, "_slot_locked", lambda fd, i: True)
-    nvml = FakeNvml()
-    tenant = Tenant(name="a", budget=budget, ledger=ledger, lend=False)
-    ctl = Controller(nvml, [tenant])
-    make_ledger(ledger, pid=4242, tokens=0)
-    tenant.readings.append((1000.0, 0.0, 0))
-    tenant.readings.append((1000.2, 200.0, 0))
-    nvml.window = (1000.0, 1000.1)
+    budget, nvml, ctl = one_tenant(tmp_path, monkeypatch, lend=False)
     nvml.busy = {4242: 0.2}
     report = ctl.step()
     assert report["a"]["share"] == 0.4 and report["a"]["borrowed"] == 0
