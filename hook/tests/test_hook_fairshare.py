@@ -56,8 +56,12 @@ def test_split_lend_and_reclaim(hook_built: None, tmp_path: Path, bench: ModuleT
     b = sum(bench.field_of(s, "b", "busy") for s in late) / len(late)
     c = sum(bench.field_of(s, "c", "busy") for s in late) / len(late)
     assert bench.field_of(late[-1], "a", "lent") > 0.1, late[-1]
-    assert b + c >= 0.9, (b, c)
-    assert b >= 0.3 + 0.05 and c >= 0.5 + 0.05, (b, c)  # both borrowed, by weight (equal)
+    grants = [(bench.field_of(s, "b", "borrowed"), bench.field_of(s, "c", "borrowed"))
+              for s in late]
+    assert all(x > 0.05 and abs(x - y) < 1e-9 for x, y in grants), grants  # equal weights
+    # what they achieve: most of a's 20 points (the figure under no load is the benchmark's)
+    assert b + c >= 0.85, (b, c)
+    assert b >= 0.3 + 0.03 and c >= 0.5 + 0.03, (b, c)
     # a back: from the controller period that saw its first launch, within two periods
     # it holds its budget again (mean over the following half second, 2 points tolerance)
     first = next(i for i, s in enumerate(steps)

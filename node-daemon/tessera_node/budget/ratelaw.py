@@ -85,7 +85,12 @@ class RateLaw:
         rates: dict[str, float] = {}
         for name, t in self.tenants.items():
             obs = observations.get(name)
-            if not saturated and obs is not None and obs.seconds > 0 and obs.tokens > 0:
+            # Tokens without any busy time, once a cost is known, are an attribution gap (a
+            # process that just ended or started: NVML's samples lag the ledger's), not free
+            # kernels: learning from them would let the rate jump when the owner returns.
+            gap = obs is not None and obs.busy <= 0 and bool(t.history)
+            if (not saturated and obs is not None and obs.seconds > 0 and obs.tokens > 0
+                    and not gap):
                 t.history.append((obs.busy * obs.seconds, obs.tokens))
                 while len(t.history) > self.window:
                     t.history.popleft()

@@ -86,3 +86,15 @@ def test_zero_target_stops_and_idle_tenant_keeps_probing() -> None:
     assert rates["idle"] == law.probe_rate
     with pytest.raises(ValueError):
         law.set_target("bad", 1.5)
+
+
+def test_tokens_without_busy_time_teach_no_cost_once_one_is_known() -> None:
+    law = RateLaw()
+    law.set_target("a", 0.2)
+    law.step({"a": Observation(busy=0.2, tokens=40, seconds=0.1)})
+    known = law.tenants["a"].cost
+    assert known == pytest.approx(0.02 / 40)
+    # the process ended within the window: its tokens are counted, its busy time is not
+    rates = law.step({"a": Observation(busy=0.0, tokens=26, seconds=0.1)})
+    assert law.tenants["a"].cost == known
+    assert rates["a"] == pytest.approx(0.2 * law.headroom / known)
