@@ -35,12 +35,12 @@ def test_split_lend_and_reclaim(hook_built: None, tmp_path: Path, bench: ModuleT
     marks: dict[str, float] = {}
 
     def script(run: object, rec: dict[str, object]) -> None:
-        w = float(rec["wall"])  # type: ignore[arg-type]
+        w = float(rec["t"])  # type: ignore[arg-type]
         if "idle" not in marks and w >= warm + measure:
             run.stop("a")  # type: ignore[attr-defined]
             marks["idle"] = float(rec["t"])  # type: ignore[arg-type]
         elif "back" not in marks and w >= warm + measure + idle:
-            run.spin("a", back + 2)  # type: ignore[attr-defined]
+            run.spin("a", back + 5)  # type: ignore[attr-defined]
             marks["back"] = float(rec["t"])  # type: ignore[arg-type]
 
     run = bench.scenario(tmp_path, BUDGETS, warm + measure + idle + back, script)
@@ -79,7 +79,7 @@ def test_hard_cap_leaves_idle_capacity_idle(
     warm, idle = 3.0, 4.0
 
     def script(run: object, rec: dict[str, object]) -> None:
-        if "a" in run.spinners and float(rec["wall"]) >= warm:  # type: ignore[attr-defined, arg-type]
+        if "a" in run.spinners and float(rec["t"]) >= warm:  # type: ignore[attr-defined, arg-type]
             run.stop("a")  # type: ignore[attr-defined]
 
     run = bench.scenario(tmp_path, BUDGETS, warm + idle, script, no_lend=("a", "b", "c"))

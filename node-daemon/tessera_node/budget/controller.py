@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tessera_node.budget.fairshare import Claim, FairShare, Grant, Sample
-from tessera_node.budget.formats import BudgetFile
+from tessera_node.budget.formats import BudgetEntry, BudgetFile
 from tessera_node.budget.ledger import LedgerView, read_ledger
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
@@ -135,6 +135,14 @@ class Tenant:
     quota: str = ""  # namespace/name of its GPUQuota, for the metrics
     readings: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=64))
     """(wall time, tokens taken, waits for tokens) at each step."""
+    _parsed: tuple[int, list[BudgetEntry]] | None = None
+
+    def entries(self) -> list[BudgetEntry]:
+        """The budget file's entries now (parsed again only when its generation moved)."""
+        gen = self.budget.generation
+        if self._parsed is None or self._parsed[0] != gen:
+            self._parsed = (gen, self.budget.read().entries)
+        return list(self._parsed[1])
 
     def tokens_at(self, t: float) -> float | None:
         """Tokens taken by wall time t, interpolated between readings."""
@@ -167,11 +175,14 @@ class Controller:
 
     source: UtilizationSource | None
     tenants: list[Tenant]
+    device: str = "0"  # for the metrics' labels
     law: RateLaw = field(default_factory=RateLaw)
     fair: FairShare = field(default_factory=FairShare)
     tokens: TokenLaw = field(default_factory=TokenLaw)
     last: float | None = None
     identities: Identities = field(default_factory=Identities)
+    cpu_s: float = 0.0
+    """CPU time spent in periods (reading, deciding, writing, metrics), since start."""
 
     def step(self) -> dict[str, dict[str, float]]:
         now = time.time()
@@ -185,7 +196,7 @@ class Controller:
         claims: dict[str, Claim] = {}
         for t in self.tenants:
             with contextlib.suppress(OSError, ValueError):
-                entries = t.budget.read().entries
+                entries = t.entries()
                 cores = entries[t.entry].cores if t.entry < len(entries) else None
                 if cores is not None:
                     claims[t.name] = Claim(min(100.0, cores) / 100.0, t.weight, t.lend)
@@ -268,7 +279,7 @@ class Controller:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 # read again right before writing: only rate and burst are the controller's
                 # (a resize may have rewritten the rest since the period began)
-                entries = t.budget.read().entries
+                entries = t.entries()
                 e = entries[t.entry]
                 new = replace(e, rate=rates[t.name], burst=burst(rates[t.name]))
                 if new.pack() != e.pack():  # unchanged: no write, no generation bump
@@ -296,7 +307,10 @@ class Controller:
         next_t = start
         while duration is None or time.monotonic() - start < duration:
             next_t += interval
+            cpu0 = time.process_time()
             report = self.step()
+            observe_core_shares(self.device, {t.name: t.quota for t in self.tenants}, report)
+            self.cpu_s += time.process_time() - cpu0
             if on_step:
                 on_step(time.monotonic() - start, report)
             delay = next_t - time.monotonic()
@@ -344,16 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     quotas = dict(q.split("=", 1) for q in args.quota)
     for t in tenants:
         t.quota = quotas.get(t.name, "")
-    ctl = Controller(utilization_source(args.device), tenants)
+    ctl = Controller(utilization_source(args.device), tenants, device=args.device)
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port)
 
     def log(t: float, report: dict[str, dict[str, float]]) -> None:
-        observe_core_shares(args.device, {x.name: x.quota for x in tenants}, report)
         if args.log:
-            print(json.dumps({"t": round(t, 3), "cpu": round(time.process_time(), 4), **report}),
+            print(json.dumps({"t": round(t, 3), "cpu": round(ctl.cpu_s, 5), **report}),
                   flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):

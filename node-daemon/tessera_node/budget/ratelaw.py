@@ -9,8 +9,8 @@ and never knows what a kernel costs; the law learns it from measurement:
   target. A budget change therefore takes effect at the next interval.
 * While the GPU is saturated, shares only reflect the *ratio* of the rates and launch
   queues grow, so no cost is learned, and from the ``saturated_after``-th saturated interval
-  on every rate is walked back (``backoff``) until the queues drain (one saturated interval
-  is as often noise in the samples as a backlog); ``headroom`` (< 1) keeps the sum of the
+  on every rate is walked back (``backoff``) until the queues drain (a saturated interval or
+  two is as often noise in the samples as a backlog); ``headroom`` (< 1) keeps the sum of the
   targets just below saturation.
 * A container that has not run yet gets a low probing rate, so the first measurement is
   taken on an unsaturated GPU.
@@ -54,8 +54,8 @@ class RateLaw:
     window: int = 5  # intervals the cost estimate spans
     headroom: float = 0.99  # aim the targets at this fraction of the GPU
     saturated_at: float = 0.995  # total busy share at which the GPU counts as saturated
-    saturated_after: int = 2  # consecutive saturated intervals before rates back off
-    backoff: float = 0.9  # rate factor per saturated interval
+    saturated_after: int = 3  # consecutive saturated intervals before rates back off
+    backoff: float = 0.95  # rate factor per saturated interval
     burst_seconds: float = 0.01  # bucket depth, as seconds of the rate
     tenants: dict[str, TenantState] = field(default_factory=dict)
     saturated_for: int = 0
