@@ -69,7 +69,7 @@ class _State:
 
 @dataclass
 class FairShare:
-    lend_after: int = 2  # quiet periods before a container lends
+    lend_after: int = 1  # quiet periods before a container lends
     margin: float = 0.03  # what a lender keeps above its use, fraction of the GPU
     states: dict[str, _State] = field(default_factory=dict)
 

@@ -23,10 +23,10 @@ from tessera_node.budget.ledger import (
 )
 
 
-def make_ledger(path: Path, pid: int, tokens: float) -> None:
+def make_ledger(path: Path, pid: int, tokens: float, waits: int = 0) -> None:
     raw = bytearray(FILE_SIZE)
     struct.pack_into("<7I", raw, 0, MAGIC, VERSION, NSLOTS, MAX_DEV, HEADER_SIZE, SLOT_SIZE, 1)
-    struct.pack_into(DEV.format, raw, DEV_OFFSET, 0, 0, int(tokens * 1000), 0, 0, 0, 0, 0)
+    struct.pack_into(DEV.format, raw, DEV_OFFSET, 0, 0, int(tokens * 1000), 0, 0, waits, 0, 0)
     struct.pack_into("<iIQ", raw, HEADER_SIZE, pid, 1, 0)
     path.write_bytes(bytes(raw))
 
@@ -53,9 +53,9 @@ def one_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lend: bool = Tru
     nvml = FakeNvml()
     tenant = Tenant(name="a", budget=budget, ledger=ledger, lend=lend)
     ctl = Controller(nvml, [tenant])
-    make_ledger(ledger, pid=4242, tokens=0)
+    make_ledger(ledger, pid=4242, tokens=0, waits=5)
     tenant.readings.append((1000.0, 0.0, 0))
-    tenant.readings.append((1000.2, 200.0, 0))  # 1000 tokens/s
+    tenant.readings.append((1000.2, 200.0, 5))  # 1000 tokens/s, and it waited for them
     nvml.window = (1000.0, 1000.1)
     return budget, nvml, ctl
 
@@ -68,8 +68,8 @@ def test_controller_sets_rates_from_measurement(
     report = ctl.step()
     assert report["a"]["busy"] == 0.2
     assert abs(report["a"]["tokens"] - 100.0) < 1e-6  # interpolated over the NVML window
-    # cost = 0.02 busy-s / 100 tokens; alone on the GPU it may borrow all of it (work-
-    # conserving): rate = 1.0 * 0.99 / 2e-4
+    # cost = 0.02 busy-s / 100 tokens; alone on the GPU and wanting more (it waited for
+    # tokens) it may borrow all of it (work-conserving): rate = 1.0 * 0.99 / 2e-4
     rate = budget.read().entries[0].rate
     assert abs(rate - 1.0 * 0.99 / 2e-4) < 1.0
     assert report["a"]["share"] == 1.0 and abs(report["a"]["borrowed"] - 0.6) < 1e-9

@@ -126,7 +126,7 @@ def test_stable_under_noisy_samples(
 
 def test_idle_lends_by_weight_and_reclaims_at_once() -> None:
     claims = {"a": Claim(0.2), "b": Claim(0.3, weight=3), "c": Claim(0.5, weight=1)}
-    fs = FairShare()
+    fs = FairShare(lend_after=2)
     busy = {n: Sample(use=c.budget, throttled=True) for n, c in claims.items()}
     g = fs.step(claims, busy)
     assert [g[n].share for n in "abc"] == pytest.approx([0.2, 0.3, 0.5])
