@@ -3,6 +3,8 @@ what it wrote and what failed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from tessera_node.device.state import DeviceSnapshot
@@ -102,10 +104,20 @@ def observe_core_shares(device: str, quota_of: dict[str, str],
         if not secs or "busy" not in r:
             continue
         quota = quota_of.get(name, "")
-        labels = (device, quota, name)
-        CORE_LENT.labels(quota).inc(r["lent"] * secs)
-        CORE_BORROWED.labels(quota).inc(r["borrowed"] * secs)
-        CORE_BUSY.labels(*labels).inc(r["busy"] * secs)
-        CORE_BUDGET.labels(*labels).inc(r["target"] * secs)
-        CORE_SHARE.labels(*labels).set(r["busy"])
-        CORE_TARGET.labels(*labels).set(r["target"])
+        key = (device, quota, name)
+        c = _children.get(key)
+        if c is None:  # label lookups once per container, not ten times a second
+            if len(_children) >= 4096:
+                _children.clear()
+            c = _children[key] = (CORE_LENT.labels(quota), CORE_BORROWED.labels(quota),
+                                  CORE_BUSY.labels(*key), CORE_BUDGET.labels(*key),
+                                  CORE_SHARE.labels(*key), CORE_TARGET.labels(*key))
+        c[0].inc(r["lent"] * secs)
+        c[1].inc(r["borrowed"] * secs)
+        c[2].inc(r["busy"] * secs)
+        c[3].inc(r["target"] * secs)
+        c[4].set(r["busy"])
+        c[5].set(r["target"])
+
+
+_children: dict[tuple[str, str, str], tuple[Any, ...]] = {}

@@ -48,6 +48,8 @@ def proc_identity(pid: int) -> tuple[int, int] | None:
 
 
 IDENTITY_TTL_S = 1.0
+RATE_STEP = 0.005
+"""Relative rate change below which the budget file is not rewritten."""
 
 
 class Identities:
@@ -281,9 +283,10 @@ class Controller:
                 # (a resize may have rewritten the rest since the period began)
                 entries = t.entries()
                 e = entries[t.entry]
-                new = replace(e, rate=rates[t.name], burst=burst(rates[t.name]))
-                if new.pack() != e.pack():  # unchanged: no write, no generation bump
-                    entries[t.entry] = new
+                if abs(rates[t.name] - e.rate) > RATE_STEP * max(e.rate, 1.0):
+                    # a change below RATE_STEP is noise in the cost estimate: no write, no
+                    # generation bump for every process of the container to notice
+                    entries[t.entry] = replace(e, rate=rates[t.name], burst=burst(rates[t.name]))
                     t.budget.update(entries)
             s = samples.get(t.name)
             report[t.name] = {
