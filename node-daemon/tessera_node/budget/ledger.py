@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ def _slot_locked(fd: int, index: int) -> bool:
 
 _UNREAD = LedgerDevice(0, 0.0, 0.0, 0, 0)
 _NO_BYTES = (0,) * MAX_DEV
+_NONZERO = re.compile(rb"[^\x00]")
 
 
 def read_ledger(path: str | os.PathLike[str], only: int | None = None) -> LedgerView:
@@ -128,8 +130,9 @@ def read_ledger(path: str | os.PathLike[str], only: int | None = None) -> Ledger
         # the pid of every slot in one C-level pass (joining processes take slots anywhere
         # below the high-water mark, so most of [0, hwm) is usually empty)
         pids = memoryview(raw)[HEADER_SIZE: HEADER_SIZE + n * SLOT_SIZE].cast("i")[
-            :: SLOT_SIZE // 4].tolist()
-        for i in (i for i, pid in enumerate(pids) if pid):
+            :: SLOT_SIZE // 4].tobytes()
+        used = sorted({m.start() // 4 for m in _NONZERO.finditer(pids)})
+        for i in used:
             off = HEADER_SIZE + i * SLOT_SIZE
             pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
             held = (_NO_BYTES if only is not None
