@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from tessera_node.budget.fairshare import Claim, FairShare, Grant, Sample
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
-from tessera_node.budget.ledger import LedgerView, read_ledger
+from tessera_node.budget.ledger import LedgerReader, LedgerView
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
 from tessera_node.metrics import observe_core_shares
@@ -138,6 +138,12 @@ class Tenant:
     readings: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=64))
     """(wall time, tokens taken, waits for tokens) at each step."""
     _parsed: tuple[int, list[BudgetEntry]] | None = None
+    _reader: LedgerReader | None = None
+
+    def reader(self) -> LedgerReader:
+        if self._reader is None:
+            self._reader = LedgerReader(self.ledger)
+        return self._reader
 
     def entries(self) -> list[BudgetEntry]:
         """The budget file's entries now (parsed again only when its generation moved)."""
@@ -191,7 +197,7 @@ class Controller:
         self.views: dict[str, LedgerView] = {}
         for t in self.tenants:
             with contextlib.suppress(OSError, ValueError, IndexError):  # no process joined yet
-                view = read_ledger(t.ledger, only=t.entry)
+                view = t.reader().read(only=t.entry)
                 dev = view.devices[t.entry]
                 t.readings.append((now, dev.tokens, dev.waits))
                 self.views[t.name] = view
