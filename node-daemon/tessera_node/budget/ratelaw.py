@@ -101,7 +101,9 @@ class RateLaw:
                 rate = t.rate
             else:
                 rate = t.target * self.headroom / cost
-            if back_off:
+            if back_off and obs is not None and obs.tokens > 0:
+                # only those launching fill the queues: an idle owner's rate stays where
+                # its budget puts it, so it has its time back the moment it launches again
                 rate = min(rate, t.rate * self.backoff)
             t.rate = min(self.max_rate, max(self.min_rate if t.target > 0 else 0.0, rate))
             rates[name] = t.rate

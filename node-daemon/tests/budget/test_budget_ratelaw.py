@@ -99,3 +99,15 @@ def test_tokens_without_busy_time_teach_no_cost_once_one_is_known() -> None:
     rates = law.step({"a": Observation(busy=0.0, tokens=26, seconds=0.1)})
     assert law.tenants["a"].cost == known
     assert rates["a"] == pytest.approx(0.2 * law.headroom / known)
+
+
+def test_saturation_backs_off_only_those_launching() -> None:
+    law = RateLaw()
+    for n in ("busy", "idle"):
+        law.set_target(n, 0.5)
+        law.tenants[n].rate = 1000.0
+    for _ in range(law.saturated_after + 2):
+        rates = law.step({"busy": Observation(busy=1.0, tokens=100, seconds=0.1),
+                          "idle": Observation(busy=0.0, tokens=0, seconds=0.1)})
+    assert rates["busy"] < 1000.0
+    assert rates["idle"] == 1000.0
