@@ -191,10 +191,12 @@ class Controller:
     identities: Identities = field(default_factory=Identities)
     cpu_s: float = 0.0
     """CPU time spent in periods (reading, deciding, writing, metrics), since start."""
+    views: dict[str, LedgerView] = field(default_factory=dict)
+    """This period's ledgers, by container."""
 
     def step(self) -> dict[str, dict[str, float]]:
         now = time.time()
-        self.views: dict[str, LedgerView] = {}
+        self.views = {}
         for t in self.tenants:
             with contextlib.suppress(OSError, ValueError, IndexError):  # no process joined yet
                 view = t.reader().read(only=t.entry)
