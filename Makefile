@@ -15,18 +15,23 @@ install: $(STAMP)
 
 # System tools the tests use: clang + libFuzzer runtime (hook fuzz targets), valgrind; for the
 # test bed's nodes runc, the CNI plugins, iptables (kube-proxy, CNI) and a static busybox (the
-# workload image's shell), see e2e/README.md. Installed from Debian's packages when missing
-# (the machines run as root).
+# workload image's shell), see e2e/README.md; Prometheus and promtool (the alerting rules'
+# unit tests, the dashboard checked against live metrics, docs/operate.md). Installed from
+# Debian's packages when missing (the machines run as root); RUNLEVEL=1 keeps the package from
+# starting a Prometheus service of its own (the tests start theirs).
 SYSDEPS_OK := $(shell command -v clang >/dev/null && command -v valgrind >/dev/null && \
 	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 && \
 	test -x /usr/sbin/runc && test -x /usr/lib/cni/bridge && test -x /usr/sbin/iptables && \
 	test -x /usr/bin/busybox && busybox --list | grep -qx httpd && command -v ip >/dev/null && \
-	command -v nsenter >/dev/null && echo yes)
+	command -v nsenter >/dev/null && command -v prometheus >/dev/null && \
+	command -v promtool >/dev/null && echo yes)
 sysdeps:
 ifneq ($(SYSDEPS_OK),yes)
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev valgrind \
 		runc containernetworking-plugins iptables busybox-static iproute2 util-linux
+	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		prometheus
 endif
 
 $(STAMP): pyproject.toml

@@ -1,4 +1,5 @@
-"""Operator benchmarks against the real local control plane (two replicas behind a proxy).
+"""Operator benchmarks against the real local control plane (two replicas behind a Service
+port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.KernelService`).
 
 1. admission latency p50/p99 at 50 pods/s with quota contention (every create reserves on
    the same GPUQuota), end to end as the client sees it (API server + webhook + reservation
@@ -59,12 +60,12 @@ from tessera_e2e.cluster import LocalCluster  # noqa: E402
 from tessera_e2e.operators import (  # noqa: E402
     OPERATOR_NS,
     OperatorProcess,
-    RoundRobinProxy,
     lease_holder,
     operator_kubeconfig,
     render_chart,
     wait_until,
 )
+from tessera_e2e.service import KernelService  # noqa: E402
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -409,7 +410,7 @@ def main() -> int:
     cluster = LocalCluster(layout.bin_dir(build_inputs().pins), layout, report=lambda _: None,
                            controllers=os.environ.get("CONTROLLERS", "0") == "1")
     cluster.start()
-    proxy = RoundRobinProxy().start()
+    proxy = KernelService().start()  # kube-proxy's way: the kernel, not a Python thread
     ops: dict[str, OperatorProcess] = {}
     try:
         for crd in sorted((REPO / "crds").glob("*.yaml")):
@@ -435,6 +436,7 @@ def main() -> int:
     finally:
         for r in ops.values():
             r.stop()
+        proxy.stop()
         cluster.stop()
     return 0
 

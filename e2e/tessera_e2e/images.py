@@ -5,10 +5,10 @@ Two images, each written as an OCI image layout tarball (`oci-layout`, `index.js
 
 - `pause`: the pod sandbox, our own statically linked `pause.c` (what Kubernetes' pause does);
 - `workload`: Debian's static busybox (sh, sleep, wget, httpd, nc, ...) for plain pods, the
-  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`) that are linked
-  against `libcuda.so.1` but do not carry it: like a real CUDA container they get it from what
-  the node mounts (the image's LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA base
-  images' convention).
+  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`, and the NVML
+  client `nvml-info`) that are linked against `libcuda.so.1` (`libnvidia-ml.so.1`) but do not
+  carry it: like a real CUDA container they get it from what the node mounts (the image's
+  LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA base images' convention).
 
 Reproducible: every file's metadata is fixed (mtime 0, owner root, mode 0755/0644), entries are
 sorted, layers are uncompressed tars and JSON is canonical, so the same inputs give the same
@@ -17,6 +17,7 @@ digest. The tarballs are cached under the cache's images/ by a hash of their inp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -24,6 +25,7 @@ import json
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,8 @@ C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib/x86_64-linux-gnu/librt.so.1", "lib/x86_64-linux-gnu/librt.so.1"),
 )
 CUDA_PROGRAMS = ("cuda-info", "cuda-alloc")
+NVML_PROGRAMS = ("nvml-info",)
+STALE_AFTER_S = 3600.0
 CFLAGS = ("-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-s", "-Wl,--build-id=sha1")
 
 
@@ -158,9 +162,14 @@ def _compile(source: Path, output: Path, extra: list[str]) -> None:
 
 def _cuda_include() -> Path:
     """cuda.h of the pinned wheel nvidia-cuda-runtime-cu12 (a dev dependency, as for sim/)."""
-    spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    return _wheel_include("nvidia.cuda_runtime", "nvidia-cuda-runtime-cu12")
+
+
+def _wheel_include(module: str, wheel: str) -> Path:
+    """The include folder of a pinned NVIDIA header wheel (cuda.h, nvml.h)."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ControlPlaneError("nvidia-cuda-runtime-cu12 is not installed: run `make install`")
+        raise ControlPlaneError(f"{wheel} is not installed: run `make install`")
     return Path(next(iter(spec.submodule_search_locations))) / "include"
 
 
@@ -181,6 +190,10 @@ def image_contents(sim_lib: Path, work: Path) -> dict[str, tuple[Mapping[str, Im
         # no rpath): at run time the library is whatever the node mounts.
         _compile(SOURCES / f"{program}.c", work / program,
                  [f"-I{include}", f"-L{sim_lib}", "-lcuda"])
+    for program in NVML_PROGRAMS:  # the same for libnvidia-ml.so.1
+        _compile(SOURCES / f"{program}.c", work / program,
+                 [f"-I{_wheel_include('nvidia.nvml_dev', 'nvidia-nvml-dev-cu12')}",
+                  f"-L{sim_lib}", "-lnvidia-ml"])
     pause = {"pause": ImageFile((work / "pause").read_bytes(), 0o755)}
     busybox = _required(BUSYBOX, "install Debian's busybox-static (`make sysdeps`)")
     workload: dict[str, ImageFile] = {"bin/busybox": ImageFile(busybox, 0o755)}
@@ -188,7 +201,7 @@ def image_contents(sim_lib: Path, work: Path) -> dict[str, tuple[Mapping[str, Im
     for host, inside in C_LIBRARY:
         workload[inside] = ImageFile(_required(Path(host), "the C library is Debian's libc6"),
                                      0o755)
-    for program in CUDA_PROGRAMS:
+    for program in (*CUDA_PROGRAMS, *NVML_PROGRAMS):
         workload[f"usr/local/bin/{program}"] = ImageFile((work / program).read_bytes(), 0o755)
     workload["etc/passwd"] = ImageFile(b"root:x:0:0:root:/:/bin/sh\n"
                                        b"nobody:x:65534:65534:nobody:/:/bin/false\n")
@@ -218,9 +231,13 @@ def ensure_images(layout: Layout, sim_lib: Path) -> dict[str, Image]:
                 partial.write_bytes(archive)
                 partial.rename(path)
             images[ref] = Image(ref=ref, digest=digest, archive=path)
+    # Other images go once unused for an hour: a test bed of another checkout (other image
+    # inputs) may be between building its tarball and importing it right now.
     for stale in layout.images.glob("*.tar"):
         if stale not in {image.archive for image in images.values()}:
-            stale.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - stale.stat().st_mtime > STALE_AFTER_S:
+                    stale.unlink()
     return images
 
 

@@ -8,17 +8,21 @@ DaemonSet pod's does), one simulated GPU node of its own (``tessera_sim``), and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tessera_e2e.node import GPU_DIR, Node
 from tessera_e2e.operators import (
     OPERATOR_NS,
     REPO,
@@ -27,7 +31,7 @@ from tessera_e2e.operators import (
     token_kubeconfig,
     wait_until,
 )
-from tessera_e2e.processes import die_with_parent
+from tessera_e2e.processes import die_with_parent, terminate
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node
 
@@ -43,15 +47,19 @@ def create_node(kubectl: Kubectl, name: str, labels: dict[str, str] | None = Non
         raise RuntimeError(f"creating node {name}: {out.stderr.strip()}")
 
 
-def bound_token(kubectl: Kubectl, node: str, pod: str | None = None) -> str:
+def bound_token(kubectl: Kubectl, node: str, pod: str | None = None,
+                container: dict[str, Any] | None = None) -> str:
     """A token of the daemon's ServiceAccount bound to a pod on ``node`` (the pod is created
-    with ``spec.nodeName``, tolerating every taint so that no eviction ends the binding)."""
+    with ``spec.nodeName``, tolerating every taint so that no eviction ends the binding).
+    ``container``: the pod's container (on a node with a kubelet it really runs)."""
     pod = pod or f"{DAEMON_SA}-{node}"
     body = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "namespace": OPERATOR_NS},
             "spec": {"nodeName": node, "serviceAccountName": DAEMON_SA,
                      "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "daemon", "image": "tessera-node:dev"}]}}
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [container or {"name": "daemon",
+                                                  "image": "tessera-node:dev"}]}}
     out = kubectl("create", "-f", "-", input=json.dumps(body))
     if out.returncode != 0 and "AlreadyExists" not in out.stderr:
         raise RuntimeError(f"creating pod {pod}: {out.stderr.strip()}")
@@ -65,9 +73,9 @@ def bound_token(kubectl: Kubectl, node: str, pod: str | None = None) -> str:
 
 
 def daemon_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
-                      node: str) -> Path:
-    return token_kubeconfig(admin_kubeconfig, directory, bound_token(kubectl, node),
-                            f"daemon-{node}")
+                      node: str, container: dict[str, Any] | None = None) -> Path:
+    return token_kubeconfig(admin_kubeconfig, directory,
+                            bound_token(kubectl, node, container=container), f"daemon-{node}")
 
 
 class SimNode:
@@ -106,12 +114,15 @@ class NodeDaemonProcess:
         self.plugin_dir = logdir / f"device-plugins-{node}"
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.host = "127.0.0.1"
         self.args = [sys.executable, "-m", "tessera_node.cli", "run", "--node-name", node,
                      "--kubeconfig", str(kubeconfig), "--driver-root", str(BUILD_DIR),
                      "--state-dir", str(logdir / f"state-{node}"),
                      "--device-plugin-dir", str(self.plugin_dir),
                      "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
-                     "--poll-interval", "0.5", "--stuck-after", "3", *(extra or [])]
+                     "--poll-interval", "0.5", "--stuck-after", "3",
+                     # no kubelet on these nodes: nothing to register with
+                     "--device-plugin", "false", *(extra or [])]
 
     def start(self) -> NodeDaemonProcess:
         self.start_async()
@@ -120,9 +131,7 @@ class NodeDaemonProcess:
 
     def start_async(self) -> None:
         """Start the process without waiting for it to serve."""
-        env = {**self.sim.env, "PYTHONPATH": os.pathsep.join(
-            [str(REPO / "operator"), str(REPO / "node-daemon"),
-             os.environ.get("PYTHONPATH", "")])}
+        env = {**self.sim.env, "PYTHONPATH": daemon_pythonpath()}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                          env=env, preexec_fn=die_with_parent())
@@ -132,7 +141,7 @@ class NodeDaemonProcess:
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"{self.node} daemon exited: {self.log.read_text()[-3000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            with socket.create_connection((self.host, self.port), timeout=5) as s:
                 s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
                 chunks = []
                 while data := s.recv(65536):
@@ -166,13 +175,122 @@ class NodeDaemonProcess:
         return out
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        terminate(self.proc)
+
+
+def daemon_pythonpath() -> str:
+    return os.pathsep.join([str(REPO / "operator"), str(REPO / "node-daemon"),
+                            os.environ.get("PYTHONPATH", "")])
+
+
+LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
+
+
+class KubeletNodeDaemon(NodeDaemonProcess):
+    """``tessera-node run`` on a real node of the test bed (its kubelet, its containerd),
+    in the node's namespaces as a DaemonSet pod with host paths would be: the kubelet's
+    device-plugin and PodResources sockets and ``/var/lib/tessera`` at their standard
+    places, the node's simulated GPUs (``GPU_DIR``) as its driver, the ``sim`` visibility
+    (containerd here has no CDI), metrics on the node's own address. The kubelet's
+    PodResources API is reached through a proxy the tests can hold (``podres``): a daemon
+    that cannot confirm which pod an allocation is for, as if it were slow."""
+
+    PODRES_PROXY = "/run/tessera-podres.sock"
+
+    def __init__(self, node: Node, kubeconfig: Path, logdir: Path,
+                 extra: list[str] | None = None) -> None:
+        ns_root = f"/proc/{node.holder_pid}/root"
+        self.podres = HoldableUnixProxy(
+            ns_root + self.PODRES_PROXY,
+            ns_root + "/var/lib/kubelet/pod-resources/kubelet.sock").start()
+        self.node = node.name
+        self.real = node
+        self.kubeconfig = kubeconfig
+        self.extra = extra
+        self.port = free_port()
+        self.host = node.ip
+        self.log = logdir / f"daemon-{node.name}.log"
+        self.plugin_dir = node.host_path("/var/lib/kubelet/device-plugins")
+        self.state_dir = node.host_path("/var/lib/tessera")
+        self.proc = None
+        self.args = [*node.nsenter("-m", "-n", "-u"), sys.executable, "-m",
+                     "tessera_node.cli", "run", "--node-name", node.name,
+                     "--kubeconfig", str(kubeconfig), "--driver-root", GPU_DIR,
+                     "--device-visibility", "sim", "--libtessera", str(LIBTESSERA),
+                     "--pod-resources-socket", self.PODRES_PROXY,
+                     "--metrics-host", node.ip, "--metrics-port", str(self.port),
+                     "--poll-interval", "0.5", "--stuck-after", "10", *(extra or [])]
+        self.env = {**os.environ, "TESSERA_SIM_NODE": f"{GPU_DIR}/node.conf",
+                    "PYTHONPATH": daemon_pythonpath()}
+
+    def start_async(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
+                                         env=self.env, preexec_fn=die_with_parent())
+
+    def stop(self) -> None:
+        super().stop()
+        self.podres.stop()
+
+    def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """nvidia-smi on the node (the simulator's), as an administrator would run it."""
+        return subprocess.run([*self.real.nsenter("-m"), "env",
+                               f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
+                               f"{GPU_DIR}/bin/nvidia-smi", *args],
+                              capture_output=True, text=True, timeout=60)
+
+
+class HoldableUnixProxy:
+    """A unix-socket forwarder a test can hold: while held, each new connection is closed at
+    once (the client sees the server unavailable). Paths may be ``/proc/<pid>/root/...`` to
+    reach into a node's mount namespace (short enough for a socket address)."""
+
+    def __init__(self, listen: str, target: str) -> None:
+        self.listen = listen
+        self.target = target
+        self.held = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="unix-proxy")
+        self._ready = threading.Event()
+
+    def start(self) -> HoldableUnixProxy:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.listen)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"proxy at {self.listen} did not start")
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(asyncio.start_unix_server(self._handle, self.listen))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if self.held.is_set():
+            w.close()
+            return
+        try:
+            tr, tw = await asyncio.open_unix_connection(self.target)
+        except OSError:
+            w.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(r, tw), pipe(tr, w))
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 def node_json(kubectl: Kubectl, node: str) -> Any:
@@ -180,3 +298,28 @@ def node_json(kubectl: Kubectl, node: str) -> Any:
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip())
     return json.loads(out.stdout)
+
+
+def start_sim_daemon(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
+                     gpus: list[str], labels: dict[str, str] | None = None,
+                     extra: list[str] | None = None, name: str | None = None
+                     ) -> NodeDaemonProcess:
+    """A running daemon on a fresh Node (``nd-<random>`` unless named) with its own
+    simulated GPUs, its pod-bound token and its logs in ``directory``."""
+    node = name or f"nd-{uuid.uuid4().hex[:8]}"
+    create_node(kubectl, node, labels)
+    kubeconfig = daemon_kubeconfig(kubectl, admin_kubeconfig, directory, node)
+    d = NodeDaemonProcess(node, SimNode(directory / "sim", node, gpus), kubeconfig,
+                          directory, extra)
+    try:
+        return d.start()
+    except BaseException:
+        remove_sim_daemon(kubectl, d)
+        raise
+
+
+def remove_sim_daemon(kubectl: Kubectl, d: NodeDaemonProcess) -> None:
+    """Stop the daemon and delete its pod and Node."""
+    d.stop()
+    kubectl("delete", "pod", f"{DAEMON_SA}-{d.node}", "-n", OPERATOR_NS, "--wait=false")
+    kubectl("delete", "node", d.node, "--wait=false")

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -114,6 +114,17 @@ def token_kubeconfig(admin_kubeconfig: Path, directory: Path, token: str, name: 
     return path
 
 
+class Endpoints(Protocol):
+    """Where the API server reaches the webhook replicas: ``port`` on loopback, routed to
+    the replicas that run now (a Service's endpoints)."""
+
+    port: int
+
+    def route(self, name: str, port: int) -> None: ...
+
+    def drop(self, name: str, port: int) -> None: ...
+
+
 class RoundRobinProxy:
     """TLS passthrough on loopback: each new connection goes to the next live backend.
 
@@ -196,7 +207,7 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 class OperatorProcess:
     """One replica: ``python -m tessera.cli.operator run`` as the ServiceAccount."""
 
-    def __init__(self, kubeconfig: Path, proxy: RoundRobinProxy, logdir: Path, name: str,
+    def __init__(self, kubeconfig: Path, proxy: Endpoints, logdir: Path, name: str,
                  extra: list[str] | None = None) -> None:
         self.name = name
         self.webhook_port = free_port()

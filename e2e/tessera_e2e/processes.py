@@ -46,6 +46,18 @@ def die_with_parent(cgroup_procs: Path | None = None) -> Callable[[], None]:
     return preexec
 
 
+def terminate(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
+    """SIGTERM a child we started, SIGKILL it after ``grace_s``; reaped either way."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)
+
+
 def process_start_time(pid: int) -> int | None:
     """Start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None if gone."""
     try:

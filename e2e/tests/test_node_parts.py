@@ -88,9 +88,10 @@ def test_the_project_images_are_reproducible_and_cached(tmp_path: Path) -> None:
     manifest = json.loads(workload[f"blobs/sha256/{first[WORKLOAD].digest[7:]}"])
     files = _members(workload[f"blobs/sha256/{manifest['layers'][0]['digest'][7:]}"])
     assert {"bin/busybox", "usr/local/bin/cuda-info", "usr/local/bin/cuda-alloc",
-            "lib64/ld-linux-x86-64.so.2"} <= set(files)
+            "usr/local/bin/nvml-info", "lib64/ld-linux-x86-64.so.2"} <= set(files)
     assert not any("libcuda" in name for name in files)  # the node provides it
     assert b"libcuda.so.1" in files["usr/local/bin/cuda-info"]  # ... and the program needs it
+    assert b"libnvidia-ml.so.1" in files["usr/local/bin/nvml-info"]
     assert PAUSE in first
 
 

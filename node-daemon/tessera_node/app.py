@@ -12,11 +12,14 @@ from tessera.api.names import NODE_DAEMON
 from tessera.kube import serve
 from tessera.kube.client import Kube, load_credentials
 from tessera.kube.health import Health, supervise
+from tessera_node.audit.runner import AuditRunner
+from tessera_node.containers import ContainerRegistry
 from tessera_node.daemon import NodeDaemon
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
-from tessera_node.device.pods import NoPods
+from tessera_node.device.pods import NoPods, PodResources
 from tessera_node.device.smi import NvidiaSmi
+from tessera_node.deviceplugin.service import DevicePluginService
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.settings import Options
 
@@ -33,17 +36,28 @@ async def run(opts: Options) -> None:
     except OSError as exc:
         log.warning("state directory not usable", extra={"dir": opts.state_dir,
                                                          "error": str(exc)})
-    pods = NoPods()  # the kubelet's PodResources client comes with the device plugin
-    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), pods,
+    registry = ContainerRegistry()  # the containers tessera set up here (audit reads it)
+    node_of: list[NodeDaemon] = []
+    plugin = (DevicePluginService(kube, opts, health, lambda: node_of[0].node if node_of
+                                  else None, registry)
+              if opts.device_plugin else None)
+    pods: PodResources = plugin if plugin is not None else NoPods()
+    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), pods, advertiser=plugin,
                          allow_reset=opts.allow_gpu_reset, recheck_s=opts.retry_interval_s)
     await asyncio.to_thread(enactor.prepare)
-    daemon = NodeDaemon(kube, opts, reader, enactor, health, pods)
+    daemon = NodeDaemon(kube, opts, reader, enactor, health, pods, plugin)
+    node_of.append(daemon)
     runner = await serve.start(serve.health_app(health, not_ready=daemon.not_ready),
                                opts.metrics_host, opts.metrics_port)
     log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,
                                "driverRoot": opts.driver_root, "nvidiaSmi": smi.path})
+    auditor = AuditRunner(kube, opts.node_name, registry, reader,
+                          opts.audit_interval_s, opts.audit_slack_mib)
     parts = {"node-watch": daemon.watch_node, "partition-watch": daemon.watch_partitions,
-             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop}
+             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop,
+             "audit": auditor.run}
+    if plugin is not None:
+        parts |= {"pod-watch": plugin.watch_pods, "device-plugin": plugin.run}
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)

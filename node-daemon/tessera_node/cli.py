@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from tessera_node.settings import DEFAULTS, ENV, Options
+from tessera_node.settings import DEFAULTS, ENV, POLICIES, VISIBILITIES, Options
 
 _HELP = {
     "node_name": "this node's name (the daemon reads and writes this Node only)",
@@ -30,6 +30,17 @@ _HELP = {
     "stuck_after_s": "seconds a watch or NVML may fail before /healthz reports it",
     "retry_interval_s": "seconds before a failed MIG change is tried again",
     "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
+    "audit_interval_s": "seconds between audits of GPU processes against budgets",
+    "audit_slack_mib": "MiB a container may hold beyond its budget before it is over budget",
+    "device_plugin": "true/false: serve the kubelet device plugin",
+    "shares_per_unit": "vgpu shares per GPU or shared MIG instance",
+    "share_policy": "pack or spread: which shares GetPreferredAllocation prefers",
+    "device_visibility": "cdi, volume-mounts or sim: how Allocate makes GPUs visible",
+    "sim_node": "the simulated node's description (sim visibility)",
+    "libtessera": "the libtessera.so to install for containers",
+    "pod_resources_socket": "the kubelet's PodResources socket",
+    "budget_wait_s": "seconds libtessera waits for a pending budget file",
+    "confirm_interval_s": "seconds between PodResources polls while an allocation waits",
 }
 
 
@@ -67,8 +78,22 @@ def options(args: argparse.Namespace) -> Options:
     opts = Options(**{f.name: getattr(args, f.name) for f in fields(Options)})
     if not opts.node_name:
         raise ValueError(f"--node-name (or {ENV['node_name']}) is required")
-    if min(opts.poll_interval_s, opts.resync_interval_s, opts.retry_interval_s) <= 0:
-        raise ValueError("--poll-interval, --resync-interval and --retry-interval must be "
+    if min(opts.poll_interval_s, opts.resync_interval_s, opts.retry_interval_s,
+           opts.audit_interval_s) <= 0:
+        raise ValueError("--poll-interval, --resync-interval, --retry-interval and "
+                         "--audit-interval must be positive")
+    if opts.audit_slack_mib < 0:
+        raise ValueError("--audit-slack-mib must not be negative")
+    if opts.device_visibility not in VISIBILITIES:
+        raise ValueError(f"--device-visibility must be one of {', '.join(VISIBILITIES)}")
+    if opts.share_policy not in POLICIES:
+        raise ValueError(f"--share-policy must be one of {', '.join(POLICIES)}")
+    if opts.device_visibility == "sim" and not opts.sim_node:
+        raise ValueError(f"--device-visibility sim needs --sim-node (or {ENV['sim_node']})")
+    if opts.shares_per_unit < 1:
+        raise ValueError("--shares-per-unit must be at least 1")
+    if not 0 <= opts.budget_wait_s <= 120 or opts.confirm_interval_s <= 0:
+        raise ValueError("--budget-wait must be 0 to 120 seconds and --confirm-interval "
                          "positive")
     return opts
 

@@ -28,6 +28,7 @@ from tessera_node.coexistence import device_plugin_sockets
 from tessera_node.device.nvml import DeviceError, GPUReader
 from tessera_node.device.pods import PodResources
 from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.service import DevicePluginService
 from tessera_node.gpu_work import GPUWork
 from tessera_node.inventory import node_gpus
 from tessera_node.layout.enact import Enactor, Outcome
@@ -57,8 +58,10 @@ def reported_state(snapshot: DeviceSnapshot | None) -> Any:
 
 class NodeDaemon:
     def __init__(self, kube: Kube, opts: Options, reader: GPUReader, enactor: Enactor,
-                 health: Health, pods: PodResources) -> None:
+                 health: Health, pods: PodResources,
+                 plugin: DevicePluginService | None = None) -> None:
         self.kube = kube
+        self.plugin = plugin
         self.opts = opts
         self.reader = reader
         self.health = health
@@ -88,6 +91,8 @@ class NodeDaemon:
             out.append(f"{NVML}: {self.read_error}")
         elif self.snapshot is None:
             out.append(f"{NVML}: not read yet")
+        if self.plugin is not None:
+            out += self.plugin.not_ready()
         return out
 
     # -- watches ------------------------------------------------------------------------------
@@ -215,6 +220,11 @@ class NodeDaemon:
             if f.message not in self._logged:
                 self._logged.add(f.message)
                 log.warning("finding", extra={"kind": f.kind, "finding": f.message})
+        if self.plugin is not None:
+            uuid_of = {g.index: g.uuid for g in self.snapshot.gpus} if self.snapshot else {}
+            self.plugin.update(self.snapshot if self.read_error is None else None,
+                               {uuid_of[i]: s for i, s in w.sharing.items() if i in uuid_of},
+                               w.profiles)
         for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel"):
             metrics.FINDINGS.labels(kind).set(sum(f.kind == kind for f in w.findings))
         patch = node_patch(node, w.labels, w.annotations)

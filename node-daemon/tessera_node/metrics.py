@@ -1,11 +1,15 @@
 """The node daemon's Prometheus metrics (on --metrics-port, 9420): per GPU, per MIG instance,
-what it wrote and what failed."""
+per container tessera set up, what it wrote and what failed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.inventory import model_of
@@ -45,6 +49,22 @@ SMI_COMMANDS = Counter("tessera_node_nvidia_smi_commands_total",
 SMI_SECONDS = Histogram("tessera_node_nvidia_smi_seconds", "Duration of one nvidia-smi "
                         "command, by kind.", ["command"],
                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120))
+AUDIT_RUNS = Counter("tessera_node_audit_runs_total",
+                     "Audits (NVML per-process figures against budgets), by result.",
+                     ["result"])
+AUDIT_FOREIGN = Gauge("tessera_node_foreign_gpu_processes",
+                      "GPU processes in no container tessera set up (confirmed), per GPU or "
+                      "MIG UUID.", ["gpu"])
+AUDIT_FOREIGN_BYTES = Gauge("tessera_node_foreign_gpu_memory_bytes",
+                            "Device memory those processes hold, per GPU or MIG UUID.", ["gpu"])
+AUDIT_STOPS = Counter("tessera_node_audit_stops_total",
+                      "Processes the audit killed (SIGKILL), by finding "
+                      "(over_budget, foreign) and result (ok, failed).", ["kind", "result"])
+ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate calls, by "
+                      "resource and result (ok, refused).", ["resource", "result"])
+ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
+                             "Allocate (waiting for the pod watch included).", ["resource"],
+                             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 
@@ -73,10 +93,104 @@ def observe(snapshot: DeviceSnapshot) -> None:
                 MIG_MEMORY_USED.labels(*mig).set(i.memory_used_bytes)
 
 
+# -- per container (the audit sets them each period; a container that ends loses its series) --
+
+_CONTAINER = ["namespace", "pod", "container", "gpu"]
+WAIT_BUCKET_EXPONENTS = (0, 4, 7, 10, 12, 14, 16, 18, 20, 23, 26)
+"""Histogram bounds of the token wait, as powers of two microseconds (1 µs, 16 µs, 128 µs,
+1 ms, 4 ms, 16 ms, 66 ms, 262 ms, 1 s, 8.4 s, 67 s): a subset of the ledger's log2 buckets,
+so every count is exact."""
+
+
+def wait_buckets(hist: Sequence[int]) -> list[tuple[str, float]]:
+    """The ledger's launch-wait histogram (bucket b: waits of [2^(b-1), 2^b) µs, bucket 0
+    under 1 µs, the last one everything above) as Prometheus cumulative buckets."""
+    out: list[tuple[str, float]] = []
+    last = len(hist) - 1
+    for e in WAIT_BUCKET_EXPONENTS:
+        if e >= last:
+            break
+        out.append((repr((1 << e) / 1e6), float(sum(hist[: e + 1]))))
+    out.append(("+Inf", float(sum(hist))))
+    return out
+
+
+@dataclass(frozen=True)
+class ContainerFigures:
+    """One container's figures on one of its GPUs or MIG instances (``gpu``: its UUID)."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: str
+    memory_used_bytes: int
+    """What NVML shows its processes hold there."""
+    memory_budget_bytes: int | None = None
+    """None: no limit (a whole MIG instance)."""
+    core_budget_percent: float | None = None
+    utilization_percent: float | None = None
+    """Its processes' SM busy share since the last audit (None where NVML does not say)."""
+    wait_hist: tuple[int, ...] = ()
+    """The ledger's launch-wait histogram for this device (empty: no ledger yet)."""
+    wait_seconds: float = 0.0
+    over_budget: bool = False
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.namespace, self.pod, self.container, self.gpu]
+
+
+class ContainerCollector(Collector):
+    """Serves the figures the audit last set, and only those."""
+
+    def __init__(self) -> None:
+        self.figures: tuple[ContainerFigures, ...] = ()
+
+    def set(self, figures: Iterable[ContainerFigures]) -> None:
+        self.figures = tuple(figures)
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        figs = self.figures
+        gauges: list[tuple[str, str, Callable[[ContainerFigures], float | int | None]]] = [
+            ("tessera_container_memory_budget_bytes", "A container's GPU memory budget on "
+             "one GPU or MIG instance.", lambda f: f.memory_budget_bytes),
+            ("tessera_container_memory_used_bytes", "GPU memory its processes hold there "
+             "(NVML per-process figures).", lambda f: f.memory_used_bytes),
+            ("tessera_container_core_budget_percent", "Its core budget there (percent of the "
+             "GPU's SMs).", lambda f: f.core_budget_percent),
+            ("tessera_container_utilization_percent", "Achieved SM busy share of its "
+             "processes there since the last audit (absent on MIG: NVML does not say).",
+             lambda f: f.utilization_percent),
+            ("tessera_container_over_budget", "1 while it holds more memory there than its "
+             "budget.", lambda f: 1 if f.over_budget else 0),
+        ]
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=_CONTAINER)
+            for f in figs:
+                v = value(f)
+                if v is not None:
+                    g.add_metric(f.labels, float(v))
+            yield g
+        h = HistogramMetricFamily("tessera_container_token_wait_seconds",
+                                  "Time launches waited for core-budget tokens (the hook's "
+                                  "ledger).", labels=_CONTAINER)
+        for f in figs:
+            if f.wait_hist:
+                h.add_metric(f.labels, wait_buckets(f.wait_hist), f.wait_seconds)
+        yield h
+
+
+CONTAINERS = ContainerCollector()
+REGISTRY.register(CONTAINERS)
+
+
 # -- the core controller: work-conserving fair share per GPU / MIG instance ------------------
 
 _QUOTA = ["quota"]
-_CONTAINER = ["device", "quota", "container"]
+_CORE_CONTAINER = ["device", "quota", "container"]
 CORE_LENT = Counter("tessera_quota_core_lent_seconds_total",
                     "GPU-seconds of core budget a GPUQuota's containers left idle and lent "
                     "to others (one GPU for one second = 1).", _QUOTA)
@@ -85,14 +199,15 @@ CORE_BORROWED = Counter("tessera_quota_core_borrowed_seconds_total",
                         "from what others left idle.", _QUOTA)
 CORE_BUSY = Counter("tessera_container_core_busy_seconds_total",
                     "GPU-seconds a container kept its GPU or MIG instance busy (on MIG: its "
-                    "share of the instance's launches).", _CONTAINER)
+                    "share of the instance's launches).", _CORE_CONTAINER)
 CORE_BUDGET = Counter("tessera_container_core_budget_seconds_total",
                       "GPU-seconds of core budget a container held: rate(busy) / "
-                      "rate(budget) is its achieved share vs budget.", _CONTAINER)
+                      "rate(budget) is its achieved share vs budget.", _CORE_CONTAINER)
 CORE_SHARE = Gauge("tessera_container_core_share",
-                   "Achieved busy share of the GPU in the controller's last period.", _CONTAINER)
+                   "Achieved busy share of the GPU in the controller's last period.",
+                   _CORE_CONTAINER)
 CORE_TARGET = Gauge("tessera_container_core_budget", "Core budget, fraction of the GPU.",
-                    _CONTAINER)
+                    _CORE_CONTAINER)
 
 
 def observe_core_shares(device: str, quota_of: dict[str, str],

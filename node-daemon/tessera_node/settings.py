@@ -22,10 +22,12 @@ class Options:
     nvidia_smi: str = ""
     """Path of nvidia-smi; empty: ``<driver root>/usr/bin/nvidia-smi``, then ``bin/``."""
     state_dir: str = "/var/lib/tessera"
-    """Host directory the daemon owns: the per-GPU locks of MIG changes (budget files and
-    ledgers, later)."""
+    """Host directory the daemon owns: the per-GPU locks of MIG changes, the installed
+    libtessera (``lib/<version>/``) and the containers' budget files and ledgers
+    (``containers/``)."""
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
-    """The kubelet's device-plugin directory, where another GPU device plugin's socket shows."""
+    """The kubelet's device-plugin directory: tessera's plugin sockets, the kubelet's
+    registration socket, and where another GPU device plugin's socket shows."""
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9420
     """/metrics, /healthz and /readyz (9400 is NVIDIA's DCGM exporter's)."""
@@ -40,6 +42,38 @@ class Options:
     allow_gpu_reset: bool = True
     """Whether the daemon may reset an idle GPU to finish a MIG mode change that waits for
     one (Ampere); false: the node entry says the change is pending a reset."""
+    device_plugin: bool = True
+    """Serve the kubelet device plugin (``tessera.dev/vgpu``, ``tessera.dev/mig-<profile>``)."""
+    shares_per_unit: int = 10
+    """``tessera.dev/vgpu`` shares advertised per GPU (MIG disabled) or shared MIG instance."""
+    share_policy: str = "pack"
+    """GetPreferredAllocation: ``pack`` fills GPUs in use first, ``spread`` the least used."""
+    device_visibility: str = "volume-mounts"
+    """How Allocate makes a container's GPUs visible: ``cdi`` (CDI device names),
+    ``volume-mounts`` (the NVIDIA container toolkit's volume-mount device list) or ``sim``
+    (the simulated node: its libraries and node state are mounted, as the toolkit would)."""
+    sim_node: str = ""
+    """The simulated node's description file (``sim`` visibility only); its state file is
+    ``<sim node>.state``."""
+    libtessera: str = "/usr/lib/tessera/libtessera.so"
+    """The libtessera build the daemon installs for containers, at a versioned host path
+    under the state directory (an upgrade never rewrites a library a container has mapped)."""
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """The kubelet's PodResources API: which container holds which devices."""
+    budget_wait_s: float = 30.0
+    """How long libtessera waits on a container's first GPU call for a pending budget file
+    before it refuses GPU memory."""
+    confirm_interval_s: float = 0.5
+    """How often the kubelet's PodResources are polled while an allocation waits for its pod
+    (every ``poll_interval`` otherwise)."""
+
+    audit_interval_s: float = 10.0
+    """How often the audit compares NVML's per-process memory with the containers' budgets
+    and looks for GPU processes outside them (also how often the per-container metrics are
+    refreshed); a finding counts once two audits in a row see it."""
+    audit_slack_mib: int = 0
+    """Device memory a container may hold beyond its budget before the audit calls it over
+    budget (what the hook cannot count: module code and data; 0: none)."""
 
 
 DEFAULTS = Options()
@@ -58,5 +92,28 @@ ENV = {
     "stuck_after_s": "TESSERA_STUCK_AFTER",
     "retry_interval_s": "TESSERA_RETRY_INTERVAL",
     "allow_gpu_reset": "TESSERA_ALLOW_GPU_RESET",
+    "audit_interval_s": "TESSERA_AUDIT_INTERVAL",
+    "audit_slack_mib": "TESSERA_AUDIT_SLACK_MIB",
+    "device_plugin": "TESSERA_DEVICE_PLUGIN",
+    "shares_per_unit": "TESSERA_SHARES_PER_UNIT",
+    "share_policy": "TESSERA_SHARE_POLICY",
+    "device_visibility": "TESSERA_DEVICE_VISIBILITY",
+    "sim_node": "TESSERA_SIM_NODE",
+    "libtessera": "TESSERA_LIBTESSERA",
+    "pod_resources_socket": "TESSERA_POD_RESOURCES_SOCKET",
+    "budget_wait_s": "TESSERA_BUDGET_WAIT",
+    "confirm_interval_s": "TESSERA_CONFIRM_INTERVAL",
 }
 """The environment variable each setting falls back to when its flag is not given."""
+
+VISIBILITIES = ("cdi", "volume-mounts", "sim")
+POLICIES = ("pack", "spread")
+CONTAINERS_DIR = "containers"
+"""Under the state directory: one directory per allocation (budget file, ledger)."""
+LIB_DIR = "lib"
+"""Under the state directory: one directory per installed libtessera version."""
+ALLOCATE_WAIT_S = 10.0
+"""How long an Allocate that finds no candidate pod waits for the pod watch to show one (the
+kubelet may hear of a pod before the daemon does)."""
+FORGET_PENDING_S = 300.0
+"""A pending allocation the kubelet never shows as held is removed after this long."""

@@ -23,7 +23,7 @@ from tessera.api.inventory import (
     to_annotation,
 )
 from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_NODE_FINDINGS, ANNOTATION_PARTITION_STATUS
-from tessera.api.partition import NodePartitionStatus
+from tessera.api.partition import NodePartitionStatus, Sharing
 from tessera_node import findings as findings_
 from tessera_node import reports
 from tessera_node.coexistence import detect
@@ -45,6 +45,10 @@ class Wanted:
     findings: tuple[Finding, ...]
     new_findings: tuple[Finding, ...]
     plans: tuple[GPUPlan, ...]
+    sharing: dict[int, Sharing]
+    """GPU index -> how its partition hands out its MIG instances (Whole or Shares)."""
+    profiles: frozenset[str]
+    """The MIG profiles the node's partitions want (each has a device plugin resource)."""
 
 
 def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
@@ -98,5 +102,9 @@ def wanted(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
     if found:
         annotations[ANNOTATION_NODE_FINDINGS] = findings_.to_annotation(found)
     fresh = findings_.new_findings(have_annotations.get(ANNOTATION_NODE_FINDINGS), found)
+    spec_of = {v.name: v.spec for v in views}
+    sharing = {i: spec_of[p].sharing for p, gpus in owned.items() for i in gpus}
+    profiles = frozenset(n for gpus in owned.values() for t in gpus.values()
+                         for n in t.profiles)
     return Wanted(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),
-                  plans)
+                  plans, sharing, profiles)

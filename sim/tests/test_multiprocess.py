@@ -141,3 +141,41 @@ def test_time_slicing_between_processes(make_node: Callable[..., Node]) -> None:
         p.wait()
     # One kernel at a time: 2 x 150 ms of device work take at least 0.3 s.
     assert elapsed >= 0.3
+
+
+def test_per_process_memory_inside_mig_instances(
+    make_node: Callable[..., Node], nvml: Callable[[Node], Any]
+) -> None:
+    """As the driver: the GPU's handle lists every process with the GPU instance its memory
+    is on (what a privileged node daemon reads); a MIG device's handle lists only its own."""
+    node = make_node("A100-40GB:mig")
+    assert node.smi("mig", "-i", "0", "-cgi", "1g.5gb,1g.5gb", "-C").returncode == 0
+    migs = [w.rstrip(")") for w in node.smi("-L").stdout.split() if w.startswith("MIG-")]
+    assert len(migs) == 2
+    env = dict(node.env)
+    procs = []
+    for uuid, mib in zip(migs, ("300", "200"), strict=True):
+        node.env["CUDA_VISIBLE_DEVICES"] = uuid
+        procs.append(start(node, "hold", mib))
+    node.env = env
+    try:
+        assert [wait_line(p) for p in procs] == ["alloc 0", "alloc 0"]
+        nv = nvml(node)
+        gpu = nv.nvmlDeviceGetHandleByIndex(0)
+        gi = {}
+        for j in range(2):
+            m = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
+            u = nv.nvmlDeviceGetUUID(m)
+            gi[u.decode() if isinstance(u, bytes) else u] = (
+                nv.nvmlDeviceGetGpuInstanceId(m), m)
+        listed = {(p.pid, p.gpuInstanceId, p.usedGpuMemory)
+                  for p in nv.nvmlDeviceGetComputeRunningProcesses(gpu)}
+        assert listed == {(procs[0].pid, gi[migs[0]][0], 300 * MIB),
+                          (procs[1].pid, gi[migs[1]][0], 200 * MIB)}
+        for uuid, p, mib in zip(migs, procs, (300, 200), strict=True):
+            own = nv.nvmlDeviceGetComputeRunningProcesses(gi[uuid][1])
+            assert [(r.pid, r.usedGpuMemory) for r in own] == [(p.pid, mib * MIB)]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

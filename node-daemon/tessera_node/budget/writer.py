@@ -93,10 +93,12 @@ class BudgetWriter:
         shutil.rmtree(self.root / key, ignore_errors=False)
 
     def records(self) -> list[AllocationRecord]:
-        """Every allocation on disk. A directory whose record cannot be read is an error."""
+        """Every allocation on disk. A directory without its record is one an Allocate is
+        writing (or a daemon killed inside Allocate left: no container was given it) and is
+        left out; a record that cannot be read is an error."""
         out = []
         for d in sorted(self.root.iterdir()):
-            if not d.is_dir():
+            if not d.is_dir() or not (d / META).exists():
                 continue
             meta = json.loads((d / META).read_text())
             out.append(AllocationRecord(

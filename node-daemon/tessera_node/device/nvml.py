@@ -22,6 +22,7 @@ from tessera_node.device.state import (
     GPUState,
     MigInstanceState,
     MigMode,
+    ProcessUsage,
     ProfileInfo,
 )
 
@@ -75,6 +76,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _usage(p: Any) -> ProcessUsage:
+    """One NVML process record (pynvml gives None for NVML_VALUE_NOT_AVAILABLE)."""
+    gi = getattr(p, "gpuInstanceId", NO_ID)
+    used = p.usedGpuMemory
+    return ProcessUsage(int(p.pid), None if gi is None or int(gi) == NO_ID else int(gi),
+                        None if used is None else int(used))
+
+
 def _mig_mode(value: int) -> MigMode:
     return "enabled" if value == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
 
@@ -103,6 +112,29 @@ class NvmlReader:
     def close(self) -> None:
         with self._lock:
             self._shutdown()
+
+    def process_utilization(self, index: int, since_us: int
+                            ) -> tuple[dict[int, float], int] | None:
+        """Per host PID, the mean SM busy percent of NVML's samples of GPU ``index`` newer
+        than ``since_us`` (0: every kept sample), and the newest sample's time to pass next;
+        None where NVML does not say (MIG-enabled GPUs)."""
+        with self._lock:
+            try:
+                self._start()
+                h = pynvml.nvmlDeviceGetHandleByIndex(index)
+                samples = pynvml.nvmlDeviceGetProcessUtilization(h, since_us)
+            except pynvml.NVMLError_NotFound:
+                return {}, since_us
+            except pynvml.NVMLError_NotSupported:
+                return None
+            except pynvml.NVMLError as exc:
+                raise DeviceError(f"NVML: {exc}") from exc
+        sums: dict[int, list[float]] = {}
+        newest = since_us
+        for smp in samples:
+            sums.setdefault(int(smp.pid), []).append(float(smp.smUtil))
+            newest = max(newest, int(smp.timeStamp))
+        return {pid: sum(v) / len(v) for pid, v in sums.items()}, newest
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -154,7 +186,8 @@ class NvmlReader:
             util = None
         instances: tuple[MigInstanceState, ...] = ()
         profiles: tuple[ProfileInfo, ...] = ()
-        by_gi = self._processes(h)
+        records = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        by_gi = self._processes(records)
         if mode == "enabled":
             profiles = self._profile_table(h, uuid)
             instances = self._instances(h, profiles, by_gi)
@@ -163,12 +196,13 @@ class NvmlReader:
             pci_device_id=int(pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId),
             memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
             utilization_percent=util, mig_mode=mode, mig_pending=pending_mode,
-            instances=instances, profiles=profiles, processes=by_gi.get(NO_ID, ()))
+            instances=instances, profiles=profiles, processes=by_gi.get(NO_ID, ()),
+            usage=tuple(_usage(p) for p in records))
 
-    def _processes(self, h: Any) -> dict[int, tuple[str, ...]]:
+    def _processes(self, records: list[Any]) -> dict[int, tuple[str, ...]]:
         """Processes on the GPU by GPU-instance ID (:data:`NO_ID`: outside MIG instances)."""
         out: dict[int, list[str]] = {}
-        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+        for p in records:
             gi = getattr(p, "gpuInstanceId", NO_ID)
             out.setdefault(NO_ID if gi is None else int(gi), []).append(
                 process_name(int(p.pid)))

@@ -53,6 +53,20 @@ class ProfileInfo:
 
 
 @dataclass(frozen=True)
+class ProcessUsage:
+    """One record of NVML's compute process list (``nvmlDeviceGetComputeRunningProcesses``
+    on the GPU's handle: every process, with its GPU instance on a MIG-enabled GPU)."""
+
+    pid: int
+    """Host PID (NVML reports PIDs as the host's PID namespace numbers them)."""
+    gi_id: int | None
+    """GPU instance the memory is on; None outside MIG."""
+    used_bytes: int | None
+    """``usedGpuMemory`` (everything the process holds there, contexts included); None
+    where NVML does not say."""
+
+
+@dataclass(frozen=True)
 class GPUState:
     """One physical GPU."""
 
@@ -72,6 +86,8 @@ class GPUState:
     """NVML's GPU-instance profiles (read while MIG is enabled; empty otherwise)."""
     processes: tuple[str, ...] = ()
     """Processes NVML shows on the GPU outside any MIG instance (``pid 4242 (python3)``)."""
+    usage: tuple[ProcessUsage, ...] = ()
+    """NVML's per-process records on this GPU and its MIG instances (the audit's input)."""
 
 
 @dataclass(frozen=True)

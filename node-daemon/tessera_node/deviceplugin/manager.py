@@ -4,22 +4,32 @@ they belong to. It calls the pure modules and the budget writer; the gRPC server
 ``resolve`` is the periodic step (every second while an allocation is pending): it takes one
 PodResources ``List``, confirms pending allocations (budget ready, or refused with an Event
 when memory would overcommit or the pod has no budget), and removes the files of
-allocations whose pods have ended.
+allocations whose pods have ended (deleted, or Succeeded/Failed, and no longer listed by the
+kubelet). Its caller must know the node's pods (the pod watch listed): a pod missing from
+``pods`` counts as ended.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.api.budget import BudgetError
+from tessera.api.budget import BudgetError, ContainerBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
+from tessera_node.containers import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin import budgets, fit
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred
-from tessera_node.deviceplugin.devices import PluginDevice, Sharing, Unit, advertised
+from tessera_node.deviceplugin.devices import (
+    PluginDevice,
+    Sharing,
+    Unit,
+    advertised,
+    unit_of,
+)
 from tessera_node.deviceplugin.matcher import (
     ContainerRef,
     Held,
@@ -36,6 +46,11 @@ from tessera_node.deviceplugin.response import (
     container_response,
 )
 from tessera_node.deviceplugin.server import AllocateError
+
+log = logging.getLogger("tessera_node.deviceplugin")
+
+ENDED = ("Succeeded", "Failed")
+"""Pod phases after which no container of the pod runs again."""
 
 Refused = Callable[[PodView, str, str], None]
 """(pod, container, reason): the daemon posts an Event on the pod."""
@@ -68,14 +83,17 @@ class Manager:
         writer: BudgetWriter,
         pods: Callable[[], Iterable[PodView]],
         on_refused: Refused,
+        registry: ContainerRegistry | None = None,
     ) -> None:
         self.config = config
         self.writer = writer
         self.pods = pods
         self.on_refused = on_refused
+        self.registry = registry or ContainerRegistry()
         self.state = NodeState()
         self._lock = threading.Lock()
         self._matched: dict[str, ContainerRef] = {}
+        self._ready_cache: dict[str, list[tuple[str, int | None]]] | None = None
 
     # -- what is advertised ------------------------------------------------------------
     def update(self, state: NodeState) -> None:
@@ -106,35 +124,39 @@ class Manager:
                 )
             key = allocation_key(resource, device_ids)
             self._matched.pop(key, None)
+            self._ready().pop(key, None)
             self.writer.allocate(key, resource, list(device_ids), list(decision.units))
             return container_response(
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
                           str(self.writer.ledger_dir(key)), str(self.writer.marker)),
                 decision.units, self.config.visibility, self.config.sim,
-                self._ordinals(decision.units) if self.config.visibility == "sim" else (),
             )
-
-    def _ordinals(self, units: Sequence[str]) -> list[int]:
-        order = [u.uuid for u in sorted(self.state.units, key=lambda u: (u.gpu_index, u.uuid))]
-        return [order.index(u) for u in units]
 
     def _held(self, exclude: str | None = None) -> dict[str, list[int]]:
         """Memory budgeted per unit by ready allocations (a whole instance: all of it)."""
         mem = {u.uuid: u.memory_bytes for u in self.state.units}
         held: dict[str, list[int]] = {}
-        for rec in self.writer.records():
-            if rec.key == exclude:
+        for key, entries in self._ready().items():
+            if key == exclude:
                 continue
-            b = self.writer.read(rec.key)
-            if b.state != "ready":
-                continue
-            for e in b.entries:
-                if e.uuid is None:
-                    continue
-                held.setdefault(e.uuid, []).append(
-                    e.memory if e.memory is not None else (mem.get(e.uuid) or 0)
-                )
+            for uuid, memory in entries:
+                held.setdefault(uuid, []).append(
+                    memory if memory is not None else (mem.get(uuid) or 0))
         return held
+
+    def _ready(self) -> dict[str, list[tuple[str, int | None]]]:
+        """Ready allocations' (unit, memory budget) entries, kept in memory (read from disk
+        once, after a restart): every Allocate checks them, and reading every budget file
+        each time cost milliseconds per Allocate on a busy node."""
+        if self._ready_cache is None:
+            cache: dict[str, list[tuple[str, int | None]]] = {}
+            for rec in self.writer.records():
+                b = self.writer.read(rec.key)
+                if b.state == "ready":
+                    cache[rec.key] = [(e.uuid, e.memory) for e in b.entries
+                                      if e.uuid is not None]
+            self._ready_cache = cache
+        return self._ready_cache
 
     def _fits(self, pod: PodView, container: str, resource: str, units: Sequence[str],
               exclude: str | None = None) -> str | None:
@@ -171,27 +193,90 @@ class Manager:
             for key, rec in records.items():
                 if key in held:
                     continue
-                if key in self._matched or now - rec.created > self.config.forget_after_s:
-                    self._matched.pop(key, None)
-                    self.writer.remove(key)
+                owner = self._matched.get(key)
+                if owner is None:
+                    if now - rec.created <= self.config.forget_after_s:
+                        continue
+                    why = "never confirmed"
+                else:
+                    # The kubelet lists nothing for a moment after it restarts: a container's
+                    # files go only once its pod has ended (removing a file a running
+                    # container has a mount on would detach that mount, budget and all).
+                    pod = pods.get((owner.namespace, owner.pod))
+                    if pod is not None and pod.phase not in ENDED:
+                        continue
+                    why = "pod ended"
+                self._matched.pop(key, None)
+                self.registry.drop(key)
+                self._ready().pop(key, None)
+                self.writer.remove(key)
+                log.info("allocation removed", extra={"key": key, "why": why})
 
     def _confirm(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None) -> None:
         self._matched[rec.key] = ref
         if pod is None:
-            self.writer.refuse(rec.key, f"pod {ref.namespace}/{ref.pod} not found")
+            gone = f"pod {ref.namespace}/{ref.pod} not found"
+            self._ready().pop(rec.key, None)
+            self.writer.refuse(rec.key, gone)
+            self._register(rec, ref, "", None, gone)
             return
         whole = rec.resource != VGPU
         why = self._fits(pod, ref.container, rec.resource, rec.units, exclude=rec.key)
         if why is not None:
+            self._ready().pop(rec.key, None)
             self.writer.refuse(rec.key, why)
+            self._register(rec, ref, pod.uid, None, why)
             self.on_refused(pod, ref.container, why)
             return
         b = budgets.container_budget(pod.annotations, ref.container)
-        self.writer.ready(rec.key, budgets.entries(b, rec.units, whole,
-                                                   self.state.context_bytes))
+        entries = budgets.entries(b, rec.units, whole, self.state.context_bytes)
+        self.writer.ready(rec.key, entries)
+        self._ready()[rec.key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
+        self._register(rec, ref, pod.uid, b, None)
+
+    def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
+                  budget: ContainerBudget | None, refused: str | None) -> None:
+        gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
+        self.registry.put(SetUpContainer(
+            key=rec.key, pod_uid=uid, namespace=ref.namespace, pod=ref.pod,
+            container=ref.container, resource=rec.resource, units=rec.units,
+            gpus=tuple(gpu_of.get(u, u) for u in rec.units), budget=budget, refused=refused,
+            budget_file=str(self.writer.budget_path(rec.key)),
+            ledger_dir=str(self.writer.ledger_dir(rec.key)),
+        ))
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]:
+        """GetPreferredAllocation: the policy's choice among the units whose unbudgeted
+        memory holds the smallest budget a pending pod asking for ``size`` shares has
+        (``pack`` alone would send a pod to the fullest GPU, where its Allocate fails
+        while another GPU has room); all units when too few of them do."""
+        with self._lock:
+            gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
+            if resource == VGPU:
+                need = self._smallest_need(resource, size)
+                if need is not None:
+                    mem = {u.uuid: u.memory_bytes for u in self.state.units}
+                    free = fit.free_memory({u: m for u, m in mem.items() if m is not None},
+                                           self._held())
+                    roomy = [d for d in available if free.get(unit_of(d), -1) >= need]
+                    if len({unit_of(d) for d in [*must_include, *roomy]}) >= size:
+                        available = roomy
+            return preferred(available, must_include, size, gpu_of, self.config.policy)
+
+    def _smallest_need(self, resource: str, size: int) -> int | None:
+        needs = []
+        for p, c in candidates(self.pods(), self.config.node, resource, size,
+                               frozenset(self._matched.values())):
+            try:
+                needs.append(budgets.container_budget(p.annotations, c).memory_bytes)
+            except BudgetError:
+                continue
+        return min(needs) if needs else None
 
     def pending(self) -> bool:
-        return any(r.key not in self._matched for r in self.writer.records())
+        with self._lock:
+            return any(r.key not in self._matched for r in self.writer.records())
 
 
 class ResourcePlugin:
@@ -206,8 +291,7 @@ class ResourcePlugin:
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int
                   ) -> list[str]:
-        gpu_of = {u.uuid: u.gpu_uuid for u in self.manager.state.units}
-        return preferred(available, must_include, size, gpu_of, self.manager.config.policy)
+        return self.manager.preferred(self.name, available, must_include, size)
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
         return self.manager.allocate(self.name, device_ids)

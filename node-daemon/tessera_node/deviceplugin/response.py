@@ -9,10 +9,12 @@
   without a budget;
 * device visibility. ``cdi``: CDI device names (``nvidia.com/gpu=<UUID>``, the toolkit's
   CDI spec with UUID names). ``volume-mounts``: the NVIDIA container toolkit's
-  volume-mount device list (``/var/run/nvidia-container-devices/<UUID>``), which, unlike
-  ``NVIDIA_VISIBLE_DEVICES``, a pod cannot set for itself. ``sim``: the simulated node
+  volume-mount device list (``/var/run/nvidia-container-devices/<UUID>``), which, unlike a
+  device list in ``NVIDIA_VISIBLE_DEVICES``, a pod cannot set for itself (the variable only
+  names the folder, as NVIDIA's device plugin sets it). ``sim``: the simulated node
   (containerd without CDI): the simulator's libraries and node state are mounted, as the
-  toolkit would mount the driver's, and ``CUDA_VISIBLE_DEVICES`` selects the units.
+  toolkit would mount the driver's, and ``CUDA_VISIBLE_DEVICES`` names the units by UUID
+  (``GPU-…``/``MIG-…``, as the driver reads it).
 """
 
 from __future__ import annotations
@@ -76,10 +78,8 @@ def container_response(
     units: Sequence[str],
     visibility: Visibility,
     sim: SimPaths | None = None,
-    cuda_ordinals: Sequence[int] = (),
 ) -> ContainerResponse:
-    """``units``: the container's GPU/MIG UUIDs. ``cuda_ordinals`` (sim only): the units'
-    CUDA ordinals on the node, for ``CUDA_VISIBLE_DEVICES``."""
+    """``units``: the container's GPU/MIG UUIDs, in the order of its device IDs."""
     lib = PurePosixPath(paths.lib_dir)
     mounts = [
         Mount(f"{CONTAINER_LIB_DIR}/{LIB_NAME}", str(lib / LIB_NAME), True),
@@ -94,11 +94,14 @@ def container_response(
         cdi = tuple(f"{CDI_KIND}={u}" for u in units)
     elif visibility == "volume-mounts":
         mounts += [Mount(f"{TOOLKIT_DEVICE_LIST_DIR}/{u}", "/dev/null", True) for u in units]
+        # what NVIDIA's device plugin sets with this strategy: the variable names the folder,
+        # not devices; the toolkit (accept-nvidia-visible-devices-as-volume-mounts = true,
+        # accept-nvidia-visible-devices-envvar-when-unprivileged = false) reads the mounts and
+        # ignores a device list a pod sets itself
+        envs = {"NVIDIA_VISIBLE_DEVICES": TOOLKIT_DEVICE_LIST_DIR}
     else:
         if sim is None:
             raise ValueError("the sim visibility needs the simulator's paths")
-        if len(cuda_ordinals) != len(units):
-            raise ValueError("the sim visibility needs one CUDA ordinal per unit")
         mounts += [
             Mount(f"{SIM_CONTAINER_DIR}/lib", sim.lib_dir, True),
             Mount(f"{SIM_CONTAINER_DIR}/node.ini", sim.node, True),
@@ -109,6 +112,6 @@ def container_response(
             "LD_LIBRARY_PATH": f"{SIM_CONTAINER_DIR}/lib",
             "TESSERA_SIM_NODE": f"{SIM_CONTAINER_DIR}/node.ini",
             "TESSERA_SIM_STATE": f"{SIM_CONTAINER_DIR}/node.state",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(o) for o in cuda_ordinals),
+            "CUDA_VISIBLE_DEVICES": ",".join(units),
         }
     return ContainerResponse(mounts=tuple(mounts), envs=envs, cdi_devices=cdi)

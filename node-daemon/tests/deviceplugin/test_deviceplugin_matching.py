@@ -131,7 +131,8 @@ PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
         ("cdi", [], (f"nvidia.com/gpu={G0}", f"nvidia.com/gpu={M0}"), {}),
         ("volume-mounts",
          [(f"/var/run/nvidia-container-devices/{G0}", "/dev/null", True),
-          (f"/var/run/nvidia-container-devices/{M0}", "/dev/null", True)], (), {}),
+          (f"/var/run/nvidia-container-devices/{M0}", "/dev/null", True)], (),
+         {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}),
         ("sim",
          [("/usr/local/tessera-sim/lib", "/sim/lib", True),
           ("/usr/local/tessera-sim/node.ini", "/sim/node.ini", True),
@@ -139,13 +140,13 @@ PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
          {"LD_LIBRARY_PATH": "/usr/local/tessera-sim/lib",
           "TESSERA_SIM_NODE": "/usr/local/tessera-sim/node.ini",
           "TESSERA_SIM_STATE": "/usr/local/tessera-sim/node.state",
-          "CUDA_VISIBLE_DEVICES": "0,3"}),
+          "CUDA_VISIBLE_DEVICES": f"{G0},{M0}"}),
     ],
 )
 def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, bool]],
                            cdi: tuple[str, ...], envs: dict[str, str]) -> None:
     r = container_response(PATHS, [G0, M0], visibility,  # type: ignore[arg-type]
-                           SimPaths("/sim/lib", "/sim/node.ini", "/sim/node.state"), [0, 3])
+                           SimPaths("/sim/lib", "/sim/node.ini", "/sim/node.state"))
     base = [
         ("/usr/local/lib/tessera/libtessera.so", "/opt/tessera/lib/v1.2.3/libtessera.so", True),
         ("/etc/ld.so.preload", "/opt/tessera/lib/v1.2.3/ld.so.preload", True),
@@ -155,7 +156,9 @@ def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, b
     ]
     assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == base + extra_mounts
     assert r.cdi_devices == cdi and r.envs == envs
-    assert "NVIDIA_VISIBLE_DEVICES" not in r.envs
+    # never a device list a pod could have written itself
+    assert r.envs.get("NVIDIA_VISIBLE_DEVICES", "/var/run/nvidia-container-devices") == \
+        "/var/run/nvidia-container-devices"
     assert preload_line() == "/usr/local/lib/tessera/libtessera.so\n"
 
 
@@ -204,7 +207,12 @@ def test_cycle_pending_ready_refused_removed(tmp_path: Path) -> None:
     assert c.events == [("b", "main", b.reason)]
     c.m.resolve(both)
     assert len(c.events) == 1  # one Event, not one per period
+    # the kubelet lists nothing for a moment (it restarted): a's pod has not ended, a's
+    # files stay (removing them would detach the running container's budget mount)
+    c.m.resolve([])
+    assert sorted(r.key for r in c.writer.records()) == sorted([ka, kb])
     # a ends: its files go; b's are kept while the kubelet shows it
+    c.pods[0]["status"] = {"phase": "Succeeded"}
     c.m.resolve(both[1:])
     assert [r.key for r in c.writer.records()] == [kb]
     assert not (c.writer.root / ka).exists()
@@ -231,5 +239,6 @@ def test_pod_without_budget_is_refused_and_stale_pending_is_forgotten(tmp_path: 
     assert [e[:2] for e in c.events] == [("a", "main")]
     c.pods.append(pod("b", {"main": {VGPU: 1}}, budget=budget_of(GIB)))
     c.m.allocate(VGPU, [share_id(G0, 1)])  # b's, never shown held by the kubelet
+    del c.pods[0]  # a deleted
     c.m.resolve([], now=c.writer.records()[-1].created + 301)
     assert c.writer.records() == []

@@ -3,20 +3,14 @@ nodes, each with its Node object and a pod-bound token, stopped and removed afte
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tessera_e2e.node_daemons import (
-    NodeDaemonProcess,
-    SimNode,
-    create_node,
-    daemon_kubeconfig,
-)
-from tessera_e2e.operators import OPERATOR_NS, install
+from tessera_e2e.node_daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
+from tessera_e2e.operators import install
 
 StartDaemon = Callable[..., NodeDaemonProcess]
 
@@ -35,17 +29,11 @@ def start_daemon(chart: Any, tmp_path: Path) -> Iterator[StartDaemon]:
 
     def start(gpus: list[str], labels: dict[str, str] | None = None,
               extra: list[str] | None = None, name: str | None = None) -> NodeDaemonProcess:
-        node = name or f"nd-{uuid.uuid4().hex[:8]}"
-        create_node(chart.kubectl, node, labels)
-        kubeconfig = daemon_kubeconfig(chart.kubectl, chart.kubeconfig, tmp_path, node)
-        d = NodeDaemonProcess(node, SimNode(tmp_path / "sim", node, gpus), kubeconfig,
-                              tmp_path, extra)
+        d = start_sim_daemon(chart.kubectl, chart.kubeconfig, tmp_path, gpus, labels, extra,
+                             name)
         started.append(d)
-        return d.start()
+        return d
 
     yield start
     for d in started:
-        d.stop()
-        chart.kubectl("delete", "pod", f"tessera-node-{d.node}", "-n", OPERATOR_NS,
-                      "--wait=false")
-        chart.kubectl("delete", "node", d.node, "--wait=false")
+        remove_sim_daemon(chart.kubectl, d)

@@ -83,6 +83,24 @@ _ORDER = (
 _ORDER_RULES: list[JsonValue] = [_le_rule(small, big, q) for small, big, q in _ORDER]
 
 
+AuditAction = Literal["Report", "Stop"]
+"""What the node daemon's audit does about a finding: ``Report`` (a metric and an Event) or
+``Stop`` (the same, and the process is killed with SIGKILL)."""
+
+
+class QuotaEnforcement(ApiModel):
+    """What the node daemons do when their audit (NVML's per-process figures, every period)
+    finds a container of this namespace over its memory budget, or a GPU process of a pod of
+    this namespace that tessera did not set up. Several quotas of one namespace: the strictest
+    value of each field counts."""
+
+    over_budget: AuditAction = "Report"
+    """A container holding more device memory than its budget (on any of its GPUs)."""
+    foreign_processes: AuditAction = "Report"
+    """A process of a pod of this namespace using a GPU outside any container tessera's
+    device plugin set up (a GPU obtained around the device plugin)."""
+
+
 class GPUQuotaSpec(ApiModel):
     """Totals for the namespace, and the per-pod budget defaults and ceiling.
 
@@ -104,6 +122,9 @@ class GPUQuotaSpec(ApiModel):
     """false: hard caps. This namespace's pods neither lend the core time they leave idle
     nor borrow what others leave idle; each holds exactly its core budget (true when
     absent)."""
+    enforcement: QuotaEnforcement | None = None
+    """What the node daemons' audit does about this namespace's containers over budget and
+    its pods' GPU processes outside tessera (Report when absent)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 
 from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
+from tessera.controller import quota_metrics
 from tessera.controller.leader import LeaderElector
 from tessera.controller.reconcile import Controller
 from tessera.controller.settings import Options
@@ -103,6 +104,7 @@ async def run(opts: Options) -> None:
     store = QuotaStore(kube, health=health)
     adm = Admission(kube, store, forwarder, opts.create_deadline_s)
     ctl = Controller(kube, store, opts.recount_interval_s, health=health)
+    quota_metrics.register(store.snapshot)
     cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
           ClientConfig(cert.ca_pem, service_name=opts.service_name,
                        service_namespace=opts.namespace))

@@ -66,6 +66,7 @@ class QuotaStore:
     _synced: bool = False
     _changed: asyncio.Event | None = None
     _listener: Listener | None = None
+    _views: dict[tuple[str, str], tuple[str, QuotaView]] = field(default_factory=dict)
     _queues: dict[tuple[str, str], list[_Pending]] = field(default_factory=dict)
     _workers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
 
@@ -77,12 +78,29 @@ class QuotaStore:
         :meth:`reserve` (every write is conditional), never a wrong count."""
         if not self._synced:
             return (await self.kube.list(quota_url(ns), cached=True)).get("items") or []
-        out = []
-        for key, q in self._cache.items():
-            if key[0] == ns:
-                known = self._latest.get(key)
-                out.append(known if known is not None and _rv(known) > _rv(q) else q)
-        return out
+        return [self._newest(key, q) for key, q in self._cache.items() if key[0] == ns]
+
+    def _newest(self, key: tuple[str, str], q: Obj) -> Obj:
+        known = self._latest.get(key)
+        return known if known is not None and _rv(known) > _rv(q) else q
+
+    def snapshot(self) -> list[Obj]:
+        """Every GPUQuota this replica's watch knows, each in its newest known version."""
+        return [self._newest(key, q) for key, q in list(self._cache.items())]
+
+    def view(self, q: Obj) -> QuotaView:
+        """:func:`view_of` a quota this replica read from the API server, parsed once per
+        resourceVersion: with a ledger of pending reservations, parsing it again for every
+        review and every write cost admission more CPU than anything else it does."""
+        meta = q.get("metadata") or {}
+        key, rv = (str(meta.get("namespace")), str(meta.get("name"))), meta.get("resourceVersion")
+        known = self._views.get(key)
+        if rv and known is not None and known[0] == rv:
+            return known[1]
+        view = view_of(q)
+        if rv:
+            self._views[key] = (str(rv), view)
+        return view
 
     def subscribe(self, listener: Listener | None) -> None:
         """Pass this replica's quota watch events on (the leader's controller listens).
@@ -110,6 +128,7 @@ class QuotaStore:
                         self._remember(key, q)
                 elif typ == "DELETED":
                     self._cache.pop(_key(obj), None)
+                    self._views.pop(_key(obj), None)
                 else:
                     key = _key(obj)
                     self._cache[key] = obj
@@ -225,7 +244,7 @@ class QuotaStore:
         url = quota_url(ns, name)
         q = self._latest[key]
         for _ in range(MAX_ATTEMPTS):
-            view = view_of(q)
+            view = self.view(q)
             results, state = apply_in_order(view, [p.change for p in batch])
             if state.used is None or state == State.of(view):
                 return results  # nothing to write (or a quota never counted: all refused)

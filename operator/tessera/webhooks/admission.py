@@ -10,6 +10,7 @@ reserves nothing.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -47,7 +48,7 @@ from tessera.quota.arith import (
     check_fit,
     deny_message,
 )
-from tessera.quota.batch import Reserve
+from tessera.quota.batch import Release, Reserve
 from tessera.quota.ledger import expires_at
 from tessera.quota.objects import (
     FieldError,
@@ -55,7 +56,6 @@ from tessera.quota.objects import (
     limits_of,
     policy_of,
     used_of,
-    view_of,
 )
 from tessera.quota.status import over_hard
 from tessera.reservations.forwarding import Forwarder
@@ -219,23 +219,38 @@ class Admission:
                              f"tessera's): create it again, or have that webhook leave "
                              f"{PREFIX} resources, annotations and labels alone")
         usage = budget.usage()
-        violations = check_fit(usage, [view_of(q) for q in quotas])
+        violations = check_fit(usage, [self.store.view(q) for q in quotas])
         if violations:
             return deny(uid, deny_message(violations))
         pod_uid = str(meta.get("uid") or "")
         if not pod_uid or not name:
             return deny(uid, "the pod has no UID or name yet: tessera's quota webhook must run "
                              "as validating admission")
-        taken = await self._name_taken(ns, name, pod_uid)
-        if taken is not None:
-            return deny(uid, taken, 409)
         t1 = time.perf_counter()
-        if not dry:
-            r = Reserve(pod_uid, name, usage,
-                        expires_at(time.time(), self.create_deadline_s))
-            refused = await self._reserve_anywhere(ns, quotas, r)
-            if refused:
-                return deny(uid, deny_message(refused))
+        # The name check (a GET) and the reservation (a quota write, maybe at the leader)
+        # run side by side: admission waits for the slower of the two, not for both.  A
+        # taken name is rare; its reservation is then given back at once.
+        taken_check = asyncio.ensure_future(self._name_taken(ns, name, pod_uid))
+        refused: list[Violation] = []
+        reserved = False
+        try:
+            if not dry:
+                r = Reserve(pod_uid, name, usage,
+                            expires_at(time.time(), self.create_deadline_s))
+                refused = await self._reserve_anywhere(ns, quotas, r)
+                reserved = not refused
+            taken = await taken_check
+        except BaseException:
+            taken_check.cancel()
+            if reserved:
+                await self._give_back(ns, quotas, pod_uid)
+            raise
+        if taken is not None:
+            if reserved:
+                await self._give_back(ns, quotas, pod_uid)
+            return deny(uid, taken, 409)
+        if refused:
+            return deny(uid, deny_message(refused))
         log.info("pod admitted", extra={"namespace": ns, "pod": name, "uid": pod_uid,
                                         "dryRun": dry, "memoryMiB": usage.memory_mib,
                                         "cores": usage.cores,
@@ -264,6 +279,11 @@ class Admission:
             return (f'pods "{name}" already exists (it is being deleted: create it again '
                     f"once it is gone)")
         return f'pods "{name}" already exists'
+
+    async def _give_back(self, ns: str, quotas: list[Obj], pod_uid: str) -> None:
+        """Release a reservation whose pod the API server will not store."""
+        for q in quotas:
+            await self.store.release(ns, str(q["metadata"]["name"]), Release(pod_uid, None))
 
     async def _reserve_anywhere(self, ns: str, quotas: list[Obj], r: Reserve
                                 ) -> list[Violation]:

@@ -1,0 +1,57 @@
+"""The containers tessera set up on this node: one entry per allocation its device plugin
+confirmed for a container (pod UID, container, budget, budget file and ledger, units).
+
+The device plugin's manager writes it (``put`` when a container's budget file is written
+ready or refused, ``drop`` when its files are removed); anything else in the daemon (the
+audit, per-container metrics) only reads ``snapshot()``. Thread-safe: the manager runs in
+gRPC and worker threads, readers in the event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from tessera.api.budget import ContainerBudget
+
+
+@dataclass(frozen=True)
+class SetUpContainer:
+    key: str
+    """The allocation's key (its directory under ``<state dir>/containers``)."""
+    pod_uid: str
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    """``tessera.dev/vgpu`` or ``tessera.dev/mig-<profile>``."""
+    units: tuple[str, ...]
+    """The GPU (``GPU-…``) or MIG instance (``MIG-…``) UUIDs the container sees, in order."""
+    gpus: tuple[str, ...]
+    """The UUID of the GPU of each unit (the same as the unit for a whole GPU)."""
+    budget: ContainerBudget | None
+    """The budget from the pod's annotation; None when the container was refused."""
+    refused: str | None
+    """Why the container's budget file is refused (no GPU memory), or None."""
+    budget_file: str
+    ledger_dir: str
+
+
+class ContainerRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[str, SetUpContainer] = {}
+
+    def put(self, entry: SetUpContainer) -> None:
+        with self._lock:
+            self._by_key[entry.key] = entry
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._by_key.pop(key, None)
+
+    def snapshot(self) -> list[SetUpContainer]:
+        """Every container set up now, by namespace, pod and container name."""
+        with self._lock:
+            entries = list(self._by_key.values())
+        return sorted(entries, key=lambda e: (e.namespace, e.pod, e.container, e.key))
