@@ -14,7 +14,7 @@ import yaml
 from tessera.kube.client import Kube, load_credentials
 from tessera.webhooks import config as webhook_config
 from tessera.webhooks.config import ClientConfig
-from tessera_e2e import chart, chartdocs, helm
+from tessera_e2e import chart, chartdocs, helm, tessera_images
 from tessera_e2e.build import ensure_helm
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
@@ -155,6 +155,10 @@ def test_the_daemon_values_default_to_the_daemons_own_defaults() -> None:
     assert f"{daemon['kubeletDir']}/device-plugins" == DAEMON_DEFAULTS.device_plugin_dir
     assert (f"{daemon['kubeletDir']}/pod-resources/kubelet.sock"
             == DAEMON_DEFAULTS.pod_resources_socket)
+    # the daemon installs the library where the node image has it
+    assert DAEMON_DEFAULTS.libtessera == f"/{tessera_images.LIBTESSERA}"
+    template = (chart.CHART / "templates" / "node-daemon.yaml").read_text()
+    assert f"--libtessera={DAEMON_DEFAULTS.libtessera}" in template
 
 
 def test_sim_visibility_mounts_the_simulated_driver_at_its_host_path(helm_binary: Path
