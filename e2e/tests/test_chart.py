@@ -131,7 +131,7 @@ def test_the_daemon_runs_on_gpu_nodes_with_the_privileges_it_needs(helm_binary: 
                 "--share-policy=pack",
                 "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"):
         assert arg in args, args
-    assert not [a for a in args if a.startswith("--sim-node")]
+    assert [e["name"] for e in daemon["env"]] == ["NODE_NAME"]
     operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]
     assert operator["replicas"] == 2
     pod = operator["template"]["spec"]
@@ -177,9 +177,11 @@ def test_sim_visibility_mounts_the_simulated_driver_at_its_host_path(helm_binary
     assert {"name": "driver-root", "mountPath": "/var/lib/tessera/gpu", "readOnly": False
             } in daemon["volumeMounts"]
     for arg in ("--driver-root=/var/lib/tessera/gpu", "--device-visibility=sim",
-                "--sim-node=/var/lib/tessera/gpu/node.conf", "--shares-per-unit=4",
-                "--share-policy=spread"):
+                "--shares-per-unit=4", "--share-policy=spread"):
         assert arg in daemon["args"], daemon["args"]
+    # the daemon's --sim-node and the simulator's libnvidia-ml both read the environment
+    assert {"name": "TESSERA_SIM_NODE", "value": "/var/lib/tessera/gpu/node.conf"} in daemon[
+        "env"]
 
 
 def test_a_service_monitor_only_when_its_crd_exists(helm_binary: Path) -> None:
