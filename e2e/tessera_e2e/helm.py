@@ -31,10 +31,11 @@ def values_for_testbed(tag: str) -> dict[str, Any]:
     return {
         "image": {"repository": REPOSITORY, "tag": tag, "pullPolicy": "Never"},
         "nodeDaemon": {
+            # the node's simulated GPUs stand in for the driver; the test bed's containerd has
+            # no NVIDIA toolkit, so Allocate mounts the simulator's libraries itself (`sim`)
             "driverRoot": GPU_DIR,
-            # the simulator's NVML reads the node's GPUs from here (its state file beside it,
-            # in the daemon's read-write state directory)
-            "extraEnv": [{"name": "TESSERA_SIM_NODE", "value": f"{GPU_DIR}/node.conf"}],
+            "deviceVisibility": "sim",
+            "simNode": f"{GPU_DIR}/node.conf",
         },
     }
 

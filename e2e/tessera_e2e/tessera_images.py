@@ -9,7 +9,7 @@ The recipe (the same one `images/Dockerfile` states for people who build with Do
    into Debian's ``dist-packages`` (versions constrained to the ones the checkout's virtual
    environment was tested with);
 3. node daemon only: ``libtessera.so`` (hook/build) at ``/opt/tessera/lib``, which the
-   DaemonSet's init container copies to a versioned host directory.
+   daemon installs at start into a host directory versioned by its content.
 
 The operator image runs as UID 65532; the node daemon's needs root (charts/tessera/README.md,
 "Privileges").

@@ -14,11 +14,12 @@ import yaml
 from tessera.kube.client import Kube, load_credentials
 from tessera.webhooks import config as webhook_config
 from tessera.webhooks.config import ClientConfig
-from tessera_e2e import chart, chartdocs, helm
+from tessera_e2e import chart, chartdocs, helm, tessera_images
 from tessera_e2e.build import ensure_helm
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.tessera_images import DEBIAN_PACKAGES
+from tessera_node.settings import DEFAULTS as DAEMON_DEFAULTS
 
 
 def _kinds(text: str) -> list[str]:
@@ -111,13 +112,26 @@ def test_the_daemon_runs_on_gpu_nodes_with_the_privileges_it_needs(helm_binary: 
     term = ds["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
     volumes = {v["name"]: v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
-    assert volumes["driver-root"] == "/run/nvidia/driver"
-    assert volumes["lib"] == "/var/lib/tessera/lib"
-    assert ds["initContainers"][0]["args"][1] == "/host-lib/9.9"  # versioned
+    assert volumes == {"driver-root": "/run/nvidia/driver", "state": "/var/lib/tessera",
+                       "device-plugins": "/var/lib/kubelet/device-plugins",
+                       "pod-resources": "/var/lib/kubelet/pod-resources"}
+    assert "initContainers" not in ds  # the daemon installs libtessera itself
     daemon = ds["containers"][0]
     assert daemon["image"].endswith("/tessera-node:9.9")
-    assert {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True} in daemon[
-        "volumeMounts"]
+    mounts = {m["name"]: m for m in daemon["volumeMounts"]}
+    assert mounts["driver-root"] == {"name": "driver-root", "mountPath": "/driver-root",
+                                     "readOnly": True}
+    # Allocate hands the kubelet host paths below the state directory: the same path inside
+    for name in ("state", "device-plugins", "pod-resources"):
+        assert mounts[name]["mountPath"] == volumes[name] and not mounts[name].get("readOnly")
+    args = daemon["args"]
+    for arg in ("--driver-root=/driver-root", "--state-dir=/var/lib/tessera",
+                "--libtessera=/opt/tessera/lib/libtessera.so", "--device-plugin=true",
+                "--device-visibility=volume-mounts", "--shares-per-unit=10",
+                "--share-policy=pack",
+                "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"):
+        assert arg in args, args
+    assert [e["name"] for e in daemon["env"]] == ["NODE_NAME"]
     operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]
     assert operator["replicas"] == 2
     pod = operator["template"]["spec"]
@@ -129,6 +143,45 @@ def test_the_daemon_runs_on_gpu_nodes_with_the_privileges_it_needs(helm_binary: 
                  and d["metadata"]["name"] == "tessera-operator")["rules"]
     assert not any("create" in r["verbs"] for r in rules
                    if r["apiGroups"] == ["admissionregistration.k8s.io"])  # only patch
+
+
+def test_the_daemon_values_default_to_the_daemons_own_defaults() -> None:
+    daemon = yaml.safe_load((chart.CHART / "values.yaml").read_text())["nodeDaemon"]
+    assert daemon["stateDir"] == DAEMON_DEFAULTS.state_dir
+    assert daemon["deviceVisibility"] == DAEMON_DEFAULTS.device_visibility
+    assert daemon["devicePlugin"] == {"enabled": DAEMON_DEFAULTS.device_plugin,
+                                      "sharesPerGPU": DAEMON_DEFAULTS.shares_per_unit,
+                                      "sharePolicy": DAEMON_DEFAULTS.share_policy}
+    assert f"{daemon['kubeletDir']}/device-plugins" == DAEMON_DEFAULTS.device_plugin_dir
+    assert (f"{daemon['kubeletDir']}/pod-resources/kubelet.sock"
+            == DAEMON_DEFAULTS.pod_resources_socket)
+    # the daemon installs the library where the node image has it
+    assert DAEMON_DEFAULTS.libtessera == f"/{tessera_images.LIBTESSERA}"
+    template = (chart.CHART / "templates" / "node-daemon.yaml").read_text()
+    assert f"--libtessera={DAEMON_DEFAULTS.libtessera}" in template
+
+
+def test_sim_visibility_mounts_the_simulated_driver_at_its_host_path(helm_binary: Path
+                                                                      ) -> None:
+    values: dict[str, Any] = {"nodeDaemon": {"driverRoot": "/var/lib/tessera/gpu",
+                                             "deviceVisibility": "sim",
+                                             "devicePlugin": {"sharesPerGPU": 4,
+                                                              "sharePolicy": "spread"}}}
+    with pytest.raises(RuntimeError, match="simNode is required"):
+        helm.template(helm_binary, "ts", values)
+    values["nodeDaemon"]["simNode"] = "/var/lib/tessera/gpu/node.conf"
+    docs = helm.template(helm_binary, "ts", values)
+    daemon = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"][
+        "containers"][0]
+    # Allocate mounts the simulated libraries into GPU containers by their host path
+    assert {"name": "driver-root", "mountPath": "/var/lib/tessera/gpu", "readOnly": False
+            } in daemon["volumeMounts"]
+    for arg in ("--driver-root=/var/lib/tessera/gpu", "--device-visibility=sim",
+                "--shares-per-unit=4", "--share-policy=spread"):
+        assert arg in daemon["args"], daemon["args"]
+    # the daemon's --sim-node and the simulator's libnvidia-ml both read the environment
+    assert {"name": "TESSERA_SIM_NODE", "value": "/var/lib/tessera/gpu/node.conf"} in daemon[
+        "env"]
 
 
 def test_a_service_monitor_only_when_its_crd_exists(helm_binary: Path) -> None:

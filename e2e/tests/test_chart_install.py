@@ -1,10 +1,13 @@
 """charts/tessera installed with the real helm onto a cluster of two real nodes.
 
 One cluster for the module, the tests in order: install (operator 2/2 Ready, one Ready daemon
-per node, webhooks patched with the operator's CA, libtessera on each node's host), a GPU
-pod's quota reservation, upgrade to a new image with a changed value (the reservation and
-the old libtessera survive), uninstall (only the CRDs stay; no webhook, Lease, Secret or
-tessera Node key is left). Timings go to stdout (`pytest -s`) for e2e/README.md.
+per node, webhooks patched with the operator's CA, libtessera installed by each daemon on its
+host under ``<state dir>/lib/<content digest>``), a budgeted ``tessera.dev/vgpu`` pod admitted,
+scheduled, allocated by the chart's daemon and run under its budget, upgrade to a new image
+(with a libtessera build that differs) and a changed value (the reservation, the running
+pod's budget and the old libtessera survive; a new pod runs under the new daemon), uninstall
+(only the CRDs stay; no webhook, Lease, Secret or tessera Node key is left). Timings go to
+stdout (`pytest -s`) for e2e/README.md.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.api.names import PREFIX, VGPU, VGPU_MEMORY
+from tessera.api.names import PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera_e2e.build import ensure_containerd, ensure_helm
 from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.cluster import LocalCluster
@@ -35,6 +39,9 @@ from tessera_e2e.helm import (
 )
 from tessera_e2e.operators import wait_until
 from tessera_e2e.tessera_images import ensure_tessera_images
+from tessera_node.deviceplugin.library import version_of
+from tessera_node.deviceplugin.response import preload_line
+from tessera_node.settings import DEFAULTS, LIB_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +49,19 @@ REPO = Path(__file__).resolve().parents[2]
 NS = "tessera-system"
 TAG, NEW_TAG = "0.1.0", "0.1.0-upgrade"
 TEAM = "team-a"
+LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
+
+
+def _rebuilt_libtessera(into: Path, tag: str) -> Path:
+    """The same libtessera with a build note naming ``tag``: another build of the library, as
+    a new release's would be, so its content digest (its install version) differs."""
+    note = into / "build-note"
+    note.write_text(f"tessera {tag}\n")
+    out = subprocess.run(["objcopy", "--add-section", f".note.tessera.build={note}",
+                          str(LIBTESSERA), str(into / "libtessera.so")],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, f"objcopy (binutils): {out.stderr}"
+    return into
 
 
 def _say(line: str) -> None:
@@ -49,9 +69,10 @@ def _say(line: str) -> None:
 
 
 class Installed:
-    def __init__(self, cluster: LocalCluster, helm: Helm) -> None:
+    def __init__(self, cluster: LocalCluster, helm: Helm, new_lib: Path) -> None:
         self.cluster = cluster
         self.helm = helm
+        self.new_lib = new_lib  # the libtessera of the NEW_TAG image
         self.values = values_for_testbed(TAG)
 
     def kubectl(self, *args: str, input: str | None = None) -> Any:
@@ -71,9 +92,11 @@ def bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ins
     _say(f"helm ready in {time.monotonic() - started:.1f}s")
     python = REPO / ".venv" / "bin" / "python"
     images: dict[str, Any] = {}
-    for tag in (TAG, NEW_TAG):
+    hook_builds = {TAG: LIBTESSERA.parent,
+                   NEW_TAG: _rebuilt_libtessera(tmp_path_factory.mktemp("lib"), NEW_TAG)}
+    for tag, hook_build in hook_builds.items():
         began = time.monotonic()
-        built = ensure_tessera_images(default_layout(), python, REPO / "hook" / "build", tag)
+        built = ensure_tessera_images(default_layout(), python, hook_build, tag)
         images.update({ref: b.image for ref, b in built.items()})
         _say(f"images {tag}: " + ", ".join(f"{ref} {b.size_bytes / 2**20:.0f} MiB "
                                            f"({b.seconds:.0f}s)" for ref, b in built.items())
@@ -83,7 +106,8 @@ def bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ins
         import_into_nodes(cluster, images)
         _say(f"images imported into {len(cluster.nodes)} nodes in "
              f"{time.monotonic() - began:.1f}s")
-        yield Installed(cluster, Helm(helm_binary, cluster, tmp_path_factory.mktemp("helm")))
+        yield Installed(cluster, Helm(helm_binary, cluster, tmp_path_factory.mktemp("helm")),
+                        hook_builds[NEW_TAG] / "libtessera.so")
 
 
 def _deployment_ready(bed: Installed) -> bool:
@@ -143,14 +167,19 @@ def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) ->
     for kind, name in (("mutatingwebhookconfiguration", "tessera-pods"),
                        ("validatingwebhookconfiguration", "tessera-resources")):
         wait_until(f"{name} caBundle", functools.partial(patched, kind, name), 60)
-    # each daemon reported its node's GPUs, and libtessera is on each node's host
+    # each daemon reported its node's GPUs, advertises tessera's shares to its kubelet, and
+    # installed the image's libtessera on its host, versioned by content
     for node in cluster.nodes:
         labels = get_json(cluster, "node", node.name)["metadata"]["labels"]
         assert any(k.startswith(PREFIX) for k in labels), labels
-        lib = node.host_path(f"/var/lib/tessera/lib/{TAG}")
-        assert (lib / "libtessera.so").read_bytes() == (
-            REPO / "hook" / "build" / "libtessera.so").read_bytes()
-        assert (lib / "ld.so.preload").read_text() == "/usr/local/lib/tessera/libtessera.so\n"
+        wait_until(f"{node.name} advertising {VGPU}", lambda node=node: get_json(
+            cluster, "node", node.name)["status"].get("allocatable", {}).get(VGPU) == str(
+            DEFAULTS.shares_per_unit), 60)
+        lib = node.host_path(f"{DEFAULTS.state_dir}/{LIB_DIR}")
+        assert [p.name for p in lib.iterdir()] == [version_of(LIBTESSERA.read_bytes())]
+        installed = lib / version_of(LIBTESSERA.read_bytes())
+        assert (installed / "libtessera.so").read_bytes() == LIBTESSERA.read_bytes()
+        assert (installed / "ld.so.preload").read_text() == preload_line()
 
 
 def _quota_used(bed: Installed) -> dict[str, Any]:
@@ -168,16 +197,33 @@ def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
         "metadata": {"name": "team", "namespace": TEAM},
         "spec": {"hard": {"memory": "10Gi", "cores": 100, "pods": 4}}}))
     wait_until("the quota counted", lambda: "pods" in _quota_used(bed), 60)
-    # No device plugin registers tessera's resources on these nodes yet (issue 15b), so the
-    # pod stays Pending: admission, its budget and its reservation are what is tested.
-    bed.kubectl("create", "-f", "-", input=json.dumps({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu", "namespace": TEAM},
-        "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
-                                 "imagePullPolicy": "Never", "command": ["sleep", "3600"],
-                                 "resources": {"limits": {VGPU: "1", VGPU_MEMORY: "2048"}}}]}}))
+    # The chart's daemon allocates it: libtessera (from lib/<digest>) holds it to 2048 MiB.
+    started = time.monotonic()
+    _create_gpu_pod(bed, "gpu", "cuda-info && cuda-alloc 2000 && cuda-alloc 2100; "
+                    "exec sleep 3600", 2048)
     pod = get_json(bed.cluster, "pod", "gpu", "-n", TEAM)
     assert pod["metadata"]["annotations"].get(f"{PREFIX}budget"), pod["metadata"]
     wait_until("the pod counted", lambda: _quota_used(bed).get("pods") == 1, 60)
+    wait_until("the pod running", lambda: get_json(bed.cluster, "pod", "gpu", "-n", TEAM)[
+        "status"].get("phase") == "Running", 120, 0.5)
+    _say(f"budgeted vgpu pod create to Running: {time.monotonic() - started:.1f}s")
+    lines = wait_until("the pod's CUDA programs done", lambda: (
+        out if "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in (
+            out := bed.kubectl("logs", "-n", TEAM, "gpu").stdout.splitlines()) else None), 60)
+    # cuMemGetInfo inside shows the budget, not the GPU's memory; past it, out of memory
+    assert next(x for x in lines if x.startswith("0 ")).split()[-2:] == ["2048", "2048"], lines
+    assert "allocated 2000" in lines and "allocated 2100" not in lines, lines
+
+
+def _create_gpu_pod(bed: Installed, name: str, command: str, memory_mib: int) -> None:
+    bed.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": TEAM},
+        "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
+                                 "imagePullPolicy": "Never", "command": ["sh", "-c", command],
+                                 "resources": {"limits": {
+                                     VGPU: "1", VGPU_MEMORY: str(memory_mib),
+                                     VGPU_CORES: "50"}}}],
+                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1}}))
 
 
 def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
@@ -215,10 +261,24 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
         "versions"][0]["additionalPrinterColumns"]
     # the reservation survived the operators' rollout (the recount finds the pod again)
     wait_until("quota recounted by the new operators", lambda: _quota_used(bed) == before, 60)
+    # both versions of libtessera, each under its content digest: a running container keeps
+    # the one it mapped, new containers get the new one
+    versions = {version_of(LIBTESSERA.read_bytes()), version_of(bed.new_lib.read_bytes())}
+    assert len(versions) == 2
     for node in bed.cluster.nodes:
-        # both versions of libtessera: a running container keeps the one it mapped
-        for tag in (TAG, NEW_TAG):
-            assert node.host_path(f"/var/lib/tessera/lib/{tag}/libtessera.so").is_file()
+        lib = node.host_path(f"{DEFAULTS.state_dir}/{LIB_DIR}")
+        assert {p.name for p in lib.iterdir()} == versions
+    # the running pod kept its budget through the daemons' restart
+    info = bed.kubectl("exec", "-n", TEAM, "gpu", "--", "cuda-info").stdout.splitlines()
+    assert next(x for x in info if x.startswith("0 ")).split()[-2:] == ["2048", "2048"], info
+    # and the new daemon allocates: a new pod runs under its budget
+    _create_gpu_pod(bed, "after", "cuda-alloc 1000 && cuda-alloc 1100", 1024)
+    done = wait_until("the new pod done", lambda: (
+        p if (p := get_json(bed.cluster, "pod", "after", "-n", TEAM))["status"].get("phase")
+        in ("Succeeded", "Failed") else None), 120, 0.5)
+    logs = bed.kubectl("logs", "-n", TEAM, "after").stdout.splitlines()
+    assert done["status"]["phase"] == "Failed", logs
+    assert "allocated 1000" in logs and "allocated 1100" not in logs, logs
 
 
 def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:

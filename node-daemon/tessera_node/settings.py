@@ -55,9 +55,10 @@ class Options:
     sim_node: str = ""
     """The simulated node's description file (``sim`` visibility only); its state file is
     ``<sim node>.state``."""
-    libtessera: str = "/usr/lib/tessera/libtessera.so"
-    """The libtessera build the daemon installs for containers, at a versioned host path
-    under the state directory (an upgrade never rewrites a library a container has mapped)."""
+    libtessera: str = "/opt/tessera/lib/libtessera.so"
+    """The libtessera build the daemon installs for containers (the node image's), at a host
+    path under the state directory versioned by its content (an upgrade never rewrites a
+    library a container has mapped)."""
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     """The kubelet's PodResources API: which container holds which devices."""
     budget_wait_s: float = 30.0

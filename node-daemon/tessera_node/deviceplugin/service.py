@@ -243,6 +243,8 @@ class DevicePluginService:
             out.append(f"{POD_WATCH}: not listed yet")
         if self.error is not None:
             out.append(f"device plugin: {self.error}")
+        elif not self.gpus_read():
+            out.append("device plugin: the GPUs not read yet")
         out += [f"device plugin {r}: not registered: {why}"
                 for r, why in sorted(self.unregistered.items())]
         return out
@@ -305,8 +307,18 @@ class DevicePluginService:
     def _on_refused(self, pod: PodView, container: str, why: str) -> None:
         self._refused.append((pod, container, why))
 
+    def gpus_read(self) -> bool:
+        """Whether NVML has been read once since the daemon started."""
+        with self._state_lock:
+            return self._devices.snapshot is not None
+
     async def step(self) -> None:
         manager = self.require_manager()
+        if not self.gpus_read():
+            # Before NVML's first read no unit is known: confirming the allocations of
+            # running containers now (after a restart or an upgrade) would refuse their
+            # budgets for an unknown memory, and the node's capacity would read 0.
+            return
         await asyncio.to_thread(self._serve, manager)
         await self._resolve(manager)
         await self._write_capacity(manager)

@@ -4,6 +4,7 @@ containers it set up."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,20 @@ def test_nvml_failing_makes_every_unit_unhealthy_and_recovers(tmp_path: Path) ->
     assert set(health_of(svc)[VGPU].values()) == {UNHEALTHY}
     svc.update(SNAP, {G1: "Shares"}, frozenset({"1g.10gb"}))
     assert health_of(svc) == healthy
+
+
+def test_nothing_is_served_or_confirmed_before_the_gpus_are_read(tmp_path: Path) -> None:
+    """A restarted daemon must not confirm its running containers' allocations against a
+    node with no known units (that refused their budgets: "memory ... is unknown")."""
+    svc = service(tmp_path)
+    svc.opts.device_plugin_dir = str(tmp_path / "kubelet")
+    svc.error = None  # as run() leaves it once prepared
+    asyncio.run(svc.step())  # kube is None: any API call would fail
+    assert svc.servers == {} and svc.unregistered == {}
+    assert "device plugin: the GPUs not read yet" in svc.not_ready()
+    svc.update(SNAP, {}, frozenset())
+    assert svc.gpus_read()
+    assert "device plugin: the GPUs not read yet" not in svc.not_ready()
 
 
 def test_withdrawn_devices_leave_the_lists_until_the_gpu_changed(tmp_path: Path) -> None:
