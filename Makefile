@@ -78,7 +78,7 @@ images: install sim
 	$(PY) -m tessera_e2e images
 
 # The main job: the local demo.
-demo: controlplane sim
+demo: sysdeps controlplane sim hook
 	$(PY) -m tessera_e2e demo
 
 # Everything: lint, types, unit, simulator, hook and integration tests.

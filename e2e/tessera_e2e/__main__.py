@@ -7,12 +7,13 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 
 from tessera_e2e.build import ensure_built, ensure_containerd
 from tessera_e2e.cache import default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
-from tessera_e2e.demo import main_demo
+from tessera_e2e.demo import DEMO_GPUS, main_demo
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
 
@@ -47,9 +48,22 @@ def _cluster(args: argparse.Namespace) -> None:
         _wait_for_interrupt()
 
 
-def _demo(args: argparse.Namespace) -> None:
-    with LocalCluster(ensure_built()) as cluster:
-        main_demo(cluster, exit_after=args.exit, wait=_wait_for_interrupt)
+def _demo(args: argparse.Namespace) -> int:
+    """Ctrl-C is how a person ends the demo: a clean teardown, status 0."""
+    started = time.monotonic()
+    ensure_containerd()
+    try:
+        with LocalCluster(ensure_built(), nodes=len(DEMO_GPUS), gpu_models=DEMO_GPUS,
+                          report=_quiet) as cluster:
+            main_demo(cluster, exit_after=args.exit, wait=_wait_for_interrupt,
+                      started=started)
+    except KeyboardInterrupt:
+        print("stopped: everything the demo started is removed", flush=True)
+    return 0
+
+
+def _quiet(line: str) -> None:
+    """The demo narrates its own steps; the cluster's progress lines stay out of the way."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
                          help=f"real nodes (kubelet + containerd), default {DEFAULT_NODES}")
     commands.add_parser("images", help="build the nodes' OCI images, print their digests")
-    demo = commands.add_parser("demo", help="cluster + CRDs + examples, until Ctrl-C")
+    demo = commands.add_parser("demo", help="the story: two GPU nodes, partitions, a quota, "
+                                 "budgeted pods; until Ctrl-C")
     demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
     args = parser.parse_args(argv)
     try:
@@ -74,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             for image in ensure_images(default_layout(), SIM_BUILD / "lib").values():
                 print(f"{image.ref} {image.digest} {image.archive}")
         else:
-            _demo(args)
+            return _demo(args)
     except ControlPlaneError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

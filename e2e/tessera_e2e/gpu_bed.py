@@ -62,13 +62,14 @@ class Bed:
         alloc: dict[str, str] = node_json(self.kubectl, node)["status"].get("allocatable", {})
         return alloc
 
-    def quota(self, namespace: str, hard: dict[str, Any] | None = None) -> None:
+    def quota(self, namespace: str, hard: dict[str, Any] | None = None,
+              max_: dict[str, Any] | None = None) -> None:
         self.apply(namespace, {
             "apiVersion": API_VERSION, "kind": "GPUQuota",
             "metadata": {"name": "team"},
             "spec": {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
                      "default": {"memory": "1Gi", "cores": 10},
-                     "max": {"memory": "80Gi", "cores": 100}}})
+                     "max": max_ or {"memory": "80Gi", "cores": 100}}})
 
     def restart_daemon(self, node: str) -> None:
         """Stop ``tessera-node`` on the node (its PodResources proxy stays) and start it
@@ -101,10 +102,12 @@ def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def gpu_bed(cluster: LocalCluster, logdir: Path) -> Iterator[Bed]:
-    """The operator and one ready ``tessera-node`` per real node; all stopped on exit."""
+def gpu_bed(cluster: LocalCluster, logdir: Path,
+            operators: tuple[str, ...] = ("op-a", "op-b")) -> Iterator[Bed]:
+    """The operator (replicas named ``operators``) and one ready ``tessera-node`` per real
+    node; all stopped on exit."""
     assert cluster.pki is not None
-    ops = LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir,
+    ops = LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir, names=operators,
                          webhook_client_ca=cluster.pki.webhook_client_ca).setup()
     daemons: dict[str, KubeletNodeDaemon] = {}
     try:

@@ -9,6 +9,7 @@ is tested in test_device_plugin.py; here the parts run together."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from tessera.mig.catalog import profile
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.gpu_bed import SHARES, Bed, gpu_bed, gpu_pod, vgpu
 from tessera_e2e.operators import wait_until
+from tessera_node.budget.formats import read_budget
 
 pytestmark = pytest.mark.integration
 
@@ -53,9 +55,24 @@ def quota_used(bed: Bed, namespace: str) -> dict[str, Any]:
 
 
 def gq_row(bed: Bed, namespace: str) -> list[str]:
+    """`kubectl get gq`'s row: NAME CORES MEMORY PODS READY AGE ([] until all are set)."""
     out = bed.kubectl("get", "gq", "-n", namespace, "--no-headers")
     assert out.returncode == 0, out.stderr
-    return list(out.stdout.split())
+    row = list(out.stdout.split())
+    return row if len(row) == 6 else []
+
+
+def budgets_in_force(bed: Bed, namespace: str, pods: list[str], when: str) -> None:
+    """A new process in each running pod sees its 1 GiB budget and is refused past it."""
+    for name in pods:
+        out = bed.kubectl("exec", "-n", namespace, name, "--", "sh", "-c",
+                          "cuda-info; cuda-alloc 1025; echo exit $?")
+        files = {p.parent.name: read_budget(p).state for p in
+                 bed.daemons["node-1"].state_dir.glob("containers/*/budget")}
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert gpu_line(out.stdout)[-2:] == ["1024", "1024"], (when, out.stdout, files)
+        assert "exit 1" in lines and "allocated 1025" not in lines, (when, out.stdout)
 
 
 def job(name: str, pods: int, command: str, limits: dict[str, str], node: str
@@ -74,9 +91,10 @@ def test_a_job_under_a_quota_runs_under_budgets_through_restarts(
     restart while they run: their budgets stay in force and a new pod still schedules; the
     Job completes and the quota's usage goes back down."""
     bed.cluster.wait_for_service_account(node_namespace)
-    bed.quota(node_namespace, {"memory": "8Gi", "cores": 400, "pods": 5})
-    wait_until("the quota counting nothing yet", lambda: gq_row(bed, node_namespace)[3]
-               == "0/5", 30)
+    bed.quota(node_namespace, {"memory": "8Gi", "cores": 400, "pods": 5},
+              {"memory": "4Gi", "cores": 100})
+    wait_until("the quota counting nothing yet", lambda: gq_row(bed, node_namespace)[1:4]
+               == ["0/400", "0/8Gi", "0/5"], 30)
     command = (f"nvml-info && cuda-info && cuda-alloc 1000; cuda-alloc 1025; "
                f"echo past-budget-exit $?; {WAIT_FOR_GO}; cuda-alloc 1025; "
                f"echo after-restarts-exit $?")
@@ -104,19 +122,21 @@ def test_a_job_under_a_quota_runs_under_budgets_through_restarts(
 
     used = quota_used(bed, node_namespace)
     assert used["pods"] == 3 and used["cores"] == 90, used
-    row = gq_row(bed, node_namespace)  # NAME CORES MEMORY PODS READY AGE
-    assert row[1:4] == ["90/400", "3Gi/8Gi", "3/5"], row
+    assert gq_row(bed, node_namespace)[1:4] == ["90/400", "3Gi/8Gi", "3/5"]
 
-    # the kubelet restarts under the running pods: the plugin registers again
+    # the kubelet restarts under the running pods: the plugin registers again, the running
+    # containers keep their budgets
+    restarted = time.time()
     bed.cluster.node("node-1").restart_kubelet(kill=True)
+    d = bed.daemons["node-1"]
+    wait_until("the daemon registering again", lambda: any(
+        r.get("msg") == "serving and registering again" for r in d.log_records(restarted)), 60)
     wait_until("node-1 advertising its shares again", lambda: bed.allocatable(
-        "node-1").get(VGPU) == str(SHARES), 90, 1)
-    # then tessera-node restarts
+        "node-1").get(VGPU) == str(SHARES), 60, 1)
+    budgets_in_force(bed, node_namespace, names, "after the kubelet restarted")
+    # then tessera-node restarts: still in force
     bed.restart_daemon("node-1")
-    for name in names:  # budgets stay in force in the running containers
-        out = bed.kubectl("exec", "-n", node_namespace, name, "--", "cuda-info")
-        assert out.returncode == 0, out.stderr
-        assert gpu_line(out.stdout)[-2:] == ["1024", "1024"], out.stdout
+    budgets_in_force(bed, node_namespace, names, "after tessera-node restarted")
     # a new pod still schedules and runs under its own budget
     bed.apply(node_namespace, gpu_pod("after", "cuda-info", vgpu(2048, cores=10),
                                       node="node-1"))
