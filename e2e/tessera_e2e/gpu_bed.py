@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import API_VERSION, MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.images import WORKLOAD
 from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
@@ -70,6 +71,28 @@ class Bed:
             "spec": {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
                      "default": {"memory": "1Gi", "cores": 10},
                      "max": max_ or {"memory": "80Gi", "cores": 100}}})
+
+    def wait_partition_removed(self, name: str, node: str = "node-0") -> None:
+        """After ``kubectl delete gpupartition name`` (deletionPolicy Reset): gone, and the
+        node advertising its whole GPU again."""
+        wait_until(f"partition {name} reset and gone", lambda: self.kubectl(
+            "get", "gpupartition", name).returncode != 0, 180, 1)
+        wait_until(f"{node} advertising its whole GPU again", lambda: (
+            a if (a := self.allocatable(node)).get(VGPU) == str(SHARES)
+            and not any(k.startswith(MIG_PREFIX) and v != "0" for k, v in a.items())
+            else None), 60, 1)
+
+    def restart_kubelet(self, node: str) -> None:
+        """Kill the node's kubelet and start it again; returns once tessera-node has served
+        and registered its plugin again and the node advertises its shares."""
+        restarted = time.time()
+        self.cluster.node(node).restart_kubelet(kill=True)
+        d = self.daemons[node]
+        wait_until("the daemon registering again", lambda: any(
+            r.get("msg") == "serving and registering again"
+            for r in d.log_records(restarted)), 60)
+        wait_until(f"{node} advertising its shares again", lambda: self.allocatable(
+            node).get(VGPU) == str(SHARES), 60, 1)
 
     def restart_daemon(self, node: str) -> None:
         """Stop ``tessera-node`` on the node (its PodResources proxy stays) and start it

@@ -132,11 +132,7 @@ def test_mig_instances_whole_then_shared_then_mig_disabled_again(
         overcommit_is_refused_with_an_event(bed, node_namespace)
     finally:
         bed.kubectl("delete", "gpupartition", "node0-mig", "--wait=false")
-    wait_until("the partition reset and gone", lambda: bed.kubectl(
-        "get", "gpupartition", "node0-mig").returncode != 0, 180, 1)
-    wait_until("node-0 advertising its whole GPU again", lambda: (
-        a if (a := bed.allocatable("node-0")).get(VGPU) == str(SHARES)
-        and a.get(MIG_1G) == "0" else None), 60, 1)
+    bed.wait_partition_removed("node0-mig")
 
 
 def overcommit_is_refused_with_an_event(bed: Bed, namespace: str) -> None:
@@ -241,13 +237,7 @@ def test_kubelet_restart_re_registration_running_pods_keep_budgets(
     bed.wait_phase(node_namespace, "keeper", {"Running"})
     before = wait_until("keeper's output", lambda: bed.logs(node_namespace, "keeper"), 30)
     assert " 2048 2048" in before, before
-    restarted = time.time()
-    bed.cluster.node("node-1").restart_kubelet(kill=True)
-    d = bed.daemons["node-1"]
-    wait_until("the daemon registering again", lambda: any(
-        r.get("msg") == "serving and registering again" for r in d.log_records(restarted)), 60)
-    wait_until("node-1 advertising its shares again", lambda: bed.allocatable(
-        "node-1").get(VGPU) == str(SHARES), 60)
+    bed.restart_kubelet("node-1")
 
     def exec_info() -> str:
         out = bed.kubectl("exec", "-n", node_namespace, "keeper", "--", "cuda-info")

@@ -9,7 +9,6 @@ is tested in test_device_plugin.py; here the parts run together."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,13 +127,7 @@ def test_a_job_under_a_quota_runs_under_budgets_through_restarts(
 
     # the kubelet restarts under the running pods: the plugin registers again, the running
     # containers keep their budgets
-    restarted = time.time()
-    bed.cluster.node("node-1").restart_kubelet(kill=True)
-    d = bed.daemons["node-1"]
-    wait_until("the daemon registering again", lambda: any(
-        r.get("msg") == "serving and registering again" for r in d.log_records(restarted)), 60)
-    wait_until("node-1 advertising its shares again", lambda: bed.allocatable(
-        "node-1").get(VGPU) == str(SHARES), 60, 1)
+    bed.restart_kubelet("node-1")
     budgets_in_force(bed, node_namespace, names, "after the kubelet restarted")
     # then tessera-node restarts: still in force
     bed.restart_daemon("node-1")
@@ -240,9 +233,5 @@ def test_a_partition_then_a_layout_change_that_waits_for_the_pod_on_an_instance(
         assert seen["pair-a"] == seen["pair-b"], seen  # one instance, two budgets
     finally:
         bed.kubectl("delete", "gpupartition", "chain-mig", "--wait=false")
-    wait_until("the partition reset and gone", lambda: bed.kubectl(
-        "get", "gpupartition", "chain-mig").returncode != 0, 180, 1)
-    wait_until("node-0 advertising its whole GPU again", lambda: (
-        a if (a := bed.allocatable("node-0")).get(VGPU) == str(SHARES)
-        and a.get(MIG_1G) == "0" else None), 60, 1)
+    bed.wait_partition_removed("chain-mig")
 
