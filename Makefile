@@ -9,6 +9,7 @@ STAMP   := $(VENV)/.installed-stamp
 export PYTHONPATH := $(CURDIR)/e2e:$(CURDIR)/sim
 
 .PHONY: sysdeps install lint typecheck crds protos test unit sim hook controlplane cluster images demo \
+	chart-docs \
 	bench clean
 
 install: $(STAMP)
@@ -73,9 +74,14 @@ NODES ?= 2
 cluster: sysdeps controlplane sim
 	$(PY) -m tessera_e2e cluster --nodes $(NODES)
 
-# The nodes' OCI images (pause, workload), built from local files; prints their digests.
-images: install sim
+# The nodes' OCI images (pause, workload) and tessera's (operator, node daemon: Debian
+# packages + wheels + libtessera), built without Docker; prints their digests and sizes.
+images: install sim hook
 	$(PY) -m tessera_e2e images
+
+# Regenerate the values table of charts/tessera/README.md (a test fails when it is stale).
+chart-docs: install
+	$(PY) -m tessera_e2e chart-docs
 
 # The main job: the local demo.
 demo: sysdeps controlplane sim hook

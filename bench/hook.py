@@ -35,10 +35,8 @@ from tessera_hook_harness import (  # noqa: E402
     GIB,
     PROBE,
     Container,
-    build,
-    missing_prerequisite,
     node_text,
-    prepare_host_mountpoints,
+    ready_for_bench,
     sim_env,
 )
 
@@ -351,12 +349,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["instr", "join", "first_use", "latency", "split"])
     args = ap.parse_args()
-    why = missing_prerequisite()
-    if why:
-        print(f"cannot run: {why}", file=sys.stderr)
+    if not ready_for_bench():
         return 1
-    build()
-    prepare_host_mountpoints()
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as d:
         tmp = Path(d)

@@ -8,9 +8,14 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.Kernel
    in a namespace with Kubernetes' own ResourceQuota on ``requests.tessera.dev/*``, which
    also makes one conditional quota write per admitted pod (goal: tessera's p99 <= 1.5x);
 2. GPUPartition apply -> Ready with 50 nodes answering (goal p99 < 2 s);
-3. the leader's memory with 1,000 budgeted pods and 200 GPU nodes watched.
+3. the leader's memory with 1,000 budgeted pods and 200 GPU nodes watched;
+4. live resize through the operator: ``tessera.dev/budget-request`` written -> the pod's
+   status ``Approved`` with the new budget (growth reserved on the GPUQuota), one at a time,
+   grow and shrink alternating (the node's part, file rewrite -> obeyed, is
+   ``bench/fairshare.py``'s and ``hook/tests/test_hook_resize.py``'s: the next call).
 
-Environment: REPLICAS=1 runs one replica; ONLY=admission or ONLY=partition runs one part;
+Environment: REPLICAS=1 runs one replica; ONLY=admission, ONLY=partition or ONLY=resize runs
+one part;
 CONTROLLERS=1 also runs kube-scheduler and kube-controller-manager.  They are off by default
 because the operator needs neither, and with no kubelet and no GPU capacity every benchmark
 pod is unschedulable: the scheduler's retries and FailedScheduling events (two more writes per
@@ -35,6 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "e2e")]
 
 from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
+from tessera.api.names import (  # noqa: E402
+    ANNOTATION_BUDGET_REQUEST,
+    ANNOTATION_BUDGET_RESIZE,
+)
 from tessera.api.node_report import ANNOTATION_PARTITION_STATUS  # noqa: E402
 from tessera.api.node_report import to_annotation as reports_to_annotation  # noqa: E402
 from tessera.api.partition import (  # noqa: E402
@@ -42,6 +51,7 @@ from tessera.api.partition import (  # noqa: E402
     MigInstanceStatus,
     NodePartitionStatus,
 )
+from tessera.api.resize import ResizeStatus, digest  # noqa: E402
 from tessera.kube.client import ApiError, Kube, load_credentials, path  # noqa: E402
 from tessera.mig import catalog  # noqa: E402
 from tessera_e2e.build import build_inputs  # noqa: E402
@@ -270,10 +280,44 @@ async def resourcequota_baseline(cluster: LocalCluster) -> tuple[list[float], in
         await kube.close()
 
 
+async def resize_trials(kube: Kube, ns: str, n: int) -> list[float]:
+    """Seconds from writing a budget request to the operator's Approved status on the pod."""
+    await create_ns(kube, ns, {"cores": 100000, "memory": "1000Gi"})
+    await asyncio.sleep(2)  # counted
+    await kube.create(path("", "v1", "pods", ns), pod_body(ns, "r", 1024, 10))
+    url = path("", "v1", "pods", ns, "r")
+    out = []
+    for i in range(n):
+        req = json.dumps({"main": {"memory": f"{2048 if i % 2 == 0 else 1024}Mi",
+                                   "cores": 20 if i % 2 == 0 else 10}, "@id": str(i)})
+        t0 = time.perf_counter()
+        await kube.merge_patch(url, {"metadata": {"annotations": {
+            ANNOTATION_BUDGET_REQUEST: req}}})
+        tag = digest(req)
+        while True:
+            ann = (await kube.get(url))["metadata"].get("annotations") or {}
+            st = ResizeStatus.parse(ann.get(ANNOTATION_BUDGET_RESIZE))
+            if st is not None and st.request == tag:
+                assert st.state == "Approved", st
+                break
+            if time.perf_counter() - t0 > 30:
+                raise TimeoutError(f"resize {i} not answered")
+            await asyncio.sleep(0.005)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
                      rq: tuple[list[float], int] | None = None) -> None:
     kube = Kube(load_credentials(str(cluster.kubeconfig)), "bench")
     try:
+        if os.environ.get("ONLY") in ("resize", None):
+            r = [x * 1000 for x in await resize_trials(kube, "bench-resize", 40)]
+            print(f"live resize, request -> Approved by the operator (reserved, new budget on "
+                  f"the pod), 40 requests one at a time: p50 {pct(r, 50):.0f} ms, p99 "
+                  f"{pct(r, 99):.0f} ms, max {max(r):.0f} ms")
+            if os.environ.get("ONLY") == "resize":
+                return
         if os.environ.get("ONLY") == "partition":
             nodes = [f"bench-n{i:03d}" for i in range(50)]
             await asyncio.gather(*(kube.create(path("", "v1", "nodes"), node_obj(n))
@@ -373,7 +417,7 @@ def main() -> int:
             cluster.kubectl("apply", "--server-side", "-f", str(crd))
         cluster.kubectl("create", "namespace", OPERATOR_NS)
         cluster.kubectl("apply", "-f", "-", input=render_chart())
-        rq = (None if os.environ.get("ONLY") == "partition"
+        rq = (None if os.environ.get("ONLY") in ("partition", "resize")
               else asyncio.run(resourcequota_baseline(cluster)))
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)

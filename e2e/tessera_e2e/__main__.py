@@ -8,14 +8,17 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
-from tessera_e2e.build import ensure_built, ensure_containerd
+from tessera_e2e import chartdocs
+from tessera_e2e.build import ensure_built, ensure_containerd, ensure_helm
 from tessera_e2e.cache import default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
 from tessera_e2e.demo import DEMO_GPUS, main_demo
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
+from tessera_e2e.tessera_images import APP_VERSION, REPO, ensure_tessera_images
 
 
 def _wait_for_interrupt() -> None:
@@ -69,12 +72,15 @@ def _quiet(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera_e2e", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="build the control plane binaries into the cache")
+    build = commands.add_parser("build", help="build the control plane binaries, containerd "
+                                "and helm into the cache")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
                          help=f"real nodes (kubelet + containerd), default {DEFAULT_NODES}")
-    commands.add_parser("images", help="build the nodes' OCI images, print their digests")
+    commands.add_parser("images", help="build the nodes' OCI images and tessera's, print "
+                        "their digests")
+    commands.add_parser("chart-docs", help="regenerate the values table of the chart README")
     demo = commands.add_parser("demo", help="the story: two GPU nodes, partitions, a quota, "
                                  "budgeted pods; until Ctrl-C")
     demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
@@ -83,11 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             ensure_built(force=args.force)
             ensure_containerd(force=args.force)
+            ensure_helm(force=args.force)
         elif args.command == "cluster":
             _cluster(args)
         elif args.command == "images":
             for image in ensure_images(default_layout(), SIM_BUILD / "lib").values():
                 print(f"{image.ref} {image.digest} {image.archive}")
+            for ref, built in ensure_tessera_images(default_layout(), Path(sys.executable),
+                                                    REPO / "hook" / "build", APP_VERSION).items():
+                print(f"{ref} {built.image.digest} {built.image.archive} "
+                      f"{built.size_bytes / 2**20:.0f} MiB")
+        elif args.command == "chart-docs":
+            print(chartdocs.write())
         else:
             return _demo(args)
     except ControlPlaneError as error:

@@ -180,6 +180,42 @@ def containerd_product(layout: Layout, module_dir: Path = CONTAINERD_MODULE_DIR)
     )
 
 
+HELM_MODULE = "helm.sh/helm/v3"
+HELM_MODULE_DIR = Path(__file__).resolve().parent.parent / "helm"
+
+
+def helm_product(layout: Layout, module_dir: Path = HELM_MODULE_DIR) -> Product:
+    """helm, from its own wrapper module (e2e/helm/go.mod) into its own cache directory, so
+    that neither its dependency versions nor its stamp touch the control plane's."""
+    version = _required_module_version(module_dir, HELM_MODULE)
+    # `helm template` and `helm lint` assume this Kubernetes version (the chart states a
+    # kubeVersion): the control plane's, not helm's built-in default (1.20).
+    pins = load_pins()
+    ldflags = (f"-s -w -X {HELM_MODULE}/internal/version.version={version} "
+               f"-X {HELM_MODULE}/internal/version.gitTreeState=clean "
+               f"-X {HELM_MODULE}/pkg/chartutil.k8sVersionMajor=1 "
+               f"-X {HELM_MODULE}/pkg/chartutil.k8sVersionMinor={pins.kubernetes_minor}")
+    return Product(
+        title=f"helm {version}",
+        module_dir=module_dir,
+        directory=layout.root / "helm" / f"helm-{version}",
+        packages={f"{HELM_MODULE}/cmd/helm": "helm"},
+        ldflags=ldflags,
+        inputs={"helm": version, "go_sum_sha256": _sha256(module_dir / "go.sum"),
+                "ldflags": ldflags},
+        versions={"helm": (("version", "--short"), version)},
+        cold_minutes="2-5",
+    )
+
+
+def _required_module_version(module_dir: Path, module: str) -> str:
+    for line in (module_dir / "go.mod").read_text().splitlines():
+        fields = line.replace("require", "").split()
+        if len(fields) >= 2 and fields[0] == module:
+            return fields[1]
+    raise ControlPlaneError(f"{module_dir / 'go.mod'} requires no {module}")
+
+
 def product_up_to_date(product: Product) -> bool:
     """True when the stamp matches the inputs and every binary is there and executable."""
     try:
@@ -341,6 +377,18 @@ def ensure_containerd(
     """Build containerd, its runc shim and ctr unless current; returns their bin directory."""
     product = containerd_product(layout or default_layout())
     return ensure_product(product, env=env, report=report, force=force)
+
+
+def ensure_helm(
+    layout: Layout | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    report: Reporter = stderr_reporter,
+    force: bool = False,
+) -> Path:
+    """Build helm unless current; returns the path of the helm binary."""
+    product = helm_product(layout or default_layout())
+    return ensure_product(product, env=env, report=report, force=force) / "helm"
 
 
 def ensure_product(

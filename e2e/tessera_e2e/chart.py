@@ -1,4 +1,6 @@
-"""Render charts/tessera without Helm: the few template actions its templates use.
+"""Render the permission templates of charts/tessera without Helm (RBAC, admission
+policies, network policy: what the test bed's operator, run on the host, runs with), with the
+few template actions they use.
 
 ``{{ .Release.Namespace }}``, ``{{ .Values.a.b }}``, ``{{ if .Values.x }}`` ...
 ``{{ end }}``, ``{{ range .Values.list }}`` ... ``{{ . }}`` ... ``{{ end }}``, with Go
@@ -17,6 +19,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tessera"
+# Rendered here; the other templates (Deployment, DaemonSet, webhooks, hooks) need Helm
+# (tessera_e2e.helm) and are installed by `helm install` in the chart tests.
+PERMISSION_TEMPLATES = ("budget-protection.yaml", "networkpolicy.yaml", "node-daemon-rbac.yaml",
+                        "node-restriction.yaml", "rbac.yaml")
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.DOTALL)
 
 
@@ -88,17 +94,17 @@ def render_template(text: str, scope: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _merge(base: Any, over: Any) -> Any:
+def merge(base: Any, over: Any) -> Any:
     if isinstance(base, Mapping) and isinstance(over, Mapping):
-        return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
+        return {**base, **{k: merge(base.get(k), v) for k, v in over.items()}}
     return over
 
 
 def render(namespace: str, values: Mapping[str, Any] | None = None) -> str:
-    """Every template with the chart's values (``values`` merged over them), as one
-    multi-document YAML; templates that render to nothing are left out."""
-    merged = _merge(yaml.safe_load((CHART / "values.yaml").read_text()), values or {})
+    """The permission templates with the chart's values (``values`` merged over them), as
+    one multi-document YAML; templates that render to nothing are left out."""
+    merged = merge(yaml.safe_load((CHART / "values.yaml").read_text()), values or {})
     scope = {"Release": {"Namespace": namespace}, "Values": merged}
     docs = [render_template(t.read_text(), scope)
-            for t in sorted((CHART / "templates").glob("*.yaml"))]
+            for t in (CHART / "templates" / name for name in PERMISSION_TEMPLATES)]
     return "\n---\n".join(d for d in docs if d.strip())

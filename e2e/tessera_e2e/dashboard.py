@@ -22,14 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 PENDING: dict[str, str] = {
-    "tessera_container_memory_used_bytes": "per-container budget accounting (node daemon)",
-    "tessera_container_memory_budget_bytes": "per-container budget accounting (node daemon)",
-    "tessera_container_cores_used_percent": "per-container achieved share (core controller)",
-    "tessera_container_cores_budget_percent": "per-container budget accounting (node daemon)",
     "tessera_quota_core_seconds_lent_total": "lending and borrowing (core controller)",
     "tessera_quota_core_seconds_borrowed_total": "lending and borrowing (core controller)",
-    "tessera_container_token_wait_seconds": "token-wait histogram from the ledgers",
-    "tessera_node_foreign_gpu_processes": "the daemon's audit of GPU processes",
 }
 """Metric (histograms by their base name) -> what is to export it."""
 
@@ -99,8 +93,10 @@ _REGEX_SPECIAL = frozenset("\\.^$*+?()[]{}|")
 
 def regex_escape(value: str) -> str:
     """``value`` as a literal inside a regex inside a PromQL string, as Grafana escapes it:
-    each regex metacharacter gets a backslash, written as two (PromQL's string escaping)."""
-    return "".join("\\\\" + c if c in _REGEX_SPECIAL else c for c in value)
+    each regex metacharacter gets a backslash, written as two (PromQL's string escaping); a
+    backslash itself becomes four."""
+    return "".join("\\\\" * 2 if c == "\\" else "\\\\" + c if c in _REGEX_SPECIAL else c
+                   for c in value)
 
 
 def regex_value(values: Sequence[str]) -> str:

@@ -116,12 +116,19 @@ def layer_tar(files: Mapping[str, ImageFile]) -> bytes:
 def oci_archive(ref: str, files: Mapping[str, ImageFile], config: Mapping[str, object]
                 ) -> tuple[str, bytes]:
     """(manifest digest, OCI image layout tarball) of a one-layer linux/amd64 image."""
-    layer = layer_tar(files)
+    return oci_layered_archive(ref, [layer_tar(files)], config)
+
+
+def oci_layered_archive(ref: str, layers: Sequence[bytes], config: Mapping[str, object]
+                        ) -> tuple[str, bytes]:
+    """(manifest digest, OCI image layout tarball) of a linux/amd64 image of ``layers``
+    (uncompressed layer tars, bottom first): images that share their lower layers share
+    those blobs in containerd's content store."""
     image_config = _canonical({
         "architecture": "amd64",
         "os": "linux",
         "config": dict(config),
-        "rootfs": {"type": "layers", "diff_ids": [_sha256(layer)]},
+        "rootfs": {"type": "layers", "diff_ids": [_sha256(layer) for layer in layers]},
     })
     manifest = _canonical({
         "schemaVersion": 2,
@@ -129,7 +136,7 @@ def oci_archive(ref: str, files: Mapping[str, ImageFile], config: Mapping[str, o
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": _sha256(image_config), "size": len(image_config)},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": _sha256(layer), "size": len(layer)}],
+                    "digest": _sha256(layer), "size": len(layer)} for layer in layers],
     })
     index = _canonical({
         "schemaVersion": 2,
@@ -145,7 +152,8 @@ def oci_archive(ref: str, files: Mapping[str, ImageFile], config: Mapping[str, o
     archive = {
         "oci-layout": _canonical({"imageLayoutVersion": "1.0.0"}),
         "index.json": index,
-        **{f"blobs/sha256/{_sha256(blob)[7:]}": blob for blob in (layer, image_config, manifest)},
+        **{f"blobs/sha256/{_sha256(blob)[7:]}": blob for blob in (*layers, image_config,
+                                                                   manifest)},
     }
     return _sha256(manifest), layer_tar({path: ImageFile(data) for path, data in archive.items()})
 

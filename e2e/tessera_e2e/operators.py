@@ -62,9 +62,11 @@ def json_stream(text: str) -> list[Any]:
 
 
 def render_chart(namespace: str = OPERATOR_NS, values: dict[str, Any] | None = None) -> str:
-    """charts/tessera/templates/*.yaml (RBAC, admission policies, network policy) with the
-    chart's values (``values`` merged over them), as one multi-document YAML."""
-    return chart.render(namespace, values)
+    """The chart's RBAC, admission policies and network policy with the chart's values
+    (``values`` merged over them), as one multi-document YAML. The operator run here applies
+    its webhook configurations itself (URL client config), so it gets `create` on them."""
+    return chart.render(namespace, chart.merge({"webhook": {"operatorAppliesConfigurations":
+                                                            True}}, values or {}))
 
 
 def install(kubectl: Kubectl) -> None:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tessera_e2e import chart
+from tessera.kube.client import Kube, load_credentials
+from tessera.webhooks import config as webhook_config
+from tessera.webhooks.config import ClientConfig
+from tessera_e2e import chart, chartdocs, helm
+from tessera_e2e.build import ensure_helm
 from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.tessera_images import DEBIAN_PACKAGES
 
 
 def _kinds(text: str) -> list[str]:
@@ -46,3 +56,155 @@ def test_the_rendered_chart_is_accepted_by_the_api_server(cluster: LocalCluster,
     out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=text)
     assert out.returncode == 0, out.stderr
     assert "networkpolicy.networking.k8s.io/tessera-webhook created (server dry run)" in out.stdout
+
+
+# -- the whole chart, through the real helm ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helm_binary() -> Path:
+    try:
+        return ensure_helm()
+    except ControlPlaneError as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+def test_helm_lint_is_clean(helm_binary: Path) -> None:
+    out = subprocess.run([str(helm_binary), "lint", "--strict", str(chart.CHART)],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_the_chart_webhooks_are_the_operators_and_it_sets_only_their_ca(
+        helm_binary: Path) -> None:
+    docs = helm.template(helm_binary, "ts")
+    cc = ClientConfig(b"CA", service_name="tessera-webhook", service_namespace="ts")
+    for want in (webhook_config.mutating(cc), webhook_config.validating(cc)):
+        got = next(d for d in docs if d["kind"] == want["kind"])
+        assert got["metadata"]["name"] == want["metadata"]["name"]
+        for hook in want["webhooks"]:
+            del hook["clientConfig"]["caBundle"]  # the operator's part, set at run time
+        assert got["webhooks"] == want["webhooks"]
+    patches = webhook_config.ca_bundle_patches(cc)
+    assert len(patches) == 2
+    for body in patches.values():
+        for hook in body["webhooks"]:
+            assert set(hook) == {"name", "clientConfig"}
+            assert hook["clientConfig"] == {"caBundle": "Q0E="}
+
+
+def test_the_chart_carries_the_generated_crds(helm_binary: Path) -> None:
+    docs = helm.template(helm_binary, "ts", None, "--include-crds")
+    crds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
+    generated = {d["metadata"]["name"]: d for f in sorted((chart.REPO / "crds").glob("*.yaml"))
+                 for d in yaml.safe_load_all(f.read_text()) if d}
+    assert crds == generated and len(crds) == 2
+
+
+def test_the_daemon_runs_on_gpu_nodes_with_the_privileges_it_needs(helm_binary: Path) -> None:
+    docs = helm.template(helm_binary, "ts", {"nodeDaemon": {"driverRoot": "/run/nvidia/driver"},
+                                             "image": {"tag": "9.9"}})
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert ds["priorityClassName"] == "system-node-critical" and ds["hostPID"] is True
+    term = ds["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+    volumes = {v["name"]: v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
+    assert volumes["driver-root"] == "/run/nvidia/driver"
+    assert volumes["lib"] == "/var/lib/tessera/lib"
+    assert ds["initContainers"][0]["args"][1] == "/host-lib/9.9"  # versioned
+    daemon = ds["containers"][0]
+    assert daemon["image"].endswith("/tessera-node:9.9")
+    assert {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True} in daemon[
+        "volumeMounts"]
+    operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]
+    assert operator["replicas"] == 2
+    pod = operator["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert "--webhook-configurations=ca-bundle" in pod["containers"][0]["args"]
+    assert pod["affinity"]["podAntiAffinity"]
+    assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
+    rules = next(d for d in docs if d["kind"] == "ClusterRole"
+                 and d["metadata"]["name"] == "tessera-operator")["rules"]
+    assert not any("create" in r["verbs"] for r in rules
+                   if r["apiGroups"] == ["admissionregistration.k8s.io"])  # only patch
+
+
+def test_a_service_monitor_only_when_its_crd_exists(helm_binary: Path) -> None:
+    assert "ServiceMonitor" not in {d["kind"] for d in helm.template(helm_binary, "ts")}
+    with_crd = helm.template(helm_binary, "ts", None, "--api-versions",
+                             "monitoring.coreos.com/v1/ServiceMonitor")
+    assert "ServiceMonitor" in {d["kind"] for d in with_crd}
+    off = helm.template(helm_binary, "ts", {"serviceMonitor": {"enabled": False}},
+                        "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+    assert "ServiceMonitor" not in {d["kind"] for d in off}
+
+
+def test_the_uninstall_hook_runs_before_delete_with_its_own_rbac(helm_binary: Path) -> None:
+    hooks = [d for d in helm.template(helm_binary, "ts")
+             if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"]
+    kinds = sorted(d["kind"] for d in hooks)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Job", "Role", "RoleBinding",
+                     "ServiceAccount"]
+    job = next(d for d in hooks if d["kind"] == "Job")["spec"]["template"]["spec"]
+    assert job["containers"][0]["args"][0] == "uninstall"
+    assert not [d for d in helm.template(helm_binary, "ts", {"uninstallHook": {"enabled": False}})
+                if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+
+
+def test_every_value_is_documented_and_the_readme_table_is_current() -> None:
+    values = (chart.CHART / "values.yaml").read_text()
+    assert chartdocs.undocumented(values) == []
+    readme = chartdocs.README.read_text()
+    assert chartdocs.rendered_readme(readme, values) == readme, "run `make chart-docs`"
+
+
+def test_the_docs_table_generator_reads_nested_descriptions() -> None:
+    text = ("a:\n  # -- the b\n  # continued\n  b: 1\n  c:\n    d: 2\n# -- e\ne: [1]\n")
+    assert chartdocs.documented(text) == {"a.b": "the b continued", "e": "e"}
+    assert chartdocs.undocumented(text) == ["a.c.d"]
+
+
+def test_the_dockerfile_installs_the_packages_the_test_bed_images_have() -> None:
+    text = (chart.REPO / "images" / "Dockerfile").read_text()
+    install = text.split("--no-install-recommends", 1)[1].split("&&", 1)[0]
+    assert sorted(install.replace("\\", " ").split()) == sorted(DEBIAN_PACKAGES)
+
+
+@pytest.mark.integration
+def test_the_operator_sets_only_the_ca_of_the_charts_webhooks(bin_dir: Path,
+                                                              helm_binary: Path) -> None:
+    """--webhook-configurations=ca-bundle against a real API server (a cluster of its own:
+    these configurations' names are the ones the operator tests apply)."""
+    with LocalCluster(bin_dir, controllers=False) as cluster:
+        cc = ClientConfig(b"-----CA-----", service_name="tessera-webhook",
+                          service_namespace="ts")
+
+        async def patch() -> list[str]:
+            kube = Kube(load_credentials(str(cluster.kubeconfig)))
+            try:
+                return await webhook_config.patch_ca_bundles(kube, cc)
+            finally:
+                await kube.close()
+
+        assert len(asyncio.run(patch())) == 2  # nothing installed: nothing created
+        assert "tessera-pods" not in cluster.kubectl("get", "mutatingwebhookconfigurations").stdout
+        chart_docs = [d for d in helm.template(helm_binary, "ts")
+                      if d["kind"].endswith("WebhookConfiguration")]
+        text = "\n---\n".join(yaml.safe_dump(d) for d in chart_docs)
+        assert cluster.kubectl("apply", "-f", "-", input=text).returncode == 0
+        assert asyncio.run(patch()) == []
+        for want in chart_docs:
+            got = json.loads(cluster.kubectl("get", want["kind"], want["metadata"]["name"],
+                                             "-o", "json").stdout)
+            for hook in got["webhooks"]:
+                assert hook["clientConfig"].pop("caBundle") == "LS0tLS1DQS0tLS0t"
+            # everything the chart sets is the chart's (the API server adds its defaults)
+            assert [{k: g[k] for k in w} for g, w in zip(got["webhooks"], want["webhooks"],
+                                                          strict=True)] == want["webhooks"]
+        # the installer re-applying its manifests (an upgrade) keeps the operator's CA
+        assert cluster.kubectl("apply", "-f", "-", input=text).returncode == 0
+        got = json.loads(cluster.kubectl("get", "mutatingwebhookconfiguration", "tessera-pods",
+                                         "-o", "json").stdout)
+        assert got["webhooks"][0]["clientConfig"]["caBundle"] == "LS0tLS1DQS0tLS0t"

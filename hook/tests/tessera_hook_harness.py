@@ -43,6 +43,18 @@ def missing_prerequisite() -> str | None:
     return None
 
 
+def ready_for_bench() -> bool:
+    """A benchmark's setup: prerequisites checked (one stderr line when missing), the
+    library built, the host's mount points there."""
+    why = missing_prerequisite()
+    if why:
+        print(f"cannot run: {why}", file=sys.stderr)
+        return False
+    build()
+    prepare_host_mountpoints()
+    return True
+
+
 def build() -> None:
     py = sys.executable
     subprocess.run(["make", "-s", "-C", str(HOOK), f"PYTHON={py}"], check=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -64,6 +65,13 @@ ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate 
 ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
                              "Allocate (waiting for the pod watch included).", ["resource"],
                              buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
+# Counters with known label values start at 0, so that increase() sees the first audit
+# failure and the first stop (a series that appears at 1 has no increase to show).
+for _result in ("ok", "nvml_error", "api_error"):
+    AUDIT_RUNS.labels(_result)
+for _kind in ("over_budget", "foreign"):
+    for _result in ("ok", "failed"):
+        AUDIT_STOPS.labels(_kind, _result)
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 
@@ -184,3 +192,54 @@ class ContainerCollector(Collector):
 
 CONTAINERS = ContainerCollector()
 REGISTRY.register(CONTAINERS)
+
+
+# -- the core controller: work-conserving fair share per GPU / MIG instance ------------------
+
+_QUOTA = ["quota"]
+_CORE_CONTAINER = ["device", "quota", "container"]
+CORE_LENT = Counter("tessera_quota_core_lent_seconds_total",
+                    "GPU-seconds of core budget a GPUQuota's containers left idle and lent "
+                    "to others (one GPU for one second = 1).", _QUOTA)
+CORE_BORROWED = Counter("tessera_quota_core_borrowed_seconds_total",
+                        "GPU-seconds beyond their budgets a GPUQuota's containers were given "
+                        "from what others left idle.", _QUOTA)
+CORE_BUSY = Counter("tessera_container_core_busy_seconds_total",
+                    "GPU-seconds a container kept its GPU or MIG instance busy (on MIG: its "
+                    "share of the instance's launches).", _CORE_CONTAINER)
+CORE_BUDGET = Counter("tessera_container_core_budget_seconds_total",
+                      "GPU-seconds of core budget a container held: rate(busy) / "
+                      "rate(budget) is its achieved share vs budget.", _CORE_CONTAINER)
+CORE_SHARE = Gauge("tessera_container_core_share",
+                   "Achieved busy share of the GPU in the controller's last period.",
+                   _CORE_CONTAINER)
+CORE_TARGET = Gauge("tessera_container_core_budget", "Core budget, fraction of the GPU.",
+                    _CORE_CONTAINER)
+
+
+def observe_core_shares(device: str, quota_of: dict[str, str],
+                        report: dict[str, dict[str, float]]) -> None:
+    """One controller period on ``device``: its report (per container: ``seconds``,
+    ``busy``, ``target``, ``lent``, ``borrowed``), containers labelled with their quotas."""
+    for name, r in report.items():
+        secs = r.get("seconds")
+        if not secs or "busy" not in r:
+            continue
+        quota = quota_of.get(name, "")
+        key = (device, quota, name)
+        c = _children.get(key)
+        if c is None:  # label lookups once per container, not ten times a second
+            if len(_children) >= 4096:
+                _children.clear()
+            c = _children[key] = (CORE_LENT.labels(quota), CORE_BORROWED.labels(quota),
+                                  CORE_BUSY.labels(*key), CORE_BUDGET.labels(*key),
+                                  CORE_SHARE.labels(*key), CORE_TARGET.labels(*key))
+        c[0].inc(r["lent"] * secs)
+        c[1].inc(r["borrowed"] * secs)
+        c[2].inc(r["busy"] * secs)
+        c[3].inc(r["target"] * secs)
+        c[4].set(r["busy"])
+        c[5].set(r["target"])
+
+
+_children: dict[tuple[str, str, str], tuple[Any, ...]] = {}

@@ -8,7 +8,9 @@ file; the kernel drops that lock when the process dies, however it dies.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,41 +88,98 @@ def _slot_locked(fd: int, index: int) -> bool:
     return bool(l_type != fcntl.F_UNLCK)
 
 
-def read_ledger(path: str | os.PathLike[str]) -> LedgerView:
+_UNREAD = LedgerDevice(0, 0.0, 0.0, 0, 0)
+_NO_BYTES = (0,) * MAX_DEV
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def read_ledger(path: str | os.PathLike[str], only: int | None = None) -> LedgerView:
+    """The ledger now; ``only``: decode that device's counters alone (the others, and what
+    each slot holds, read as zero)."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        raw = os.pread(fd, FILE_SIZE, 0)
-        if len(raw) < FILE_SIZE:
+        if os.fstat(fd).st_size < FILE_SIZE:
             raise ValueError("ledger too short")
-        magic, version, nslots, ndev, hsize, ssize = struct.unpack_from("<6I", raw, 0)
+        raw = os.pread(fd, HEADER_SIZE, 0)
         (hwm,) = struct.unpack_from("<I", raw, HWM_OFFSET)
-        if (magic, version, nslots, ndev, hsize, ssize) != (
-            MAGIC,
-            VERSION,
-            NSLOTS,
-            MAX_DEV,
-            HEADER_SIZE,
-            SLOT_SIZE,
-        ):
-            raise ValueError("not a version-1 ledger")
-        devices = []
-        for d in range(MAX_DEV):
-            used, _tat, tokens, _launches, wait_ns, waits, oom, _r = DEV.unpack_from(
-                raw, DEV_OFFSET + d * DEV.size
-            )
-            hist = struct.unpack_from(
-                f"<{WAIT_BUCKETS}I", raw, WAIT_HIST_OFFSET + d * 4 * WAIT_BUCKETS
-            )
-            devices.append(LedgerDevice(used, tokens / 1000, wait_ns / 1e9, waits, oom, hist))
-        slots = []
-        for i in range(min(hwm, NSLOTS)):
-            off = HEADER_SIZE + i * SLOT_SIZE
-            pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
-            if pid == 0:
-                continue
-            held = struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET)
-            _launches, wait_ns, start = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
-            slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
-        return LedgerView(tuple(devices), tuple(slots))
+        raw += os.pread(fd, min(hwm, NSLOTS) * SLOT_SIZE, HEADER_SIZE)
+        return _parse(raw, fd, only)
     finally:
         os.close(fd)
+
+
+class LedgerReader:
+    """One ledger read again and again (the controller, ten times a second): the file stays
+    mapped read-only, so a read copies nothing but the counters it decodes; a ledger replaced
+    by a new one (another inode: the container's devices were allocated again) is mapped
+    anew."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._ino: tuple[int, int] | None = None
+
+    def read(self, only: int | None = None) -> LedgerView:
+        st = os.stat(self.path)
+        if self._map is None or self._ino != (st.st_dev, st.st_ino):
+            self.close()
+            if st.st_size < FILE_SIZE:
+                raise ValueError("ledger too short")
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._map = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self._ino = fd, (st.st_dev, st.st_ino)
+        assert self._fd is not None
+        return _parse(self._map, self._fd, only)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _parse(raw: bytes | mmap.mmap, fd: int, only: int | None) -> LedgerView:
+    (hwm,) = struct.unpack_from("<I", raw, HWM_OFFSET)
+    magic, version, nslots, ndev, hsize, ssize = struct.unpack_from("<6I", raw, 0)
+    if (magic, version, nslots, ndev, hsize, ssize) != (
+        MAGIC,
+        VERSION,
+        NSLOTS,
+        MAX_DEV,
+        HEADER_SIZE,
+        SLOT_SIZE,
+    ):
+        raise ValueError("not a version-1 ledger")
+    devices = []
+    for d in range(MAX_DEV):
+        if only is not None and d != only:
+            devices.append(_UNREAD)
+            continue
+        used, _tat, tokens, _launches, wait_ns, waits, oom, _r = DEV.unpack_from(
+            raw, DEV_OFFSET + d * DEV.size
+        )
+        hist = struct.unpack_from(f"<{WAIT_BUCKETS}I", raw, WAIT_HIST_OFFSET + d * 4 * WAIT_BUCKETS)
+        devices.append(LedgerDevice(used, tokens / 1000, wait_ns / 1e9, waits, oom, hist))
+    slots = []
+    n = min(hwm, NSLOTS)
+    # the pid of every slot in one C-level pass (joining processes take slots anywhere below
+    # the high-water mark, so most of [0, hwm) is usually empty)
+    with memoryview(raw) as mv:
+        pids = mv[HEADER_SIZE: HEADER_SIZE + n * SLOT_SIZE].cast("i")[:: SLOT_SIZE // 4].tobytes()
+    for i in sorted({m.start() // 4 for m in _NONZERO.finditer(pids)}):
+        off = HEADER_SIZE + i * SLOT_SIZE
+        pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
+        if pid == 0:
+            continue
+        held = (_NO_BYTES if only is not None
+                else struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET))
+        _launches, wait_ns, start = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
+        slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
+    return LedgerView(tuple(devices), tuple(slots))

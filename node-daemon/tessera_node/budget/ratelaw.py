@@ -8,8 +8,10 @@ and never knows what a kernel costs; the law learns it from measurement:
   intervals) is what one token buys, and ``rate = target * headroom / cost`` buys its
   target. A budget change therefore takes effect at the next interval.
 * While the GPU is saturated, shares only reflect the *ratio* of the rates and launch
-  queues grow, so no cost is learned and every rate is walked back (``backoff``) until the
-  queues drain; ``headroom`` (< 1) keeps the sum of the targets just below saturation.
+  queues grow, so no cost is learned, and from the ``saturated_after``-th saturated interval
+  on every rate is walked back (``backoff``) until the queues drain (a saturated interval or
+  two is as often noise in the samples as a backlog); ``headroom`` (< 1) keeps the sum of the
+  targets just below saturation.
 * A container that has not run yet gets a low probing rate, so the first measurement is
   taken on an unsaturated GPU.
 """
@@ -50,11 +52,13 @@ class RateLaw:
     min_rate: float = 1.0
     max_rate: float = 1e7
     window: int = 5  # intervals the cost estimate spans
-    headroom: float = 0.97  # aim the targets at this fraction of the GPU
-    saturated_at: float = 0.985  # total busy share at which the GPU counts as saturated
-    backoff: float = 0.8  # rate factor per saturated interval
+    headroom: float = 0.99  # aim the targets at this fraction of the GPU
+    saturated_at: float = 0.995  # total busy share at which the GPU counts as saturated
+    saturated_after: int = 3  # consecutive saturated intervals before rates back off
+    backoff: float = 0.95  # rate factor per saturated interval
     burst_seconds: float = 0.01  # bucket depth, as seconds of the rate
     tenants: dict[str, TenantState] = field(default_factory=dict)
+    saturated_for: int = 0
 
     def set_target(self, name: str, target: float) -> None:
         if not 0.0 <= target <= 1.0:
@@ -76,10 +80,17 @@ class RateLaw:
         ``gpu_busy``: the GPU's total busy share (defaults to the sum over tenants)."""
         total = gpu_busy if gpu_busy is not None else sum(o.busy for o in observations.values())
         saturated = total >= self.saturated_at
+        self.saturated_for = self.saturated_for + 1 if saturated else 0
+        back_off = self.saturated_for >= self.saturated_after
         rates: dict[str, float] = {}
         for name, t in self.tenants.items():
             obs = observations.get(name)
-            if not saturated and obs is not None and obs.seconds > 0 and obs.tokens > 0:
+            # Tokens without any busy time, once a cost is known, are an attribution gap (a
+            # process that just ended or started: NVML's samples lag the ledger's), not free
+            # kernels: learning from them would let the rate jump when the owner returns.
+            gap = obs is not None and obs.busy <= 0 and bool(t.history)
+            if (not saturated and obs is not None and obs.seconds > 0 and obs.tokens > 0
+                    and not gap):
                 t.history.append((obs.busy * obs.seconds, obs.tokens))
                 while len(t.history) > self.window:
                     t.history.popleft()
@@ -90,7 +101,9 @@ class RateLaw:
                 rate = t.rate
             else:
                 rate = t.target * self.headroom / cost
-            if saturated:
+            if back_off and obs is not None and obs.tokens > 0:
+                # only those launching fill the queues: an idle owner's rate stays where
+                # its budget puts it, so it has its time back the moment it launches again
                 rate = min(rate, t.rate * self.backoff)
             t.rate = min(self.max_rate, max(self.min_rate if t.target > 0 else 0.0, rate))
             rates[name] = t.rate

@@ -23,10 +23,10 @@ from tessera_node.budget.ledger import (
 )
 
 
-def make_ledger(path: Path, pid: int, tokens: float) -> None:
+def make_ledger(path: Path, pid: int, tokens: float, waits: int = 0) -> None:
     raw = bytearray(FILE_SIZE)
     struct.pack_into("<7I", raw, 0, MAGIC, VERSION, NSLOTS, MAX_DEV, HEADER_SIZE, SLOT_SIZE, 1)
-    struct.pack_into(DEV.format, raw, DEV_OFFSET, 0, 0, int(tokens * 1000), 0, 0, 0, 0, 0)
+    struct.pack_into(DEV.format, raw, DEV_OFFSET, 0, 0, int(tokens * 1000), 0, 0, waits, 0, 0)
     struct.pack_into("<iIQ", raw, HEADER_SIZE, pid, 1, 0)
     path.write_bytes(bytes(raw))
 
@@ -40,9 +40,9 @@ class FakeNvml:
         return dict(self.busy), self.window
 
 
-def test_controller_sets_rates_from_measurement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def one_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lend: bool = True
+               ) -> tuple[BudgetFile, FakeNvml, Controller]:
+    """Container "a" (budget 40 %, PID 4242) that took 1000 tokens/s; an NVML window."""
     budget = BudgetFile(tmp_path / "budget")
     budget.update([BudgetEntry(memory=1 << 30, cores=40, rate=100, burst=1)])
     ledger = tmp_path / "ledger"
@@ -51,20 +51,39 @@ def test_controller_sets_rates_from_measurement(
 
     monkeypatch.setattr(led, "_slot_locked", lambda fd, i: True)
     nvml = FakeNvml()
-    tenant = Tenant(name="a", budget=budget, ledger=ledger)
+    tenant = Tenant(name="a", budget=budget, ledger=ledger, lend=lend)
     ctl = Controller(nvml, [tenant])
-    make_ledger(ledger, pid=4242, tokens=0)
-    tenant.readings.append((1000.0, 0.0))
-    tenant.readings.append((1000.2, 200.0))  # 1000 tokens/s
+    make_ledger(ledger, pid=4242, tokens=0, waits=5)
+    tenant.readings.append((1000.0, 0.0, 0))
+    tenant.readings.append((1000.2, 200.0, 5))  # 1000 tokens/s, and it waited for them
     nvml.window = (1000.0, 1000.1)
+    return budget, nvml, ctl
+
+
+def test_controller_sets_rates_from_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget, nvml, ctl = one_tenant(tmp_path, monkeypatch)
     nvml.busy = {4242: 0.2, 999: 0.3}  # 999 is someone else
     report = ctl.step()
     assert report["a"]["busy"] == 0.2
     assert abs(report["a"]["tokens"] - 100.0) < 1e-6  # interpolated over the NVML window
-    # cost = 0.02 busy-s / 100 tokens; rate = 0.4 * 0.97 / 2e-4
+    # cost = 0.02 busy-s / 100 tokens; alone on the GPU and wanting more (it waited for
+    # tokens) it may borrow all of it (work-conserving): rate = 1.0 * 0.99 / 2e-4
     rate = budget.read().entries[0].rate
-    assert abs(rate - 0.4 * 0.97 / 2e-4) < 1.0
+    assert abs(rate - 1.0 * 0.99 / 2e-4) < 1.0
+    assert report["a"]["share"] == 1.0 and abs(report["a"]["borrowed"] - 0.6) < 1e-9
     assert budget.read().entries[0].memory == 1 << 30  # everything else kept
+
+
+def test_hard_capped_container_gets_its_budget_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget, nvml, ctl = one_tenant(tmp_path, monkeypatch, lend=False)
+    nvml.busy = {4242: 0.2}
+    report = ctl.step()
+    assert report["a"]["share"] == 0.4 and report["a"]["borrowed"] == 0
+    assert abs(budget.read().entries[0].rate - 0.4 * 0.99 / 2e-4) < 1.0
 
 
 def test_controller_without_window_keeps_rates(tmp_path: Path) -> None:
@@ -88,3 +107,34 @@ def test_attribution_by_start_time_across_pid_namespaces() -> None:
     stale = LedgerSlot(1, me[0], True, zero, 0.0, me[1] + 1)  # same PID, another process
     assert attribute(LedgerView((), (mine,)), {os.getpid(): 0.25}) == 0.25
     assert attribute(LedgerView((), (stale,)), {os.getpid(): 0.25}) == 0.0
+
+
+def test_metrics_lent_borrowed_and_achieved_share() -> None:
+    from prometheus_client import REGISTRY
+
+    from tessera_node.metrics import observe_core_shares
+
+    def value(name: str, **labels: str) -> float:
+        v = REGISTRY.get_sample_value(name, labels)
+        return 0.0 if v is None else v
+
+    before = (value("tessera_quota_core_lent_seconds_total", quota="ns1/q"),
+              value("tessera_quota_core_borrowed_seconds_total", quota="ns2/q"))
+    report = {
+        "idle": {"seconds": 0.1, "busy": 0.0, "target": 0.2, "lent": 0.17, "borrowed": 0.0,
+                 "share": 0.2, "rate": 1.0},
+        "busy": {"seconds": 0.1, "busy": 0.8, "target": 0.8, "lent": 0.0, "borrowed": 0.17,
+                 "share": 0.97, "rate": 1.0},
+        "unmeasured": {"target": 0.5, "share": 0.5, "lent": 0.0, "borrowed": 0.0, "rate": 1.0},
+    }
+    observe_core_shares("GPU-x", {"idle": "ns1/q", "busy": "ns2/q"}, report)
+    assert value("tessera_quota_core_lent_seconds_total", quota="ns1/q") - before[0] == \
+        pytest.approx(0.017)
+    assert value("tessera_quota_core_borrowed_seconds_total", quota="ns2/q") - before[1] == \
+        pytest.approx(0.017)
+    labels = {"device": "GPU-x", "quota": "ns2/q", "container": "busy"}
+    assert value("tessera_container_core_share", **labels) == 0.8
+    assert value("tessera_container_core_budget", **labels) == 0.8
+    assert value("tessera_container_core_busy_seconds_total", **labels) == pytest.approx(0.08)
+    assert REGISTRY.get_sample_value("tessera_container_core_share", {
+        "device": "GPU-x", "quota": "", "container": "unmeasured"}) is None

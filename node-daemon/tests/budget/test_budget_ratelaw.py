@@ -68,8 +68,14 @@ def test_saturation_walks_rates_back() -> None:
     law = RateLaw()
     law.set_target("a", 0.5)
     law.tenants["a"].rate = 10000.0
+    for _ in range(law.saturated_after - 1):  # a saturated interval or two may be noise
+        rates = law.step({"a": Observation(busy=1.0, tokens=1000, seconds=0.1)})
+        assert rates["a"] == pytest.approx(10000.0)
     rates = law.step({"a": Observation(busy=1.0, tokens=1000, seconds=0.1)})
-    assert rates["a"] == pytest.approx(8000.0)
+    assert rates["a"] == pytest.approx(10000.0 * law.backoff)
+    rates = law.step({"a": Observation(busy=0.9, tokens=1000, seconds=0.1)})
+    rates = law.step({"a": Observation(busy=1.0, tokens=1000, seconds=0.1)})
+    assert law.saturated_for == 1
 
 
 def test_zero_target_stops_and_idle_tenant_keeps_probing() -> None:
@@ -81,3 +87,27 @@ def test_zero_target_stops_and_idle_tenant_keeps_probing() -> None:
     assert rates["idle"] == law.probe_rate
     with pytest.raises(ValueError):
         law.set_target("bad", 1.5)
+
+
+def test_tokens_without_busy_time_teach_no_cost_once_one_is_known() -> None:
+    law = RateLaw()
+    law.set_target("a", 0.2)
+    law.step({"a": Observation(busy=0.2, tokens=40, seconds=0.1)})
+    known = law.tenants["a"].cost
+    assert known == pytest.approx(0.02 / 40)
+    # the process ended within the window: its tokens are counted, its busy time is not
+    rates = law.step({"a": Observation(busy=0.0, tokens=26, seconds=0.1)})
+    assert law.tenants["a"].cost == known
+    assert rates["a"] == pytest.approx(0.2 * law.headroom / known)
+
+
+def test_saturation_backs_off_only_those_launching() -> None:
+    law = RateLaw()
+    for n in ("busy", "idle"):
+        law.set_target(n, 0.5)
+        law.tenants[n].rate = 1000.0
+    for _ in range(law.saturated_after + 2):
+        rates = law.step({"busy": Observation(busy=1.0, tokens=100, seconds=0.1),
+                          "idle": Observation(busy=0.0, tokens=0, seconds=0.1)})
+    assert rates["busy"] < 1000.0
+    assert rates["idle"] == 1000.0

@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 
 from tessera.api.names import API_VERSION
 from tessera.kube.client import Kube, load_credentials
+from tessera_e2e.audit_workloads import LIBTESSERA, Cgroups, Workload, require
 from tessera_e2e.node_daemons import SimNode, create_node, daemon_kubeconfig
 from tessera_e2e.operators import wait_until
 from tessera_node.audit.registry import StaticRegistry, TesseraContainer
@@ -27,7 +28,6 @@ from tessera_node.budget.formats import BudgetEntry, BudgetFile
 from tessera_node.device.nvml import NvmlReader
 from tessera_sim import BUILD_DIR
 
-from .audit_harness import LIBTESSERA, Cgroups, Workload, require
 from .conftest import StartDaemon
 
 MIB = 1 << 20

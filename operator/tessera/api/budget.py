@@ -63,6 +63,8 @@ class PodBudget(ApiModel):
     """The GPUQuota that supplied defaults and weight, if any."""
     weight: int = Field(default=1, ge=1, le=1000)
     """Fair-share weight for idle capacity, from the quota."""
+    lending: bool = True
+    """False: hard caps (the quota's ``lending: false``): neither lends nor borrows core time."""
     containers: dict[str, ContainerBudget] = Field(default_factory=dict)
     """Budgets by container name."""
 

@@ -36,6 +36,15 @@ ANNOTATION_BUDGET = f"{GROUP}/budget"
 """JSON, per container: the budget admission granted; the node daemon reads only this."""
 LABEL_BUDGETED = f"{GROUP}/budgeted"
 """Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
+ANNOTATION_BUDGET_REQUEST = f"{GROUP}/budget-request"
+"""JSON, set by the pod's user: a live resize (new memory/cores totals per container)."""
+ANNOTATION_BUDGET_RESIZE = f"{GROUP}/budget-resize"
+"""JSON, written by tessera: the outcome of the last budget request (Approved by the operator,
+then Applied or Refused by the node daemon, or Refused by the operator)."""
+REASON_RESIZED = "BudgetResized"
+"""Event reason on a pod whose resize was applied."""
+REASON_RESIZE_REFUSED = "BudgetResizeRefused"
+"""Event reason on a pod whose resize was refused (the message says why)."""
 ANNOTATION_RELEASED = f"{GROUP}/released"
 """Set by the operator on a finished pod once its usage was released (never twice)."""
 
@@ -51,6 +60,9 @@ ANNOTATION_PARTITION_STATUS = f"{GROUP}/partition-status"
 ANNOTATION_NODE_FINDINGS = f"{GROUP}/node-findings"
 """JSON list of what the daemon found wrong or foreign on its node (another GPU device plugin
 or MIG manager, a model table that disagrees with NVML, a GPU of unknown model)."""
+ANNOTATION_GPU_COMMITMENTS = f"{GROUP}/gpu-commitments"
+"""JSON object keyed by GPU/MIG UUID: the memory budgets committed there and the memory it
+has (written by the daemon; what it decides resizes against)."""
 NODE_DAEMON = "tessera-node"
 """The node daemon's name: its User-Agent (so its field manager) and its Events' component."""
 

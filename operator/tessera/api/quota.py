@@ -104,7 +104,7 @@ class QuotaEnforcement(ApiModel):
 class GPUQuotaSpec(ApiModel):
     """Totals for the namespace, and the per-pod budget defaults and ceiling.
 
-    Only one GPUQuota per namespace may carry default, max and weight (checked at
+    Only one GPUQuota per namespace may carry default, max, weight and lending (checked at
     admission, since it depends on the other quotas); any number may carry hard.
     """
 
@@ -118,6 +118,10 @@ class GPUQuotaSpec(ApiModel):
     """Largest budget one pod may ask for."""
     weight: int | None = Field(default=None, ge=1, le=1000)
     """Fair-share weight for idle GPU capacity (1 when absent)."""
+    lending: bool | None = None
+    """false: hard caps. This namespace's pods neither lend the core time they leave idle
+    nor borrow what others leave idle; each holds exactly its core budget (true when
+    absent)."""
     enforcement: QuotaEnforcement | None = None
     """What the node daemons' audit does about this namespace's containers over budget and
     its pods' GPU processes outside tessera (Report when absent)."""

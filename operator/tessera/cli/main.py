@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from tessera.cli.errors import CLIError
 
 # Command-group modules, each with ``register(subparsers) -> None``.
-_GROUPS = ("tessera.cli.mig", "tessera.cli.crds", "tessera.cli.operator")
+_GROUPS = ("tessera.cli.mig", "tessera.cli.crds", "tessera.cli.operator", "tessera.cli.resize",
+           "tessera.cli.uninstall")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -48,6 +48,7 @@ def _run(args: argparse.Namespace) -> int:
         webhook_client_ca=args.webhook_client_ca,
         webhook_client_names=tuple(args.webhook_client_name or ()),
         webhook_config_interval_s=args.webhook_config_interval,
+        webhook_configurations=args.webhook_configurations,
         stuck_after_s=args.stuck_after)
     if args.identity:
         opts.identity = args.identity
@@ -88,6 +89,11 @@ def register(subparsers: Any) -> None:
                    "reviews without a certificate it signed are refused")
     r.add_argument("--webhook-client-name", action="append", metavar="CN",
                    help="accept only this common name among those certificates (repeatable)")
+    r.add_argument("--webhook-configurations", choices=("apply", "ca-bundle"),
+                   default=D.webhook_configurations,
+                   help="apply: the leader applies the webhook configurations whole; "
+                   "ca-bundle: they are installed by the Helm chart and the leader only "
+                   "sets their caBundle")
     r.add_argument("--webhook-config-interval", type=float,
                    default=D.webhook_config_interval_s,
                    help="seconds between re-applies of the webhook configurations")

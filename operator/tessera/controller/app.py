@@ -35,7 +35,7 @@ from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import reviewers, serving_context
 from tessera.webhooks.certs import ensure_secret
-from tessera.webhooks.config import ClientConfig, apply_configurations
+from tessera.webhooks.config import ClientConfig, apply_configurations, patch_ca_bundles
 
 log = logging.getLogger("tessera.operator")
 
@@ -120,7 +120,12 @@ async def run(opts: Options) -> None:
 
     async def keep_configurations() -> None:
         while True:
-            await apply_configurations(kube, cc)
+            if opts.webhook_configurations == "ca-bundle":
+                for url in await patch_ca_bundles(kube, cc):
+                    log.error("webhook configuration missing: install it with the chart",
+                              extra={"configuration": url})
+            else:
+                await apply_configurations(kube, cc)
             await asyncio.sleep(opts.webhook_config_interval_s)
 
     leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,

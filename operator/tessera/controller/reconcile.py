@@ -32,6 +32,7 @@ from tessera.api.names import (
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
+from tessera.controller.resize import pending_request, reconcile_resize
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
@@ -46,7 +47,7 @@ from tessera.quota.arith import (
     pod_usage,
 )
 from tessera.quota.batch import Count, Release
-from tessera.quota.ledger import PodCount, dead_candidates, needs_count
+from tessera.quota.ledger import PodCount, dead_candidates, needs_count, pod_of
 from tessera.quota.objects import FieldError, limits_of, state_of, summary, view_of
 from tessera.quota.status import quota_conditions
 from tessera.reservations.store import QuotaStore
@@ -198,6 +199,8 @@ class Controller:
         annotations = meta.get("annotations") or {}
         if ANNOTATION_RELEASED in annotations:
             return
+        if typ != "DELETED" and pending_request(pod):
+            await reconcile_resize(self.kube, self.store, pod, self.component)
         phase = (pod.get("status") or {}).get("phase")
         if typ == "DELETED":  # unreleased (finished or not): give it back now
             await self._release(pod)
@@ -242,7 +245,8 @@ class Controller:
             pods[uid] = (str(meta.get("name")), pod_usage(pod) if pod_counts(pod) else Usage())
         for name in self._quotas_in(ns):
             reservations = (self.quotas[(ns, name)].get("status") or {}).get("reservations")
-            if isinstance(reservations, Mapping) and uid in reservations:
+            if isinstance(reservations, Mapping) and any(
+                    pod_of(str(k)) == uid for k in reservations):
                 self._count(ns)  # its reservation is no longer pending: confirm it soon
 
     def _quotas_in(self, ns: str) -> list[str]:
@@ -312,7 +316,7 @@ class Controller:
         for uid in sorted(dead_candidates(pending, pods, now)):
             try:
                 pod = await self.kube.get(path("", "v1", "pods", ns, pending[uid].pod))
-                if (pod.get("metadata") or {}).get("uid") == uid:
+                if (pod.get("metadata") or {}).get("uid") == pod_of(uid):
                     continue  # it exists: the watch will bring it
             except ApiError as exc:
                 if exc.status != 404:

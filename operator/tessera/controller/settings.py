@@ -43,6 +43,10 @@ class Options:
     webhooks take admission reviews only from certificates it signed."""
     webhook_client_names: tuple[str, ...] = ()
     """Common names accepted among those certificates (empty: any)."""
+    webhook_configurations: str = "apply"
+    """Who owns the webhook configurations: ``apply``, the leader applies them whole (local
+    clusters, the test bed); ``ca-bundle``, an installer does (the Helm chart) and the
+    leader only keeps their ``caBundle`` equal to the serving certificate's CA."""
     webhook_config_interval_s: float = 60.0
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
     stuck_after_s: float = 60.0

@@ -74,9 +74,12 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
         ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
     headers: dict[str, str] = {}
     token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+    bare = None
     if token:
-        headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
-    bare = headers.get("Authorization", "").removeprefix("Bearer ") or None
+        # the in-cluster loader writes "bearer <token>" (lower case), kubeconfigs "Bearer ..."
+        scheme, _, rest = token.partition(" ")
+        bare = rest.strip() if scheme.lower() == "bearer" and rest.strip() else token
+        headers["Authorization"] = f"Bearer {bare}"
     return Credentials(str(cfg.host).rstrip("/"), ctx, headers, cfg.ssl_ca_cert or None,
                        cfg.cert_file or None, cfg.key_file or None, bare)
 

@@ -147,6 +147,7 @@ class QuotaPolicy:
     max_memory_mib: int | None = None
     max_cores: int | None = None
     weight: int = 1
+    lending: bool = True
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ class Budget:
     containers: tuple[ContainerBudget, ...]
     quota: str | None = None
     weight: int = 1
+    lending: bool = True
 
     @property
     def requests_anything(self) -> bool:
@@ -219,7 +221,7 @@ class Budget:
 
     def to_api(self) -> api_budget.PodBudget:
         return api_budget.PodBudget(
-            quota=self.quota, weight=self.weight,
+            quota=self.quota, weight=self.weight, lending=self.lending,
             containers={c.name: c.to_api() for c in self.containers if c.gpus or c.mig})
 
     def annotation(self) -> str:
@@ -344,7 +346,7 @@ def budget_from_pod(spec: Mapping[str, Any], policy: QuotaPolicy = QuotaPolicy()
     inits = [_container_budget(c, policy, kinds.get(str(c.get("name", "")), "app"))
              for c in spec.get("initContainers") or []]
     apps = [_container_budget(c, policy) for c in spec.get("containers") or []]
-    budget = Budget((*inits, *apps), policy.quota, policy.weight)
+    budget = Budget((*inits, *apps), policy.quota, policy.weight, policy.lending)
     total = budget.usage()  # the effective usage: what the pod holds at its peak
     where = f'GPUQuota "{policy.quota}" max' if policy.quota else "max"
     if policy.max_memory_mib is not None and total.memory_mib > policy.max_memory_mib:

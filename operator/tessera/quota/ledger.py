@@ -34,6 +34,13 @@ which every replica watches, so it must stay small (about 150 bytes each).  Pods
 within a second or so; a quota at this bound refuses new pods until some are."""
 
 
+def pod_of(key: str) -> str:
+    """The pod UID a ledger entry belongs to: the key itself, or what precedes ``/`` for the
+    growth a live resize reserved (``<uid>/resize-<request digest>``): once the pod is seen,
+    its annotation carries the new budget and the entry is no longer pending."""
+    return key.split("/", 1)[0]
+
+
 def expires_at(now: float, create_deadline_s: float) -> float:
     """When a reservation made ``now`` may be given back if its pod does not exist: a create
     request cannot succeed after the API server's request deadline (``--request-timeout``,
@@ -77,7 +84,8 @@ def recounted(pods: PodCount, dead: AbstractSet[str], ledger: Mapping[str, Pendi
               ) -> tuple[Usage, dict[str, Pending]]:
     """``used`` and the ledger after a count: seen pods leave the ledger (their annotations
     count them), dead reservations are dropped, the rest stay pending and counted."""
-    kept = {uid: e for uid, e in ledger.items() if uid not in pods.uids and uid not in dead}
+    kept = {uid: e for uid, e in ledger.items()
+            if pod_of(uid) not in pods.uids and uid not in dead}
     return pods.usage + total(kept.values()), kept
 
 
@@ -86,7 +94,7 @@ def dead_candidates(ledger: Mapping[str, Pending], pods: PodCount, now: float) -
     watch has not seen them.  Each is dead only if no such pod exists *now* (the watch may
     be behind: the caller asks the API server), and must then be remembered, so a late
     DELETED event of that pod gives nothing back a second time."""
-    return expired(ledger, now) - pods.uids
+    return {uid for uid in expired(ledger, now) if pod_of(uid) not in pods.uids}
 
 
 def is_full(ledger: Mapping[str, Pending]) -> bool:
@@ -99,6 +107,6 @@ def needs_count(view: QuotaView, pods: PodCount, now: float) -> bool:
     pending reservations hold (drift: a release missed while no replica led, a hand edit)."""
     if not view.counted:
         return True
-    if view.pending.keys() & pods.uids or expired(view.pending, now):
+    if {pod_of(k) for k in view.pending} & pods.uids or expired(view.pending, now):
         return True
     return recounted(pods, frozenset(), view.pending)[0] != view.used

@@ -126,7 +126,7 @@ def view_of(obj: Mapping[str, Any]) -> QuotaView:
 
 
 def carries_policy(spec: Mapping[str, Any]) -> bool:
-    return any(spec.get(k) is not None for k in ("default", "max", "weight"))
+    return any(spec.get(k) is not None for k in ("default", "max", "weight", "lending"))
 
 
 def policy_of(quotas: Iterable[Mapping[str, Any]]) -> QuotaPolicy:
@@ -149,7 +149,16 @@ def policy_of(quotas: Iterable[Mapping[str, Any]]) -> QuotaPolicy:
         default_cores=_read(name, "spec.default.cores", d.get("cores"), count),
         max_memory_mib=_read(name, "spec.max.memory", m.get("memory"), memory_mib),
         max_cores=_read(name, "spec.max.cores", m.get("cores"), count),
-        weight=weight or 1)
+        weight=weight or 1,
+        lending=_lending(name, spec.get("lending")))
+
+
+def _lending(quota: str, raw: Any) -> bool:
+    if raw is None:
+        return True
+    if not isinstance(raw, bool):
+        raise FieldError(quota, "spec.lending", raw, "must be true or false")
+    return raw
 
 
 def used_to_status(u: Usage) -> dict[str, Any]:

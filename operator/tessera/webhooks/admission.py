@@ -356,8 +356,9 @@ class Admission:
         if carries_policy(raw_spec):
             holder = next((q for q in others if carries_policy(q.get("spec") or {})), None)
             if holder is not None:
-                return deny(uid, f"spec: only one GPUQuota per namespace may set default, max "
-                                 f"or weight, and gpuquota/{holder['metadata']['name']} does",
+                other = holder["metadata"]["name"]
+                return deny(uid, f"spec: only one GPUQuota per namespace may set default, max, "
+                                 f"weight or lending, and gpuquota/{other} does",
                             422)
         try:
             limits = limits_of(raw_spec)

@@ -24,7 +24,7 @@ from tessera.api.names import (
     PREFIX,
     VERSION,
 )
-from tessera.kube.client import Kube, path
+from tessera.kube.client import ApiError, Kube, path
 
 MUTATING_NAME = "tessera-pods"
 VALIDATING_NAME = "tessera-resources"
@@ -127,3 +127,38 @@ async def apply_configurations(kube: Kube, cc: ClientConfig) -> None:
                      mutating(cc))
     await kube.apply(path(group, "v1", "validatingwebhookconfigurations", name=VALIDATING_NAME),
                      validating(cc))
+
+
+def ca_bundle_patches(cc: ClientConfig) -> dict[str, dict[str, Any]]:
+    """By configuration URL: the part of each configuration the operator owns when an
+    installer (the Helm chart) owns the rest: every webhook's ``clientConfig.caBundle``."""
+    group = "admissionregistration.k8s.io"
+    out: dict[str, dict[str, Any]] = {}
+    for plural, full in (("mutatingwebhookconfigurations", mutating(cc)),
+                         ("validatingwebhookconfigurations", validating(cc))):
+        name = full["metadata"]["name"]
+        out[path(group, "v1", plural, name=name)] = {
+            "apiVersion": full["apiVersion"], "kind": full["kind"],
+            "metadata": {"name": name},
+            "webhooks": [{"name": hook["name"],
+                          "clientConfig": {"caBundle": hook["clientConfig"]["caBundle"]}}
+                         for hook in full["webhooks"]],
+        }
+    return out
+
+
+async def patch_ca_bundles(kube: Kube, cc: ClientConfig) -> list[str]:
+    """Set the caBundle of the installer's configurations (server-side apply of that field
+    only, manager ``tessera-operator-ca``); a configuration that does not exist is not
+    created (it would lack everything but its CA). Returns the URLs of missing ones."""
+    missing = []
+    for url, body in ca_bundle_patches(cc).items():
+        try:
+            await kube.get(url)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            missing.append(url)
+            continue
+        await kube.apply(url, body, manager="tessera-operator-ca")
+    return missing

@@ -55,7 +55,7 @@ def test_budget_split_and_round_trip() -> None:
     budget = PodBudget(quota="ml-research", weight=2, containers={"main": c})
     text = budget.to_annotation()
     assert text == (
-        '{"containers":{"main":{"cores":37.5,"memoryBytes":8589934592,"mig":{},"shares":2}},'
+        '{"containers":{"main":{"cores":37.5,"memoryBytes":8589934592,"mig":{},"shares":2}},"lending":true,'
         '"quota":"ml-research","version":1,"weight":2}'
     )
     assert parse_budget(text) == budget

@@ -8,7 +8,15 @@ and two tessera-node daemons on simulated GPU nodes, scraped by a real Prometheu
   ``$__rate_interval`` replaced, returns series, except those on metrics still pending
   (``tessera_e2e.dashboard.PENDING``), which must return none;
 - "daemon down" (deploy/prometheus/tessera-rules.yaml, its ``for`` shortened to 2 s) fires
-  for the daemon that is stopped, and only for it.
+  for the daemon that is stopped, and only for it;
+- the per-container panels and the audit's alerts on live data: on the first node a real
+  process under the simulator's libcuda and libtessera (held to a launch rate, so that it
+  waits for tokens) in cgroups named as the kubelet names a real Pod's and container's, with
+  a budget below what it holds, audited by the daemon's ``AuditRunner`` with that container
+  registered (without a kubelet the daemon's device plugin registers none; the daemon
+  process there audits only at start, before the process exists) and served on a port of
+  its own (job ``tessera-node-audit``); on each node a process outside any pod. "Container
+  over budget" fires for that container and "GPU process outside tessera" for both nodes.
 
 At the end the run's series for the dashboard's main panels (the daemon's stop included) are
 saved (``dashboard-data.json`` in the test's temporary directory, or where
@@ -18,8 +26,11 @@ picture from them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,12 +38,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
 
 from tessera.api.names import API_VERSION, VGPU_CORES, VGPU_MEMORY
+from tessera.kube.client import Kube, load_credentials
 from tessera_e2e import dashboard
 from tessera_e2e.argocd import HEALTH_SCRIPT, ensure_argocd_health, evaluate
+from tessera_e2e.audit_workloads import LIBTESSERA, Cgroups, Workload, require
 from tessera_e2e.node_daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
+from tessera_e2e.operators import free_port
 from tessera_e2e.prometheus import LocalPrometheus, scaled_rules
+from tessera_node import metrics as node_metrics
+from tessera_node.audit.registry import StaticRegistry, TesseraContainer
+from tessera_node.audit.runner import AuditRunner
+from tessera_node.budget.formats import BudgetEntry, BudgetFile
+from tessera_node.device.nvml import NvmlReader
+from tessera_sim import BUILD_DIR
 
 from .conftest import Operators
 from .harness import REPO, kubectl_json, wait_until
@@ -45,6 +66,18 @@ SCRAPE_S = 1.0
 INTERVAL_S = 15.0
 """Grafana's ``$__interval`` assumed for the check (its minimum for a 1 h range)."""
 FAST = ["--resync-interval", "2", "--retry-interval", "1"]
+MIB = 1 << 20
+AUDITED = ("trainer", "app")
+"""The pod and container the first node's audit knows as set up by tessera."""
+
+
+@dataclass
+class Audited:
+    node: str
+    gpu: str
+    pod_uid: str
+    foreign: list[Workload]
+    """One process outside any pod per node."""
 
 
 @dataclass
@@ -55,6 +88,7 @@ class Scene:
     pool: str
     namespace: str
     daemons: list[NodeDaemonProcess]
+    audited: Audited
     objects: dict[str, Any] = field(default_factory=dict)
     """Objects as the API server returned them, by what the test made of them."""
     started: float = field(default_factory=time.time)
@@ -107,6 +141,85 @@ def pod(name: str, ns: str, memory_mib: int, cores: int) -> dict[str, Any]:
                 "limits": {VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(cores)}}}]}}
 
 
+def spare_gpu(d: NodeDaemonProcess) -> str:
+    """The UUID of GPU 1: the partitions take GPU 0 (MIG mode changes wait for a GPU that
+    no process uses)."""
+    return [w for w in d.sim.smi("-L").stdout.split() if w.startswith("GPU-")][1].rstrip(")")
+
+
+@contextlib.contextmanager
+def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDaemonProcess],
+                      ns: str, directory: Path) -> Iterator[Audited]:
+    """The container ``AUDITED`` on the first node (over its budget), a process outside any
+    pod on each node, and the first node's audit running and scraped (module docstring)."""
+    require()
+    d = daemons[0]
+    gpu = spare_gpu(d)
+    pod_name, container = AUDITED
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": ns},
+            "spec": {"nodeName": d.node, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": container, "image": "workload:dev"}]}}
+    uid = apply(cluster, body, "create")["metadata"]["uid"]
+    state = directory / "containers" / f"{pod_name}-{container}"
+    (state / "run").mkdir(parents=True)
+    BudgetFile(state / "budget").update([BudgetEntry(0, gpu, memory=256 * MIB, cores=25)])
+    cid = "c" * 64
+    registry = StaticRegistry([TesseraContainer(ns, pod_name, uid, container,
+                                                str(state / "budget"), str(state / "run"),
+                                                (gpu,), cid)])
+    cgroups = Cgroups()
+    workloads: list[Workload] = []
+    stop = threading.Event()
+    server = None
+    previous_node = os.environ.get("TESSERA_SIM_NODE")
+    os.environ["TESSERA_SIM_NODE"] = d.sim.env["TESSERA_SIM_NODE"]  # NVML in this process
+    try:
+        # 300 MiB held against a 256 MiB budget; 150 1-ms kernels at 100 launches/s wait
+        workloads.append(Workload(d.sim.env, cgroups.container(uid, cid), "tenant", "300",
+                                  "150", device=gpu, extra_env={
+                                      "LD_PRELOAD": str(LIBTESSERA),
+                                      "TESSERA_MEMORY_LIMIT": "1Gi", "TESSERA_CORE_RATE": "100",
+                                      "TESSERA_LEDGER": str(state / "run" / "ledger")}))
+        foreign = [Workload(x.sim.env, None, "hold", "64", device=spare_gpu(x))
+                   for x in daemons]
+        workloads += foreign
+
+        async def audit() -> None:
+            kube = Kube(load_credentials(str(d.kubeconfig)), user_agent="tessera-node")
+            reader = NvmlReader(str(BUILD_DIR))
+            runner = AuditRunner(kube, d.node, registry, reader, interval_s=1.0, own_pid=0)
+            try:
+                while not stop.is_set():
+                    await runner.audit_once()
+                    await asyncio.sleep(runner.interval_s)
+            finally:
+                reader.close()
+                await kube.close()
+        auditor = threading.Thread(target=asyncio.run, args=(audit(),), daemon=True)
+        auditor.start()
+        served = CollectorRegistry()
+        for c in (node_metrics.CONTAINERS, node_metrics.AUDIT_RUNS, node_metrics.AUDIT_STOPS,
+                  node_metrics.AUDIT_FOREIGN, node_metrics.AUDIT_FOREIGN_BYTES):
+            served.register(c)
+        port = free_port()
+        server, _ = start_http_server(port, "127.0.0.1", served)
+        prom.set_targets("tessera-node-audit", {f"127.0.0.1:{port}": {"node": d.node}})
+        yield Audited(d.node, gpu, uid, foreign)
+        stop.set()
+        auditor.join(10)
+    finally:
+        stop.set()
+        if server is not None:
+            server.shutdown()
+        for w in workloads:
+            w.stop()
+        cgroups.remove()
+        if previous_node is None:
+            os.environ.pop("TESSERA_SIM_NODE", None)
+        else:
+            os.environ["TESSERA_SIM_NODE"] = previous_node
+
+
 @pytest.fixture(scope="module")
 def scene(cluster: Any, operators: Operators, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Scene]:
@@ -122,14 +235,17 @@ def scene(cluster: Any, operators: Operators, tmp_path_factory: pytest.TempPathF
         prom.set_targets("tessera-operator", {
             f"127.0.0.1:{r.health_port}": {"replica": name}
             for name, r in operators.replicas.items()})
-        for _ in range(2):
+        # the first node's daemon audits once, at start: the test's audit is that node's
+        for audit_interval in ("3600", "1"):
             daemons.append(start_sim_daemon(cluster.kubectl, cluster.kubeconfig, directory,
-                                            ["H100-80GB"] * 2, {"pool": pool}, FAST))
+                                            ["H100-80GB"] * 2, {"pool": pool},
+                                            [*FAST, "--audit-interval", audit_interval]))
         prom.set_targets("tessera-node", {f"127.0.0.1:{d.port}": {"node": d.node}
                                           for d in daemons})
         assert cluster.kubectl("create", "namespace", ns).returncode == 0
         cluster.wait_for_service_account(ns)
-        yield Scene(cluster, operators, prom, pool, ns, daemons)
+        with audited_container(cluster, prom, daemons, ns, directory) as audited:
+            yield Scene(cluster, operators, prom, pool, ns, daemons, audited)
     finally:
         for name in ("a", "b", "none"):
             cluster.kubectl("delete", "gpupartition", f"{pool}-{name}", "--ignore-not-found",
@@ -265,6 +381,18 @@ def test_every_dashboard_query_returns_series(scene: Scene, objects: dict[str, A
         "memory": 2 * 2**30, "cores": 50, "pods": 1}
     refused = prom.query('sum(tessera_admission_seconds_count{result="denied"})')
     assert float(refused[0]["value"][1]) >= 1
+    # and the per-container panels this run's container, as the audit saw it
+    a, (pod_name, container) = scene.audited, AUDITED
+    where = (f'{{namespace="{scene.namespace}", pod="{pod_name}", container="{container}", '
+             f'node="{a.node}", gpu="{a.gpu}"}}')
+    assert {n: [float(x["value"][1]) for x in prom.query(n + where)] for n in (
+        "tessera_container_memory_used_bytes", "tessera_container_memory_budget_bytes",
+        "tessera_container_core_budget_percent")} == {
+        "tessera_container_memory_used_bytes": [300 * MIB],
+        "tessera_container_memory_budget_bytes": [256 * MIB],
+        "tessera_container_core_budget_percent": [25.0]}
+    waits = prom.query(f"tessera_container_token_wait_seconds_count{where}")
+    assert waits and float(waits[0]["value"][1]) > 0, "held to 100 launches/s, it waited"
 
 
 def save_dashboard_data(scene: Scene, d: Any) -> None:
@@ -290,6 +418,29 @@ def save_dashboard_data(scene: Scene, d: Any) -> None:
     out.write_text(json.dumps(data))
 
 
+def test_audit_alerts_fire_for_the_container_over_budget_and_the_foreign_processes(
+        scene: Scene) -> None:
+    prom, a = scene.prom, scene.audited
+
+    def firing(name: str, count: int) -> list[dict[str, str]] | None:
+        got = [x["labels"] for x in prom.alerts()
+               if x["labels"]["alertname"] == name and x["state"] == "firing"]
+        return got if len(got) >= count else None
+
+    over = wait_until("TesseraContainerOverBudget firing",
+                      lambda: firing("TesseraContainerOverBudget", 1), 60)
+    assert over == [{"alertname": "TesseraContainerOverBudget", "severity": "critical",
+                     "namespace": scene.namespace, "pod": AUDITED[0],
+                     "container": AUDITED[1], "node": a.node, "gpu": a.gpu}]
+    foreign = wait_until("TesseraForeignGpuProcess firing on both nodes",
+                         lambda: firing("TesseraForeignGpuProcess", 2), 60)
+    assert sorted((f["node"], f["gpu"]) for f in foreign) == sorted(
+        (d.node, spare_gpu(d)) for d in scene.daemons)
+    held = prom.query("tessera_node_foreign_gpu_memory_bytes")
+    assert sorted(float(x["value"][1]) for x in held) == [64 * MIB, 64 * MIB]
+    assert all(w.proc.poll() is None for w in a.foreign), "Report: nothing is stopped"
+
+
 def test_daemon_down_fires_for_the_stopped_daemon(scene: Scene, objects: dict[str, Any]
                                                  ) -> None:
     prom = scene.prom
@@ -307,10 +458,13 @@ def test_daemon_down_fires_for_the_stopped_daemon(scene: Scene, objects: dict[st
     assert alerts[0]["annotations"]["summary"] == f"tessera-node on {stopped.node} is down"
     assert prom.targets_up("tessera-node") == {f"127.0.0.1:{stopped.port}": 0.0,
                                                f"127.0.0.1:{alive.port}": 1.0}
-    # the only other alert firing is the quota this run lowered below its use (a claimed GPU
-    # is the operator's refusal, not a failed apply; the operator and its leader are up)
+    # the only other alerts firing are the quota this run lowered below its use and the
+    # audit's findings (a claimed GPU is the operator's refusal, not a failed apply; the
+    # operator and its leader are up; every audit succeeds)
     others = {(a["labels"]["alertname"], a["labels"].get("namespace"),
                a["labels"].get("resource")) for a in prom.alerts() if a["state"] == "firing"}
     assert others == {("TesseraNodeDaemonDown", None, None),
-                      ("TesseraQuotaNearHard", scene.namespace, "memory")}
+                      ("TesseraQuotaNearHard", scene.namespace, "memory"),
+                      ("TesseraContainerOverBudget", scene.namespace, None),
+                      ("TesseraForeignGpuProcess", None, None)}
     save_dashboard_data(scene, json.loads(DASHBOARD.read_text()))

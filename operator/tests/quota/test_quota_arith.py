@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tessera.api import budget as api_budget
 from tessera.quota import (
     Limits,
     QuotaPolicy,
@@ -209,3 +211,21 @@ def test_recount_skips_released_and_unbudgeted_pods() -> None:
     assert recount(pods) == Usage(400, 40, 2)
     # finished but not yet released: still held, so recount and release never both subtract
     assert recount([_admitted("f", {VGPU_MEMORY: "5"}, phase="Failed")]) == Usage(5, 25, 1)
+
+
+def test_lending_flows_from_the_quota_into_the_budget() -> None:
+    from tessera.quota.objects import FieldError, policy_of
+
+    def q(spec: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "team"}, "spec": spec}
+
+    assert policy_of([q({"weight": 3})]).lending is True
+    policy = policy_of([q({"lending": False})])
+    assert policy.lending is False and policy.quota == "team"
+    spec = {"containers": [{"name": "main", "resources": {"limits": {
+        VGPU_MEMORY: "1024", VGPU_CORES: "20"}}}]}
+    raw = json.loads(budget_from_pod(spec, policy).annotation())
+    assert raw["lending"] is False and raw["quota"] == "team"
+    assert api_budget.parse_budget(budget_from_pod(spec).annotation()).lending is True
+    with pytest.raises(FieldError, match=r"spec\.lending"):
+        policy_of([q({"lending": "no"})])

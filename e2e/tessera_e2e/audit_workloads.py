@@ -1,6 +1,7 @@
 """Real processes for audit tests and the audit benchmark: ``sim/tests/workload.py`` on a
 simulated node, each in a real cgroup laid out as the kubelet's cgroupfs driver lays out a
-pod's and a container's (below a root of its own, so nothing of the host's is touched)."""
+pod's and a container's (below a root of its own, so nothing of the host's is touched).
+Used by the node daemon's audit test, the audit benchmark and the operating test."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = REPO / "sim" / "tests" / "workload.py"
 LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
 CGROUP_ROOT = Path("/sys/fs/cgroup/pids")

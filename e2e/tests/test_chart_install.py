@@ -1,0 +1,275 @@
+"""charts/tessera installed with the real helm onto a cluster of two real nodes.
+
+One cluster for the module, the tests in order: install (operator 2/2 Ready, one Ready daemon
+per node, webhooks patched with the operator's CA, libtessera on each node's host), a GPU
+pod's quota reservation, upgrade to a new image with a changed value (the reservation and
+the old libtessera survive), uninstall (only the CRDs stay; no webhook, Lease, Secret or
+tessera Node key is left). Timings go to stdout (`pytest -s`) for e2e/README.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tessera.api.names import PREFIX, VGPU, VGPU_MEMORY
+from tessera_e2e.build import ensure_containerd, ensure_helm
+from tessera_e2e.cache import Layout, default_layout
+from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.helm import (
+    Helm,
+    get_json,
+    import_into_nodes,
+    label_gpu_nodes,
+    values_for_testbed,
+)
+from tessera_e2e.operators import wait_until
+from tessera_e2e.tessera_images import ensure_tessera_images
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+NS = "tessera-system"
+TAG, NEW_TAG = "0.1.0", "0.1.0-upgrade"
+TEAM = "team-a"
+
+
+def _say(line: str) -> None:
+    print(f"[chart] {line}", file=sys.stderr, flush=True)
+
+
+class Installed:
+    def __init__(self, cluster: LocalCluster, helm: Helm) -> None:
+        self.cluster = cluster
+        self.helm = helm
+        self.values = values_for_testbed(TAG)
+
+    def kubectl(self, *args: str, input: str | None = None) -> Any:
+        out = self.cluster.kubectl(*args, input=input)
+        assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
+        return out
+
+
+@pytest.fixture(scope="module")
+def bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    started = time.monotonic()
+    try:
+        helm_binary = ensure_helm()
+        ensure_containerd()
+    except ControlPlaneError as error:
+        pytest.fail(str(error), pytrace=False)
+    _say(f"helm ready in {time.monotonic() - started:.1f}s")
+    python = REPO / ".venv" / "bin" / "python"
+    images: dict[str, Any] = {}
+    for tag in (TAG, NEW_TAG):
+        began = time.monotonic()
+        built = ensure_tessera_images(default_layout(), python, REPO / "hook" / "build", tag)
+        images.update({ref: b.image for ref, b in built.items()})
+        _say(f"images {tag}: " + ", ".join(f"{ref} {b.size_bytes / 2**20:.0f} MiB "
+                                           f"({b.seconds:.0f}s)" for ref, b in built.items())
+             + f"; {time.monotonic() - began:.1f}s")
+    with LocalCluster(bin_dir, nodes=2, report=_say) as cluster:
+        began = time.monotonic()
+        import_into_nodes(cluster, images)
+        _say(f"images imported into {len(cluster.nodes)} nodes in "
+             f"{time.monotonic() - began:.1f}s")
+        yield Installed(cluster, Helm(helm_binary, cluster, tmp_path_factory.mktemp("helm")))
+
+
+def _deployment_ready(bed: Installed) -> bool:
+    d = get_json(bed.cluster, "deployment", "tessera-operator", "-n", NS)
+    s = d.get("status") or {}
+    return bool(s.get("readyReplicas") == 2 and s.get("updatedReplicas") == 2
+                and s.get("replicas") == 2 and s.get("observedGeneration") ==
+                d["metadata"]["generation"])
+
+
+def _daemon_pods(bed: Installed) -> list[dict[str, Any]]:
+    pods = get_json(bed.cluster, "pods", "-n", NS, "-l",
+                    "app.kubernetes.io/component=node-daemon")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions", []))
+
+
+def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) -> None:
+    cluster = bed.cluster
+    names = [node.name for node in cluster.nodes]
+    label_gpu_nodes(cluster, names)  # what GPU feature discovery does on a GPU node
+    # The namespace states the PodSecurity level the daemon needs (privileged, hostPID).
+    bed.kubectl("create", "namespace", NS)
+    bed.kubectl("label", "namespace", NS, "pod-security.kubernetes.io/enforce=privileged")
+    assert cluster.pki is not None
+    bed.kubectl("create", "configmap", "tessera-webhook-client", "-n", NS,
+                f"--from-file=ca.crt={cluster.pki.webhook_client_ca}")
+    bed.values["operator"] = {"webhookClient": {"caConfigMap": "tessera-webhook-client"}}
+    started = time.monotonic()
+    out = bed.helm.install(NS, bed.values)
+    assert out.returncode == 0, out.stderr + out.stdout
+    _say(f"helm install --wait returned: {time.monotonic() - started:.1f}s")
+    # helm's --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for all
+    wait_until("a Ready daemon on every node", lambda: (lambda pods: len(pods) == len(names)
+               and all(_ready(p) for p in pods))(_daemon_pods(bed)), 180, 1)
+    ready_s = time.monotonic() - started
+    _say(f"helm install to Ready (operator 2/2, daemons on {len(names)} nodes): {ready_s:.1f}s")
+    assert _deployment_ready(bed)
+    operators = get_json(cluster, "pods", "-n", NS, "-l",
+                         "app.kubernetes.io/component=operator")["items"]
+    assert len(operators) == 2 and all(_ready(p) for p in operators)
+    daemons = _daemon_pods(bed)
+    assert sorted(p["spec"]["nodeName"] for p in daemons) == sorted(names)
+    assert all(_ready(p) for p in daemons), [p["status"] for p in daemons]
+    # the operator set the chart's webhook configurations' CA to its serving certificate's
+    secret = get_json(cluster, "secret", "tessera-webhook-tls", "-n", NS)
+
+    def patched(kind: str, name: str) -> bool:
+        hooks = get_json(cluster, kind, name)["webhooks"]
+        return len(hooks) > 0 and all(h["clientConfig"].get("caBundle") == secret["data"][
+            "ca.crt"] for h in hooks)
+
+    for kind, name in (("mutatingwebhookconfiguration", "tessera-pods"),
+                       ("validatingwebhookconfiguration", "tessera-resources")):
+        wait_until(f"{name} caBundle", functools.partial(patched, kind, name), 60)
+    # each daemon reported its node's GPUs, and libtessera is on each node's host
+    for node in cluster.nodes:
+        labels = get_json(cluster, "node", node.name)["metadata"]["labels"]
+        assert any(k.startswith(PREFIX) for k in labels), labels
+        lib = node.host_path(f"/var/lib/tessera/lib/{TAG}")
+        assert (lib / "libtessera.so").read_bytes() == (
+            REPO / "hook" / "build" / "libtessera.so").read_bytes()
+        assert (lib / "ld.so.preload").read_text() == "/usr/local/lib/tessera/libtessera.so\n"
+
+
+def _quota_used(bed: Installed) -> dict[str, Any]:
+    q = get_json(bed.cluster, "gpuquota", "team", "-n", TEAM)
+    used: dict[str, Any] = (q.get("status") or {}).get("used") or {}
+    return used
+
+
+def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
+        bed: Installed) -> None:
+    bed.kubectl("create", "namespace", TEAM)
+    bed.cluster.wait_for_service_account(TEAM)
+    bed.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+        "metadata": {"name": "team", "namespace": TEAM},
+        "spec": {"hard": {"memory": "10Gi", "cores": 100, "pods": 4}}}))
+    wait_until("the quota counted", lambda: "pods" in _quota_used(bed), 60)
+    # No device plugin registers tessera's resources on these nodes yet (issue 15b), so the
+    # pod stays Pending: admission, its budget and its reservation are what is tested.
+    bed.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu", "namespace": TEAM},
+        "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
+                                 "imagePullPolicy": "Never", "command": ["sleep", "3600"],
+                                 "resources": {"limits": {VGPU: "1", VGPU_MEMORY: "2048"}}}]}}))
+    pod = get_json(bed.cluster, "pod", "gpu", "-n", TEAM)
+    assert pod["metadata"]["annotations"].get(f"{PREFIX}budget"), pod["metadata"]
+    wait_until("the pod counted", lambda: _quota_used(bed).get("pods") == 1, 60)
+
+
+def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
+        bed: Installed) -> None:
+    before = _quota_used(bed)
+    assert before.get("pods") == 1, before
+    old_daemons = {p["metadata"]["uid"] for p in _daemon_pods(bed)}
+    # The live GPUQuota CRD as an older release left it (no printer columns): Helm never
+    # upgrades crds/, the documented `kubectl apply --server-side` of the chart's does.
+    bed.kubectl("patch", "crd", "gpuquotas.tessera.dev", "--type=json", "-p",
+                '[{"op": "remove", "path": "/spec/versions/0/additionalPrinterColumns"}]')
+    values = json.loads(json.dumps(bed.values))
+    values["image"]["tag"] = NEW_TAG
+    values["operator"]["leaseDurationSeconds"] = 20
+    started = time.monotonic()
+    out = bed.helm.upgrade(NS, values)
+    _say(f"helm upgrade to Ready: {time.monotonic() - started:.1f}s")
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert _deployment_ready(bed)
+    wait_until("new daemons Ready", lambda: (lambda pods: len(pods) == 2 and all(
+        _ready(p) and p["metadata"]["uid"] not in old_daemons
+        and p["spec"]["containers"][0]["image"].endswith(NEW_TAG) for p in pods))(
+        _daemon_pods(bed)), 240, 1)
+    operators = get_json(bed.cluster, "deployment", "tessera-operator", "-n", NS)
+    container = operators["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].endswith(f":{NEW_TAG}")
+    assert "--lease-duration=20" in container["args"]
+    crd = get_json(bed.cluster, "crd", "gpuquotas.tessera.dev")
+    assert "additionalPrinterColumns" not in crd["spec"]["versions"][0]  # Helm left it
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                f"{REPO / 'charts' / 'tessera' / 'crds'}/")  # the docs' command
+    crd = get_json(bed.cluster, "crd", "gpuquotas.tessera.dev")
+    shipped = yaml.safe_load((REPO / "crds" / "gpuquotas.tessera.dev.yaml").read_text())
+    assert crd["spec"]["versions"][0]["additionalPrinterColumns"] == shipped["spec"][
+        "versions"][0]["additionalPrinterColumns"]
+    # the reservation survived the operators' rollout (the recount finds the pod again)
+    wait_until("quota recounted by the new operators", lambda: _quota_used(bed) == before, 60)
+    for node in bed.cluster.nodes:
+        # both versions of libtessera: a running container keeps the one it mapped
+        for tag in (TAG, NEW_TAG):
+            assert node.host_path(f"/var/lib/tessera/lib/{tag}/libtessera.so").is_file()
+
+
+def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:
+    cluster = bed.cluster
+    bed.kubectl("delete", "namespace", TEAM, "--wait=false")
+    started = time.monotonic()
+    out = bed.helm.uninstall(NS)
+    _say(f"helm uninstall: {time.monotonic() - started:.1f}s")
+    assert out.returncode == 0, out.stderr + out.stdout
+    for kind, name in (("mutatingwebhookconfiguration", "tessera-pods"),
+                       ("validatingwebhookconfiguration", "tessera-resources"),
+                       ("clusterrole", "tessera-operator"), ("clusterrole", "tessera-node"),
+                       ("clusterrole", "tessera-uninstall"),
+                       ("validatingadmissionpolicy", "tessera-pod-budget")):
+        got = cluster.kubectl("get", kind, name)
+        assert got.returncode != 0 and "NotFound" in got.stderr, (kind, name, got.stdout)
+    for kind, name in (("lease", "tessera-operator"), ("secret", "tessera-webhook-tls"),
+                       ("deployment", "tessera-operator"), ("daemonset", "tessera-node"),
+                       ("job", "tessera-uninstall")):
+        got = cluster.kubectl("get", kind, name, "-n", NS)
+        assert got.returncode != 0 and "NotFound" in got.stderr, (kind, name, got.stdout)
+    wait_until("no tessera pods", lambda: not get_json(
+        cluster, "pods", "-n", NS, "-l", "app.kubernetes.io/name=tessera")["items"], 60)
+    for node in cluster.nodes:
+        meta = get_json(cluster, "node", node.name)["metadata"]
+        keys = [*meta.get("labels", {}), *meta.get("annotations", {})]
+        assert not [k for k in keys if k.startswith(PREFIX)], keys
+    crds = get_json(cluster, "crds")["items"]
+    assert {c["metadata"]["name"] for c in crds} >= {"gpupartitions.tessera.dev",
+                                                     "gpuquotas.tessera.dev"}
+    # with the webhooks gone, a pod asking for tessera resources is no longer blocked
+    bed.kubectl("create", "namespace", "after")
+    cluster.wait_for_service_account("after")
+    bed.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu", "namespace": "after"},
+        "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
+                                 "resources": {"limits": {VGPU: "1"}}}]}}))
+
+
+
+
+def test_tessera_images_are_reproducible(tmp_path: Path) -> None:
+    """Two builds from the same .deb files, wheels and libtessera: the same digests."""
+    python = REPO / ".venv" / "bin" / "python"
+    debs = default_layout().root / "tessera-images" / "debs"
+    digests = []
+    for run in ("one", "two"):
+        layout = Layout(tmp_path / run)
+        if debs.is_dir():  # the same .deb files (a new Debian update would be another input)
+            shutil.copytree(debs, layout.root / "tessera-images" / "debs")
+        built = ensure_tessera_images(layout, python, REPO / "hook" / "build", TAG)
+        assert all(b.seconds > 0 for b in built.values())  # really built, not cached
+        digests.append({ref: b.image.digest for ref, b in built.items()})
+    assert digests[0] == digests[1]

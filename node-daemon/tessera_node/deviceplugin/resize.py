@@ -1,0 +1,100 @@
+"""Live resize, the node daemon's part: the final decision for the node and the new budget
+file (pure, but :func:`apply`).
+
+The operator approved the request against the quota and wrote the new ``tessera.dev/budget``
+(status ``Approved``, :mod:`tessera.api.resize`). Only the daemon knows what else is
+committed on the container's GPUs and MIG instances: the memory budgets of every other
+container there (its *commitments*, published on its Node as ``tessera.dev/gpu-commitments``).
+It applies the resize when the new memory fits beside them on every unit, else refuses it
+(the operator then restores the previous budget and gives back what it reserved).
+
+Applying rewrites the container's budget file in place: libtessera re-reads it at the next
+allocation or launch of every process, so the container obeys at once. The core controller
+owns ``rate``/``burst``; they are kept, and the new core budget is its target from its next
+period. Shrinking memory below what the container holds keeps its allocations (the hook
+never frees memory) and refuses new ones until it is under.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from tessera.api.budget import BudgetError, ContainerBudget
+from tessera.api.names import ANNOTATION_BUDGET_RESIZE
+from tessera.api.resize import ResizeStatus
+from tessera_node.budget.formats import BudgetEntry
+from tessera_node.budget.writer import BudgetWriter
+from tessera_node.deviceplugin.budgets import container_budget, entries
+from tessera_node.deviceplugin.fit import overcommit
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: ResizeStatus
+    entries: list[BudgetEntry] | None = None
+    """The budget file's new entries when applied."""
+
+    @property
+    def applied(self) -> bool:
+        return self.status.state == "Applied"
+
+    def annotation_patch(self) -> dict[str, str]:
+        return {ANNOTATION_BUDGET_RESIZE: self.status.to_annotation()}
+
+
+def awaiting(annotations: Mapping[str, str]) -> ResizeStatus | None:
+    """The approved resize this pod waits for the node to decide, if any."""
+    s = ResizeStatus.parse(annotations.get(ANNOTATION_BUDGET_RESIZE))
+    return s if s is not None and s.state == "Approved" else None
+
+
+def decide(
+    annotations: Mapping[str, str],
+    container: str,
+    units: Sequence[str],
+    current: Sequence[BudgetEntry],
+    unit_memory: Mapping[str, int | None],
+    committed_elsewhere: Mapping[str, Sequence[int]],
+) -> Outcome | None:
+    """The node's answer to an approved resize of ``container`` (None: nothing to decide).
+
+    ``current``: the container's budget file entries now; ``committed_elsewhere``: per unit,
+    the memory budgets of every *other* container there."""
+    s = awaiting(annotations)
+    if s is None:
+        return None
+    try:
+        budget: ContainerBudget = container_budget(annotations, container)
+    except BudgetError as exc:
+        return Outcome(replace(s, state="Refused", reason=str(exc)))
+    why = overcommit(units, budget.memory_bytes, unit_memory, committed_elsewhere)
+    if why is not None:
+        return Outcome(replace(s, state="Refused", reason=f"on this node: {why}"))
+    ctx = {e.uuid: e.context for e in current if e.uuid}
+    new = entries(budget, units, False, {u: ctx.get(u, 0) for u in units})
+    by_uuid = {e.uuid: e for e in current}
+    kept = [
+        replace(e, rate=by_uuid[e.uuid].rate, burst=by_uuid[e.uuid].burst)
+        if e.uuid in by_uuid and by_uuid[e.uuid].cores is not None and e.cores is not None
+        else e
+        for e in new
+    ]
+    return Outcome(ResizeStatus(s.request, "Applied"), kept)
+
+
+def apply(writer: BudgetWriter, key: str, outcome: Outcome) -> None:
+    """Rewrite the budget file of allocation ``key`` when the outcome applies."""
+    if outcome.applied and outcome.entries is not None:
+        writer.ready(key, list(outcome.entries))
+
+
+def commitments(
+    unit_memory: Mapping[str, int | None], held: Mapping[str, Sequence[int]]
+) -> str:
+    """``tessera.dev/gpu-commitments``: per unit, its memory and the budgets committed there."""
+    return json.dumps(
+        {u: {"memory": m, "committed": sum(held.get(u, ())), "containers": len(held.get(u, ()))}
+         for u, m in sorted(unit_memory.items())},
+        sort_keys=True, separators=(",", ":"))

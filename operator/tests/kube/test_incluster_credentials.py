@@ -1,0 +1,27 @@
+"""In a pod, credentials come from the mounted ServiceAccount token (no kubeconfig)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes.config import incluster_config
+
+from tessera.kube.client import load_credentials
+from tessera.webhooks.certs import make_serving_cert
+
+
+def test_the_pod_token_is_sent_as_one_bearer_token(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("eyJhbGciOi.payload.sig")
+    ca.write_bytes(make_serving_cert(["10.0.0.1"], days=1).ca_pem)
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    creds = load_credentials(None)
+    # the in-cluster loader says "bearer <token>"; the API server wants one "Bearer <token>"
+    assert creds.headers["Authorization"] == "Bearer eyJhbGciOi.payload.sig"
+    assert creds.token == "eyJhbGciOi.payload.sig"
+    assert creds.server == "https://10.0.0.1:443"
