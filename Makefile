@@ -84,7 +84,7 @@ chart-docs: install
 	$(PY) -m tessera_e2e chart-docs
 
 # The main job: the local demo.
-demo: controlplane sim
+demo: sysdeps controlplane sim hook
 	$(PY) -m tessera_e2e demo
 
 # Everything: lint, types, unit, simulator, hook and integration tests.

@@ -7,6 +7,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -14,7 +15,7 @@ from tessera_e2e import chartdocs
 from tessera_e2e.build import ensure_built, ensure_containerd, ensure_helm
 from tessera_e2e.cache import default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
-from tessera_e2e.demo import main_demo
+from tessera_e2e.demo import DEMO_GPUS, main_demo
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
 from tessera_e2e.tessera_images import APP_VERSION, REPO, ensure_tessera_images
@@ -50,9 +51,22 @@ def _cluster(args: argparse.Namespace) -> None:
         _wait_for_interrupt()
 
 
-def _demo(args: argparse.Namespace) -> None:
-    with LocalCluster(ensure_built()) as cluster:
-        main_demo(cluster, exit_after=args.exit, wait=_wait_for_interrupt)
+def _demo(args: argparse.Namespace) -> int:
+    """Ctrl-C is how a person ends the demo: a clean teardown, status 0."""
+    started = time.monotonic()
+    ensure_containerd()
+    try:
+        with LocalCluster(ensure_built(), nodes=len(DEMO_GPUS), gpu_models=DEMO_GPUS,
+                          report=_quiet) as cluster:
+            main_demo(cluster, exit_after=args.exit, wait=_wait_for_interrupt,
+                      started=started)
+    except KeyboardInterrupt:
+        print("stopped: everything the demo started is removed", flush=True)
+    return 0
+
+
+def _quiet(line: str) -> None:
+    """The demo narrates its own steps; the cluster's progress lines stay out of the way."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("images", help="build the nodes' OCI images and tessera's, print "
                         "their digests")
     commands.add_parser("chart-docs", help="regenerate the values table of the chart README")
-    demo = commands.add_parser("demo", help="cluster + CRDs + examples, until Ctrl-C")
+    demo = commands.add_parser("demo", help="the story: two GPU nodes, partitions, a quota, "
+                                 "budgeted pods; until Ctrl-C")
     demo.add_argument("--exit", action="store_true", help="stop after showing (non-interactive)")
     args = parser.parse_args(argv)
     try:
@@ -87,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "chart-docs":
             print(chartdocs.write())
         else:
-            _demo(args)
+            return _demo(args)
     except ControlPlaneError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -120,12 +120,14 @@ class LocalCluster:
         containerd_bin: Path | None = None,
         extra_args: Mapping[str, list[str]] | None = None,
         report: Reporter = _report_to_stderr,
+        gpu_models: Sequence[tuple[str, ...]] = (),
     ) -> None:
         self.bin_dir = bin_dir
         self.layout = layout or default_layout()
         self.apiserver_port = apiserver_port
         self.controllers = controllers or nodes > 0
         self.node_count = nodes
+        self.gpu_models = tuple(gpu_models)  # each node's simulated GPUs (node.GPU_MODELS)
         # Binaries come from the build cache even when runs live elsewhere (tests' layouts).
         self.containerd_bin = containerd_bin or containerd_product(default_layout()).bin_dir
         self.network: TestbedNetwork | None = None
@@ -386,7 +388,8 @@ class LocalCluster:
         self.report(f"images built in {time.monotonic() - started:.1f}s")
         started = time.monotonic()
         for index in range(self.node_count):
-            node = Node(index, self.run, self.network, binaries, self.pki, self.server, images)
+            node = Node(index, self.run, self.network, binaries, self.pki, self.server, images,
+                        self.gpu_models)
             self.nodes.append(node)
             node.start()
         self.network.route({node.index: node.holder_pid for node in self.nodes})

@@ -1,24 +1,36 @@
-"""The demo: a local cluster with tessera's CRDs and the example resources applied, the
-operator admitting pods under a quota, and three simulated GPU nodes whose tessera-node
-daemons enact the example GPUPartitions with nvidia-smi.
+"""The demo, as one story told a short line per step: two real nodes with simulated GPUs
+(node-0: 2x H100-80GB, node-1: 1x A100-40GB), tessera's CRDs and examples applied, the
+operator and each node's tessera-node running, the example GPUPartitions enacted and Ready,
+a GPUQuota, workload pods running under their budgets, an over-budget allocation refused,
+and the final ``kubectl get tessera -A``.
+
+Each step is one function (``step_*``), run in order by ``run_demo``. The steps issue 16's
+core controller enables (achieved shares, lending idle time, a live resize) are hooks that
+do nothing yet.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import yaml
 
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.operators import LocalOperators, show_quota_admission
-
-if TYPE_CHECKING:  # the GPU nodes need the simulator (sim/ on the path), only the demo does
-    from tessera_e2e.node_daemons import NodeDaemonProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+DEMO_GPUS = (("H100-80GB", "H100-80GB"), ("A100-40GB",))
+"""The demo's nodes' simulated GPUs: node-0, node-1."""
+NODE_LABELS = {"node-0": {"node-role.example.com/inference": "true"},
+               "node-1": {"node-pool.example.com/name": "experiments"}}
+"""What the example partitions select (examples/h100-inference-pool.yaml: seven shared
+1g.10gb instances per H100; examples/a100-40gb-experiments.yaml: whole 3g.20gb + 2x 2g.10gb)."""
+TEAM = "demo-team"
 
 Printer = Callable[[str], None]
 
@@ -90,64 +102,188 @@ def apply_examples(cluster: LocalCluster, repo: Path = REPO_ROOT) -> list[Path]:
     return files
 
 
-def run_demo(
-    cluster: LocalCluster,
-    operators: LocalOperators,
-    say: Printer = _stdout,
-    repo: Path = REPO_ROOT,
-    *,
-    stays: bool,
-    daemons: list[NodeDaemonProcess] | None = None,
-) -> None:
-    """Install CRDs and examples into a started cluster, start the operator, show a quota
-    at work and GPU nodes enacting the partitions (their daemons are appended to
-    ``daemons`` for the caller to stop); when the cluster `stays` running, say how to use
-    it and how to stop it."""
-    say(f"Control plane ready in {cluster.ready_seconds:.1f}s at {cluster.server}")
-    crds = install_crds(cluster, repo)
-    say(f"Installed {len(crds)} CRD file(s) from crds/: all Established")
-    namespaces = example_namespaces(example_files(repo))
-    if namespaces:
-        say(f"Namespaces the examples use: {', '.join(namespaces)} (created if missing)")
-    examples = apply_examples(cluster, repo)
-    say(f"Applied {len(examples)} example(s): {', '.join(p.name for p in examples)}")
-    say("")
-    say("Starting the tessera operator (as its ServiceAccount, webhooks on loopback) ...")
-    operators.setup().ensure_running()
-    say("Operator is leader and serving the admission webhooks.")
-    say("")
-    show_quota_admission(cluster.kubectl, say)
-    say("")
-    say("$ kubectl get tessera -A")
-    say(_checked(cluster, "get", "tessera", "-A").rstrip())
-    say("")
-    from tessera_e2e.demo_nodes import show_gpu_nodes
+class Story:
+    """What the steps share: the cluster, the GPU bed (operator + daemons) once started,
+    the narrator, and when the demo started (for the first-pod figure)."""
 
+    def __init__(self, cluster: LocalCluster, say: Printer, started: float,
+                 repo: Path = REPO_ROOT) -> None:
+        self.cluster = cluster
+        self.say = say
+        self.started = started
+        self.repo = repo
+        self.bed: Any = None  # tessera_e2e.gpu_bed.Bed (needs sim/ on the path)
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        result = self.cluster.kubectl(*args, input=input)
+        if result.returncode != 0:
+            raise ControlPlaneError(f"`kubectl {' '.join(args)}` failed: "
+                                    f"{result.stderr.strip() or result.stdout.strip()}")
+        return str(result.stdout)
+
+    def show(self, *args: str) -> None:
+        self.say(f"$ kubectl {' '.join(args)}")
+        self.say(self.kubectl(*args).rstrip())
+
+
+def step_cluster(s: Story) -> None:
+    nodes = ", ".join(f"{n.name} ({len(g)}x {g[0]})" for n, g in zip(
+        s.cluster.nodes, DEMO_GPUS, strict=False))
+    s.say(f"1. Control plane and two real nodes (kubelet, containerd) ready in "
+          f"{time.monotonic() - s.started:.0f}s: {nodes}")
+
+
+def step_crds_and_examples(s: Story) -> None:
+    crds = install_crds(s.cluster, s.repo)
+    examples = apply_examples(s.cluster, s.repo)
+    s.say(f"2. Installed {len(crds)} CRDs and applied {len(examples)} examples/ "
+          f"(partitions, quotas)")
+    for node, labels in NODE_LABELS.items():
+        s.kubectl("label", "node", node, "--overwrite",
+                  *(f"{k}={v}" for k, v in labels.items()))
+
+
+def step_tessera(s: Story, logdir: Path, stack: Any) -> None:
+    from tessera_e2e.gpu_bed import gpu_bed
+
+    s.bed = stack.enter_context(gpu_bed(s.cluster, logdir, operators=("operator",)))
+    s.say("3. tessera operator (leader, admission webhooks) and tessera-node on each node "
+          "running")
+
+
+def partitions_ready(s: Story) -> list[dict[str, Any]] | None:
+    items: list[dict[str, Any]] = json.loads(s.kubectl("get", "gpart", "-o", "json"))["items"]
+    active = [p for p in items if (p.get("status") or {}).get("selectedNodeCount")]
+    done = len(active) == len(NODE_LABELS) and all(
+        p["status"].get("readyNodeCount") == p["status"]["selectedNodeCount"] for p in active)
+    return active if done else None
+
+
+def step_partitions(s: Story) -> None:
+    from tessera_e2e.operators import wait_until
+
+    active = wait_until("the partitions selecting the nodes Ready",
+                        lambda: partitions_ready(s), 300, 1)
+    s.say(f"4. Partitions {', '.join(p['metadata']['name'] for p in active)} enacted by "
+          f"tessera-node with nvidia-smi and Ready:")
+    s.show("get", "gpart")
+
+
+def step_quota(s: Story) -> None:
+    from tessera_e2e.operators import wait_until
+
+    s.kubectl("create", "namespace", TEAM)
+    s.cluster.wait_for_service_account(TEAM)
+    s.bed.quota(TEAM, {"memory": "16Gi", "cores": 200, "pods": 6},
+                {"memory": "8Gi", "cores": 100})
+    wait_until("the quota Ready", lambda: "True" in s.kubectl("get", "gq", "-n", TEAM), 30)
+    s.say(f"5. GPUQuota {TEAM}/team: 16Gi of GPU memory, 200 cores (2 GPUs' worth), 6 pods")
+
+
+WORKLOADS = (  # name, node, budget MiB, cores, what it holds, MIG resource
+    ("infer-a", "node-0", 4096, 30, 4000, None),
+    ("infer-b", "node-0", 2048, 70, 2000, None),
+    ("train", "node-1", 0, 0, 0, "3g.20gb"),
+)
+
+
+def step_workloads(s: Story) -> None:
+    from tessera.api.resources import mig_resource_name
+    from tessera_e2e.gpu_bed import gpu_pod, vgpu
+
+    for name, node, mib, cores, hold, mig in WORKLOADS:
+        limits = {mig_resource_name(mig): "1"} if mig else vgpu(mib, cores)
+        command = f"cuda-info && cuda-alloc {hold} 86400" if hold else \
+            "cuda-info && sleep 86400"
+        s.bed.apply(TEAM, gpu_pod(name, command, limits, node=node))
+    for name, node, mib, cores, hold, mig in WORKLOADS:
+        s.bed.wait_phase(TEAM, name, {"Running"}, 120)
+        if name == WORKLOADS[0][0]:
+            s.say(f"6. First GPU pod running {time.monotonic() - s.started:.0f}s after the "
+                  f"demo started")
+        logs = _wait_logs(s, name, "allocated" if hold else " ")
+        gpu = next(line for line in logs.splitlines() if line.startswith("0 ")).split()
+        what = f"MIG {mig}, whole" if mig else f"budget {mib} MiB / {cores}% cores"
+        held = f", holds {hold} MiB" if hold else ""
+        s.say(f"   {name} on {node} ({what}): cuMemGetInfo shows {gpu[-2]} MiB{held}")
+    s.show("get", "gq", "-n", TEAM)
+
+
+def _wait_logs(s: Story, pod: str, needle: str) -> str:
+    from tessera_e2e.operators import wait_until
+
+    found: str = wait_until(f"{pod}'s output", lambda: (
+        out if needle in (out := s.bed.logs(TEAM, pod)) else None), 60, 0.5)
+    return found
+
+
+def step_achieved_shares(s: Story) -> None:
+    """Hook for issue 16 (the core controller): print each workload's achieved SM share
+    next to its budget (30/70 on one GPU). Nothing to show until that controller exists."""
+
+
+def step_refused(s: Story) -> None:
+    from tessera_e2e.gpu_bed import gpu_pod, vgpu
+
+    s.bed.apply(TEAM, gpu_pod("greedy", "cuda-alloc 3000", vgpu(2048, 10), node="node-0"))
+    done = s.bed.wait_phase(TEAM, "greedy", {"Succeeded", "Failed"}, 120)
+    logs = s.bed.logs(TEAM, "greedy")
+    refusal = next((line for line in logs.splitlines() if "cuMemAlloc failed" in line), logs)
+    code = done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
+    s.say(f"7. greedy asks for 3000 MiB on a 2048 MiB budget: refused, exit {code}: "
+          f"{refusal.strip()}")
+
+
+def step_lending(s: Story) -> None:
+    """Hook for issue 16: one workload goes idle, the other borrows its time, then gives it
+    back when the first resumes. Nothing to show until the core controller exists."""
+
+
+def step_live_resize(s: Story) -> None:
+    """Hook for issue 16: a running pod's core budget is changed and it obeys at once.
+    Nothing to show until the core controller exists."""
+
+
+def step_final(s: Story) -> None:
+    s.say("8. Everything tessera knows:")
+    s.show("get", "tessera", "-A")
+
+
+def run_demo(cluster: LocalCluster, say: Printer = _stdout, repo: Path = REPO_ROOT, *,
+             stays: bool, started: float, stack: Any) -> None:
+    """Tell the story on a started cluster with the demo's nodes; what it starts is
+    registered on ``stack`` (a contextlib.ExitStack) for the caller to stop. When the
+    cluster `stays` running, say how to use it and how to stop it."""
     assert cluster.run is not None
-    show_gpu_nodes(cluster.kubectl, cluster.kubeconfig, cluster.run.logs / "nodes", say,
-                   daemons if daemons is not None else [])
+    s = Story(cluster, say, started, repo)
+    step_cluster(s)
+    step_crds_and_examples(s)
+    step_tessera(s, cluster.run.logs / "tessera", stack)
+    step_partitions(s)
+    step_quota(s)
+    step_workloads(s)
+    step_achieved_shares(s)
+    step_refused(s)
+    step_lending(s)
+    step_live_resize(s)
+    step_final(s)
     if not stays:
         say("Stopping the cluster now (--exit); without --exit it keeps running until Ctrl-C.")
         return
     say("Use this cluster from another shell:")
     say(f"  export KUBECONFIG={cluster.kubeconfig}")
     say(f"  alias kubectl={cluster.kubectl_path}   # the built kubectl, same version as the server")
-    say("  kubectl get gpupartitions,gpuquotas -A")
+    say(f"  kubectl get pods,gq -n {TEAM}")
     say("Stop it with Ctrl-C here (everything it started is removed).")
 
 
-def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], None]) -> None:
+def main_demo(cluster: LocalCluster, *, exit_after: bool, wait: Callable[[], None],
+              started: float) -> None:
+    import contextlib
+
     assert cluster.run is not None, "the cluster must be started"
-    assert cluster.pki is not None
-    operators = LocalOperators(cluster.kubectl, cluster.kubeconfig, cluster.run.logs,
-                               names=("operator",),
-                               webhook_client_ca=cluster.pki.webhook_client_ca)
-    daemons: list[NodeDaemonProcess] = []
-    try:
-        run_demo(cluster, operators, stays=not exit_after, daemons=daemons)
+    (cluster.run.logs / "tessera").mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        run_demo(cluster, stays=not exit_after, started=started, stack=stack)
         if not exit_after:
             wait()
-    finally:
-        for d in daemons:
-            d.stop()
-        operators.stop_all()

@@ -56,6 +56,7 @@ NODE_MOUNTS = ("run", "var/lib", "var/log")
 GPU_DIR = "/var/lib/tessera/gpu"
 START_TIMEOUT_S = 60.0
 # Each node's simulated GPUs, by node index (cycled): different models tell nodes apart.
+# LocalCluster(gpu_models=...) gives other nodes (the demo's).
 GPU_MODELS = (("H100-80GB",), ("A100-40GB",))
 
 
@@ -79,8 +80,10 @@ class Node:
         pki: Pki,
         server: str,
         images: dict[str, Image],
+        gpu_models: Sequence[tuple[str, ...]] = (),
     ) -> None:
         self.index = index
+        self.gpu_models = tuple(gpu_models) or GPU_MODELS
         self.name = f"node-{index}"
         self.run_dir = run_dir
         self.network = network
@@ -252,7 +255,7 @@ class Node:
         gpu = self.host_path(GPU_DIR)
         for part in ("lib", "bin"):
             shutil.copytree(self.binaries.sim_build / part, gpu / part, symlinks=True)
-        models = GPU_MODELS[self.index % len(GPU_MODELS)]
+        models = self.gpu_models[self.index % len(self.gpu_models)]
         write_node(gpu / "node.conf", [GPUSpec.parse(model) for model in models],
                    seed=self.name)
 

@@ -1,9 +1,11 @@
-"""`make demo` does what it says: shows the resources and a quota at work, its instructions
-work, it stops clean."""
+"""`make demo` tells the story (two GPU nodes, partitions Ready, a quota, pods under budgets,
+a refused allocation, the final resources), its instructions work, Ctrl-C stops it clean
+with status 0."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.mig.catalog import profile
 from tessera_e2e.demo import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -19,22 +22,30 @@ ENV = dict(os.environ, PYTHONPATH=f"{REPO_ROOT / 'e2e'}:{REPO_ROOT / 'sim'}")
 DEMO = [sys.executable, "-m", "tessera_e2e", "demo"]
 
 
-def _assert_shows_the_resources(out: str) -> None:
-    assert "Control plane ready in" in out
-    assert "$ kubectl get tessera -A" in out
-    assert "gpupartition.tessera.dev/" in out and "gpuquota.tessera.dev/" in out
-    assert "SELECTED" in out and "CORES" in out  # printer columns of both kinds
-    # The operator admits within quota (defaults filled in) and refuses beyond it.
-    assert "pod small: admitted" in out and '"tessera.dev/vgpu-memory":"2048"' in out
-    assert "pod medium: admitted" in out
-    assert "pod too-big: refused" in out and 'exceeded GPUQuota "team"' in out
-    # Three simulated GPU nodes: their daemons enact the example partitions.
-    ready = out.split("# every selected node Ready", 1)[1]
-    for name in ("h100-inference", "a100-experiments", "a30-small-jobs"):
-        row = next(line.split() for line in ready.splitlines() if line.startswith(name))
-        assert row[1:3] == ["1", "1"], row  # selected 1, Ready 1
-    lgi = out.split("$ nvidia-smi mig -lgi", 1)[1]
-    assert lgi.count("MIG 3g.20gb") == 4 and lgi.count("MIG 2g.10gb") == 8
+def _assert_tells_the_story(out: str) -> None:
+    assert "1. Control plane and two real nodes" in out
+    assert "node-0 (2x H100-80GB), node-1 (1x A100-40GB)" in out
+    # the example partitions that select the demo's nodes, enacted and Ready with their layout
+    assert "4. Partitions a100-experiments, h100-inference enacted" in out
+    gpart = out.split("$ kubectl get gpart", 1)[1]
+    rows = {line.split()[0]: line.split() for line in gpart.splitlines()[1:] if line.strip()}
+    assert rows["h100-inference"][1:4] == ["1", "1", "7x1g.10gb"], gpart
+    assert rows["a100-experiments"][1:4] == ["1", "1", "1x3g.20gb+2x2g.10gb"], gpart
+    assert "5. GPUQuota demo-team/team" in out
+    # workload pods under their budgets: what cuMemGetInfo shows inside is the budget
+    assert re.search(r"6\. First GPU pod running \d+s after the demo started", out), out
+    assert "infer-a on node-0 (budget 4096 MiB / 30% cores): cuMemGetInfo shows 4096 MiB, " \
+        "holds 4000 MiB" in out
+    assert "infer-b on node-0 (budget 2048 MiB / 70% cores): cuMemGetInfo shows 2048 MiB" in out
+    mig = profile("A100-40GB", "3g.20gb").memory_mib
+    assert f"train on node-1 (MIG 3g.20gb, whole): cuMemGetInfo shows {mig} MiB" in out
+    quota = out.split("$ kubectl get gq -n demo-team", 1)[1].splitlines()[2].split()
+    assert quota[1:4] == ["100/200", "6Gi/16Gi", "3/6"], quota
+    assert "7. greedy asks for 3000 MiB on a 2048 MiB budget: refused, exit 1: " \
+        "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in out
+    final = out.split("$ kubectl get tessera -A", 1)[1]
+    assert "gpupartition.tessera.dev/h100-inference" in final
+    assert "gpuquota.tessera.dev/team" in final and "demo-team" in final
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -49,10 +60,10 @@ def _processes_naming(text: str) -> list[int]:
 
 
 def test_demo_exit_runs_once_non_interactively() -> None:
-    result = subprocess.run([*DEMO, "--exit"], capture_output=True, text=True, timeout=400,
+    result = subprocess.run([*DEMO, "--exit"], capture_output=True, text=True, timeout=600,
                             env=ENV, check=False)
     assert result.returncode == 0, result.stderr
-    _assert_shows_the_resources(result.stdout)
+    _assert_tells_the_story(result.stdout)
     assert "Stopping the cluster now (--exit)" in result.stdout
     assert "export KUBECONFIG" not in result.stdout  # it would point at a stopped cluster
 
@@ -68,18 +79,18 @@ def test_demo_instructions_work_and_ctrl_c_stops_it() -> None:
             assert line, f"demo ended early: {''.join(lines)}"
             lines.append(line)
         out = "".join(lines)
-        _assert_shows_the_resources(out)
+        _assert_tells_the_story(out)
         kubeconfig = out.split("export KUBECONFIG=", 1)[1].split()[0]
         kubectl = out.split("alias kubectl=", 1)[1].split()[0]
         shown = subprocess.run(
-            [kubectl, "get", "gpupartitions,gpuquotas", "-A"], capture_output=True, text=True,
+            [kubectl, "get", "pods,gq", "-n", "demo-team"], capture_output=True, text=True,
             env=dict(os.environ, KUBECONFIG=kubeconfig), check=False,
         )
         assert shown.returncode == 0, shown.stderr
-        assert "gpupartition.tessera.dev/" in shown.stdout
+        assert "pod/infer-a" in shown.stdout and "gpuquota.tessera.dev/team" in shown.stdout
     finally:
         demo.send_signal(signal.SIGINT)
-        assert demo.wait(30) == 130
+        assert demo.wait(60) == 0
     run_dir = Path(kubeconfig).parent
     assert not run_dir.exists()
     assert _processes_naming(str(run_dir)) == []  # the operator went with the cluster

@@ -21,106 +21,21 @@ from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.api.resources import mig_resource_name
 from tessera.mig.catalog import profile
 from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.images import WORKLOAD
-from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
-from tessera_e2e.operators import LocalOperators, wait_until
+from tessera_e2e.gpu_bed import BUDGET_WAIT_S, SHARES, Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.operators import wait_until
 from tessera_node.budget.formats import read_budget
 
 pytestmark = pytest.mark.integration
 
 MIG_1G = mig_resource_name("1g.10gb")
 MIB = 1 << 20
-SHARES = 10  # the daemon's default shares per GPU
-BUDGET_WAIT_S = 8  # how long libtessera waits for a pending budget file
-ANCHOR = {"name": "daemon", "image": WORKLOAD, "imagePullPolicy": "Never",
-          "command": ["sleep", "86400"]}
-
-
-class Bed:
-    def __init__(self, cluster: LocalCluster, ops: LocalOperators,
-                 daemons: dict[str, KubeletNodeDaemon]) -> None:
-        self.cluster = cluster
-        self.ops = ops
-        self.daemons = daemons
-
-    def kubectl(self, *args: str, input: str | None = None) -> Any:
-        return self.cluster.kubectl(*args, input=input)
-
-    def apply(self, namespace: str, manifest: dict[str, Any]) -> None:
-        out = self.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-        assert out.returncode == 0, out.stderr
-
-    def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        out = self.kubectl("get", "pod", "-n", namespace, name, "-o", "json")
-        assert out.returncode == 0, out.stderr
-        found: dict[str, Any] = json.loads(out.stdout)
-        return found
-
-    def wait_phase(self, namespace: str, name: str, phases: set[str],
-                   timeout_s: float = 90) -> dict[str, Any]:
-        found: dict[str, Any] = wait_until(
-            f"pod {name} to be {sorted(phases)}",
-            lambda: (p if (p := self.pod(namespace, name))["status"].get("phase") in phases
-                     else None), timeout_s, 0.5)
-        return found
-
-    def logs(self, namespace: str, name: str) -> str:
-        return str(self.kubectl("logs", "-n", namespace, name).stdout)
-
-    def allocatable(self, node: str) -> dict[str, str]:
-        alloc: dict[str, str] = node_json(self.kubectl, node)["status"].get("allocatable", {})
-        return alloc
-
-    def quota(self, namespace: str) -> None:
-        self.apply(namespace, {
-            "apiVersion": API_VERSION, "kind": "GPUQuota",
-            "metadata": {"name": "team"},
-            "spec": {"hard": {"memory": "400Gi", "cores": 4000, "pods": 100},
-                     "default": {"memory": "1Gi", "cores": 10},
-                     "max": {"memory": "80Gi", "cores": 100}}})
-
-
-def gpu_pod(name: str, command: str, limits: dict[str, str], node: str | None = "node-0",
-            env: dict[str, str] | None = None) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
-                         "command": ["sh", "-c", command], "resources": {"limits": limits}}
-    if env:
-        c["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    spec: dict[str, Any] = {"containers": [c], "restartPolicy": "Never",
-                            "terminationGracePeriodSeconds": 1}
-    if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-
-
-def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
-    return {VGPU: str(shares), VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(cores)}
 
 
 @pytest.fixture(scope="module")
 def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[Bed]:
-    logdir = tmp_path_factory.mktemp("tessera-nodes")
-    assert node_cluster.pki is not None
-    ops = LocalOperators(node_cluster.kubectl, node_cluster.kubeconfig, logdir,
-                         webhook_client_ca=node_cluster.pki.webhook_client_ca).setup()
-    daemons: dict[str, KubeletNodeDaemon] = {}
-    try:
-        ops.ensure_running()
-        for node in node_cluster.nodes:
-            kc = daemon_kubeconfig(node_cluster.kubectl, node_cluster.kubeconfig, logdir,
-                                   node.name, container=ANCHOR)
-            daemons[node.name] = KubeletNodeDaemon(node, kc, logdir,
-                                                   ["--budget-wait", str(BUDGET_WAIT_S),
-                                                    "--audit-interval", "2"]).start()
-        for d in daemons.values():
-            wait_until(f"{d.node} daemon ready", lambda d=d: d.get("/readyz")[0] == 200, 60)
-        yield Bed(node_cluster, ops, daemons)
-    finally:
-        for d in daemons.values():
-            d.stop()
-        ops.stop_all()
-        ops.uninstall_webhooks()
+    with gpu_bed(node_cluster, tmp_path_factory.mktemp("tessera-nodes")) as b:
+        yield b
 
 
 def test_the_plugin_registers_and_the_nodes_advertise_shares_and_capacity(bed: Bed) -> None:
@@ -217,11 +132,7 @@ def test_mig_instances_whole_then_shared_then_mig_disabled_again(
         overcommit_is_refused_with_an_event(bed, node_namespace)
     finally:
         bed.kubectl("delete", "gpupartition", "node0-mig", "--wait=false")
-    wait_until("the partition reset and gone", lambda: bed.kubectl(
-        "get", "gpupartition", "node0-mig").returncode != 0, 180, 1)
-    wait_until("node-0 advertising its whole GPU again", lambda: (
-        a if (a := bed.allocatable("node-0")).get(VGPU) == str(SHARES)
-        and a.get(MIG_1G) == "0" else None), 60, 1)
+    bed.wait_partition_removed("node0-mig")
 
 
 def overcommit_is_refused_with_an_event(bed: Bed, namespace: str) -> None:
@@ -326,13 +237,7 @@ def test_kubelet_restart_re_registration_running_pods_keep_budgets(
     bed.wait_phase(node_namespace, "keeper", {"Running"})
     before = wait_until("keeper's output", lambda: bed.logs(node_namespace, "keeper"), 30)
     assert " 2048 2048" in before, before
-    restarted = time.time()
-    bed.cluster.node("node-1").restart_kubelet(kill=True)
-    d = bed.daemons["node-1"]
-    wait_until("the daemon registering again", lambda: any(
-        r.get("msg") == "serving and registering again" for r in d.log_records(restarted)), 60)
-    wait_until("node-1 advertising its shares again", lambda: bed.allocatable(
-        "node-1").get(VGPU) == str(SHARES), 60)
+    bed.restart_kubelet("node-1")
 
     def exec_info() -> str:
         out = bed.kubectl("exec", "-n", node_namespace, "keeper", "--", "cuda-info")

@@ -197,3 +197,24 @@ def test_preferred_allocation_packs_only_onto_units_with_room_for_the_pending_bu
     assert plugin.preferred(free, [], 1) == [share_id(G0, 1)]  # it fits: pack onto G0
     c.pods[1]["metadata"]["annotations"][ANNOTATION_BUDGET] = budget_of(90 * GIB)
     assert plugin.preferred(free, [], 1) == [share_id(G0, 1)]  # fits nowhere: the policy's
+
+
+def test_nothing_is_resolved_before_the_gpus_are_read(tmp_path: Path) -> None:
+    """A restarted daemon knows its pods before its GPUs: checking its running containers'
+    budgets against no devices would refuse them all, so it waits for the first read."""
+    import asyncio
+
+    svc = service(tmp_path)
+    listed: list[int] = []
+    svc.health.synced = lambda name: True  # type: ignore[method-assign]
+
+    def list_held() -> list[Held]:
+        listed.append(1)
+        return []
+
+    svc._list_held = list_held  # type: ignore[method-assign]
+    asyncio.run(svc._resolve(svc.require_manager()))
+    assert listed == []  # GPUs not read: no allocation confirmed, none refused
+    svc.update(SNAP, {}, frozenset())
+    asyncio.run(svc._resolve(svc.require_manager()))
+    assert listed == [1]

@@ -1,0 +1,152 @@
+"""The GPU test bed: the test bed's real nodes with the operator and ``tessera-node`` running
+(each daemon in its node's namespaces, as a DaemonSet pod would be), and the small helpers
+the tests that run GPU pods on them share: apply, wait for a pod's phase, read its logs, a
+node's allocatable resources, a GPUQuota, a GPU pod's manifest."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tessera.api.names import API_VERSION, MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.images import WORKLOAD
+from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
+from tessera_e2e.operators import LocalOperators, wait_until
+
+SHARES = 10  # the daemon's default shares per GPU
+BUDGET_WAIT_S = 8  # how long libtessera waits for a pending budget file
+ANCHOR = {"name": "daemon", "image": WORKLOAD, "imagePullPolicy": "Never",
+          "command": ["sleep", "86400"]}
+"""The container of the pod each daemon's token is bound to."""
+
+
+class Bed:
+    def __init__(self, cluster: LocalCluster, ops: LocalOperators,
+                 daemons: dict[str, KubeletNodeDaemon]) -> None:
+        self.cluster = cluster
+        self.ops = ops
+        self.daemons = daemons
+
+    def kubectl(self, *args: str, input: str | None = None) -> Any:
+        return self.cluster.kubectl(*args, input=input)
+
+    def apply(self, namespace: str, manifest: dict[str, Any]) -> None:
+        out = self.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+        assert out.returncode == 0, out.stderr
+
+    def get(self, *args: str) -> Any:
+        out = self.kubectl("get", *args, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.get("pod", "-n", namespace, name)
+        return found
+
+    def wait_phase(self, namespace: str, name: str, phases: set[str],
+                   timeout_s: float = 90) -> dict[str, Any]:
+        found: dict[str, Any] = wait_until(
+            f"pod {name} to be {sorted(phases)}",
+            lambda: (p if (p := self.pod(namespace, name))["status"].get("phase") in phases
+                     else None), timeout_s, 0.5)
+        return found
+
+    def logs(self, namespace: str, name: str) -> str:
+        return str(self.kubectl("logs", "-n", namespace, name).stdout)
+
+    def allocatable(self, node: str) -> dict[str, str]:
+        alloc: dict[str, str] = node_json(self.kubectl, node)["status"].get("allocatable", {})
+        return alloc
+
+    def quota(self, namespace: str, hard: dict[str, Any] | None = None,
+              max_: dict[str, Any] | None = None) -> None:
+        self.apply(namespace, {
+            "apiVersion": API_VERSION, "kind": "GPUQuota",
+            "metadata": {"name": "team"},
+            "spec": {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
+                     "default": {"memory": "1Gi", "cores": 10},
+                     "max": max_ or {"memory": "80Gi", "cores": 100}}})
+
+    def wait_partition_removed(self, name: str, node: str = "node-0") -> None:
+        """After ``kubectl delete gpupartition name`` (deletionPolicy Reset): gone, and the
+        node advertising its whole GPU again."""
+        wait_until(f"partition {name} reset and gone", lambda: self.kubectl(
+            "get", "gpupartition", name).returncode != 0, 180, 1)
+        wait_until(f"{node} advertising its whole GPU again", lambda: (
+            a if (a := self.allocatable(node)).get(VGPU) == str(SHARES)
+            and not any(k.startswith(MIG_PREFIX) and v != "0" for k, v in a.items())
+            else None), 60, 1)
+
+    def restart_kubelet(self, node: str) -> None:
+        """Kill the node's kubelet and start it again; returns once tessera-node has served
+        and registered its plugin again and the node advertises its shares."""
+        restarted = time.time()
+        self.cluster.node(node).restart_kubelet(kill=True)
+        d = self.daemons[node]
+        wait_until("the daemon registering again", lambda: any(
+            r.get("msg") == "serving and registering again"
+            for r in d.log_records(restarted)), 60)
+        wait_until(f"{node} advertising its shares again", lambda: self.allocatable(
+            node).get(VGPU) == str(SHARES), 60, 1)
+
+    def restart_daemon(self, node: str) -> None:
+        """Stop ``tessera-node`` on the node (its PodResources proxy stays) and start it
+        again; returns once it is ready."""
+        d = self.daemons[node]
+        super(KubeletNodeDaemon, d).stop()
+        d.start()
+        _wait_ready(d)
+
+
+def _wait_ready(d: KubeletNodeDaemon) -> None:
+    wait_until(f"{d.node} daemon ready", lambda: d.get("/readyz")[0] == 200, 60)
+
+
+def gpu_pod(name: str, command: str, limits: dict[str, str], node: str | None = "node-0",
+            env: dict[str, str] | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
+                         "command": ["sh", "-c", command], "resources": {"limits": limits}}
+    if env:
+        c["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec: dict[str, Any] = {"containers": [c], "restartPolicy": "Never",
+                            "terminationGracePeriodSeconds": 1}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
+    return {VGPU: str(shares), VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(cores)}
+
+
+@contextlib.contextmanager
+def gpu_bed(cluster: LocalCluster, logdir: Path,
+            operators: tuple[str, ...] = ("op-a", "op-b")) -> Iterator[Bed]:
+    """The operator (replicas named ``operators``) and one ready ``tessera-node`` per real
+    node; all stopped on exit."""
+    assert cluster.pki is not None
+    ops = LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir, names=operators,
+                         webhook_client_ca=cluster.pki.webhook_client_ca).setup()
+    daemons: dict[str, KubeletNodeDaemon] = {}
+    try:
+        ops.ensure_running()
+        for node in cluster.nodes:
+            kc = daemon_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir,
+                                   node.name, container=ANCHOR)
+            d = KubeletNodeDaemon(node, kc, logdir, ["--budget-wait", str(BUDGET_WAIT_S),
+                                                     "--audit-interval", "2"])
+            daemons[node.name] = d
+            d.start()
+        for d in daemons.values():
+            _wait_ready(d)
+        yield Bed(cluster, ops, daemons)
+    finally:
+        for d in daemons.values():
+            d.stop()
+        ops.stop_all()
+        ops.uninstall_webhooks()
