@@ -353,11 +353,8 @@ class DevicePluginService:
     async def _resolve(self, manager: Manager) -> None:
         if not self.health.synced(POD_WATCH):
             return  # a pod not known yet would count as ended
-        with self._state_lock:
-            if self._devices.snapshot is None:
-                # GPUs not read yet (just started): no budget can be checked, and refusing
-                # would take the running containers' budgets away
-                return
+        if not self.gpus_read():
+            return  # see step(): refusing now would take running containers' budgets away
         try:
             listing = await asyncio.to_thread(self._list_held)
         except OSError as exc:
