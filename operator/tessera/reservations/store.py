@@ -123,6 +123,7 @@ class QuotaStore:
                                                   health=self.health):
                 if typ == "SYNC":
                     self._cache = {_key(q): q for q in obj.get("items") or []}
+                    self._views = {k: v for k, v in self._views.items() if k in self._cache}
                     self._synced = True
                     for key, q in self._cache.items():
                         self._remember(key, q)
