@@ -41,9 +41,9 @@ sys.path[:0] = [str(REPO / "operator"), str(REPO / "e2e")]
 
 from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
 from tessera.api.names import (  # noqa: E402
-    GROUP,
     ANNOTATION_BUDGET_REQUEST,
     ANNOTATION_BUDGET_RESIZE,
+    GROUP,
 )
 from tessera.api.node_report import ANNOTATION_PARTITION_STATUS  # noqa: E402
 from tessera.api.node_report import to_annotation as reports_to_annotation  # noqa: E402

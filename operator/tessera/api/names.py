@@ -45,8 +45,6 @@ REASON_RESIZED = "BudgetResized"
 """Event reason on a pod whose resize was applied."""
 REASON_RESIZE_REFUSED = "BudgetResizeRefused"
 """Event reason on a pod whose resize was refused (the message says why)."""
-ANNOTATION_RELEASED = f"{GROUP}/released"
-"""Set by the operator on a finished pod once its usage was released (never twice)."""
 
 # -- Nodes (written by each node's daemon on its own Node) -----------------------------------
 
@@ -85,5 +83,16 @@ NVIDIA_DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 
 FINALIZER_RESET = f"{GROUP}/reset"
 """Held on ``deletionPolicy: Reset`` partitions until their GPUs are reset."""
-ANNOTATION_LEADER_ENDPOINT = f"{GROUP}/endpoint"
-"""On the leader Lease: where the leading replica takes reservations from the others."""
+
+# -- the ResourceQuota each GPUQuota manages (the race-free count at admission) --------------
+
+MANAGED_QUOTA_PREFIX = "gpuquota-"
+"""A GPUQuota ``team`` manages the ResourceQuota ``gpuquota-team`` in its namespace (so the
+API server's refusal, ``exceeded quota: gpuquota-team``, names the GPUQuota)."""
+LABEL_GPUQUOTA = f"{GROUP}/gpuquota"
+"""On a managed ResourceQuota: the name of the GPUQuota that owns it."""
+ANNOTATION_RESIZE_GROWTH = f"{GROUP}/resize-growth"
+"""JSON on a managed ResourceQuota, by pod UID: how far live resizes grew each pod's budget
+beyond its limits (``{"memoryMiB": …, "cores": …}``); ``hard`` is lowered by their sum."""
+QUOTA_REQUESTS_PREFIX = "requests."
+"""What a ResourceQuota calls an extended resource it counts (``requests.tessera.dev/…``)."""

@@ -3,7 +3,8 @@
 Cores are percent of one GPU's SMs (150 = one and a half GPUs) and memory a Kubernetes
 quantity, both totals across a pod's GPUs, the same units pods ask in.  ``status.used`` is
 counts only (never pod lists, which would grow without bound and churn Argo CD); it is
-written by admission reservations and the operator's recount.
+written by the operator from the pods it watches.  The race-free count at admission is a
+ResourceQuota each GPUQuota manages (``tessera.quota.managed``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
-from tessera.api.conditions import Condition, Timestamp
+from tessera.api.conditions import Condition
 from tessera.api.crdtools import cel, list_map
 from tessera.api.meta import ApiModel, FieldPathError, ObjectMeta
 from tessera.api.profile import ProfileName
@@ -148,26 +149,13 @@ class QuotaUsage(ApiModel):
     """Usage counted against ``hard``."""
 
     memory: Quantity = Field(default_factory=lambda: Quantity(0))
-    """GPU memory reserved by admitted pods."""
+    """GPU memory held by running GPU pods."""
     cores: int = Field(default=0, ge=0)
-    """Cores reserved by admitted pods."""
+    """Cores held by running GPU pods."""
     pods: int = Field(default=0, ge=0)
-    """Admitted GPU pods."""
+    """Running GPU pods."""
     mig_instances: dict[str, int] = Field(default_factory=dict)
     """Whole MIG instances by profile."""
-
-
-MAX_RESERVATIONS = 256
-"""Most pending reservations a quota holds (``tessera.quota.ledger.MAX_PENDING``)."""
-
-
-class QuotaReservation(QuotaUsage):
-    """Usage admitted for a pod the operator has not seen yet (keyed by the pod's UID)."""
-
-    pod: str = Field(max_length=253)
-    """The pod's name."""
-    expires: Timestamp
-    """When its create request has certainly ended: given back then if no such pod exists."""
 
 
 class QuotaSummary(ApiModel):
@@ -182,19 +170,15 @@ class QuotaSummary(ApiModel):
 
 
 class GPUQuotaStatus(ApiModel):
-    """Counts and conditions; written by admission and the operator, never by users."""
+    """Counts and conditions; written by the operator, never by users."""
 
     observed_generation: int | None = Field(default=None, ge=0)
     """metadata.generation the operator last reconciled."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Ready, Progressing, Degraded."""
     used: QuotaUsage = Field(default_factory=QuotaUsage)
-    """What admitted pods hold now, pending reservations included."""
-    reservations: dict[str, QuotaReservation] = Field(default_factory=dict,
-                                                      max_length=MAX_RESERVATIONS)
-    """Reservations by pod UID whose pods the operator has not seen yet (included in
-    used); the operator moves them into the count, or gives them back when their create
-    request ended without a pod."""
+    """What the namespace's running GPU pods hold now (their live budgets), as the
+    operator's pod watch counts them."""
     summary: QuotaSummary | None = None
     """used/hard texts for kubectl get."""
 

@@ -21,30 +21,20 @@ def _run(args: argparse.Namespace) -> int:
         u = urlparse(args.webhook_url)
         if u.scheme != "https" or not u.hostname:
             raise CLIError(f"--webhook-url must be https://HOST[:PORT], got {args.webhook_url!r}")
-    advertise = args.advertise_url
-    if advertise is None and os.environ.get("POD_IP"):
-        host = os.environ["POD_IP"]
-        host = f"[{host}]" if ":" in host else host
-        advertise = f"https://{host}:{args.webhook_port}"
-    if advertise is not None:
-        u = urlparse(advertise)
-        if u.scheme != "https" or not u.hostname:
-            raise CLIError(f"--advertise-url must be https://HOST:PORT, got {advertise!r}")
     if args.lease_duration <= 2 * args.lease_renew:
         raise CLIError("--lease-duration must be more than twice --lease-renew")
     if args.webhook_client_name and args.webhook_client_ca is None:
         raise CLIError("--webhook-client-name needs --webhook-client-ca")
     if args.webhook_client_ca is not None and not os.path.isfile(args.webhook_client_ca):
         raise CLIError(f"--webhook-client-ca {args.webhook_client_ca!r} is not a file")
-    if args.create_deadline <= 0 or args.recount_interval <= 0:
-        raise CLIError("--create-deadline and --recount-interval must be positive")
+    if args.recount_interval <= 0:
+        raise CLIError("--recount-interval must be positive")
     opts = Options(
         kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
         webhook_port=args.webhook_port, webhook_url=args.webhook_url,
         service_name=args.service_name, health_host=args.health_host,
         health_port=args.health_port, lease_duration_s=args.lease_duration,
         lease_renew_s=args.lease_renew, recount_interval_s=args.recount_interval,
-        create_deadline_s=args.create_deadline, advertise_url=advertise,
         webhook_client_ca=args.webhook_client_ca,
         webhook_client_names=tuple(args.webhook_client_name or ()),
         webhook_config_interval_s=args.webhook_config_interval,
@@ -70,9 +60,6 @@ def register(subparsers: Any) -> None:
     r.add_argument("--webhook-port", type=int, default=D.webhook_port)
     r.add_argument("--webhook-url", help="https base URL the API server calls (local "
                    "clusters); default: Service client config")
-    r.add_argument("--advertise-url", help="https URL of this replica's webhook port that "
-                   "the other replicas hand reservations to while it leads (default: "
-                   "https://$POD_IP:WEBHOOK_PORT when POD_IP is set; none: no hand-over)")
     r.add_argument("--service-name", default=D.service_name)
     r.add_argument("--health-host", default=D.health_host)
     r.add_argument("--health-port", type=int, default=D.health_port,
@@ -81,9 +68,6 @@ def register(subparsers: Any) -> None:
     r.add_argument("--lease-renew", type=float, default=D.lease_renew_s, help="seconds")
     r.add_argument("--recount-interval", type=float, default=D.recount_interval_s,
                    help="seconds")
-    r.add_argument("--create-deadline", type=float, default=D.create_deadline_s,
-                   help="seconds a quota reservation waits for its pod to exist: the API "
-                   "server's --request-timeout plus a margin")
     r.add_argument("--webhook-client-ca", default=D.webhook_client_ca,
                    help="CA file of the API server's webhook client certificate: admission "
                    "reviews without a certificate it signed are refused")

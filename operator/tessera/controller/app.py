@@ -3,10 +3,10 @@
 Every replica serves the admission webhooks (from the certificate shared in a Secret), so
 admission keeps working through a failover.  Every replica also watches the GPUQuotas (the
 admission cache).  Only the replica holding the Lease writes the webhook configurations,
-runs kopf's GPUPartition watch, the server-side filtered Node and Pod watches, the status
-loops and the recount; its controller reconciles GPUQuotas from the replica's quota watch
-rather than from a second one through kopf (kopf's per-event work on the leader's loop, 50
-reservations a second, showed in admission's p99).
+runs kopf's GPUPartition watch, the server-side filtered Node, Pod and ResourceQuota
+watches and the status loops; its controller reconciles GPUQuotas (their status and the
+ResourceQuota each manages) from the replica's quota watch rather than from a second one
+through kopf.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 
 from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
+from tessera.cache.quotas import QuotaCache
 from tessera.controller import quota_metrics
 from tessera.controller.leader import LeaderElector
 from tessera.controller.reconcile import Controller
@@ -29,8 +30,6 @@ from tessera.controller.settings import Options
 from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
-from tessera.reservations.forwarding import Forwarder, token_from_key
-from tessera.reservations.store import QuotaStore
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import reviewers, serving_context
@@ -92,24 +91,20 @@ async def run(opts: Options) -> None:
     senders = reviewers(opts.webhook_client_ca, opts.webhook_client_names)
     if senders is None:
         log.warning("admission reviews are not authenticated (no --webhook-client-ca): "
-                    "anyone reaching the webhook port can hold quota with forged reviews "
-                    "until their reservations expire", extra={
-                        "createDeadlineS": opts.create_deadline_s})
-    token = token_from_key(cert.key_pem)
+                    "anyone reaching the webhook port can post reviews (they change nothing, "
+                    "but cost the operator CPU)")
     elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
-                            opts.lease_duration_s, opts.lease_renew_s,
-                            endpoint=opts.advertise_url)
-    forwarder = Forwarder(token, cert.ca_pem, lambda: elector.leader_endpoint)
+                            opts.lease_duration_s, opts.lease_renew_s)
     health = Health(stuck_after_s=opts.stuck_after_s)
-    store = QuotaStore(kube, health=health)
-    adm = Admission(kube, store, forwarder, opts.create_deadline_s)
+    store = QuotaCache(kube, health=health)
+    adm = Admission(kube, store)
     ctl = Controller(kube, store, opts.recount_interval_s, health=health)
     quota_metrics.register(store.snapshot)
     cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
           ClientConfig(cert.ca_pem, service_name=opts.service_name,
                        service_namespace=opts.namespace))
     runners = [
-        await server.start(server.webhook_app(adm, token, senders), opts.webhook_host,
+        await server.start(server.webhook_app(adm, senders), opts.webhook_host,
                            opts.webhook_port, tls),
         await serve.start(serve.health_app(
             health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
@@ -130,7 +125,7 @@ async def run(opts: Options) -> None:
 
     leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,
                    "pods": ctl.watch_pods, "partitions": ctl.partition_loop,
-                   "recount": ctl.recount_loop, "quotas": ctl.quota_loop}
+                   "managed-quotas": ctl.watch_managed, "quotas": ctl.quota_loop}
 
     async def lead() -> None:
         stop = asyncio.Event()
@@ -172,7 +167,6 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await quota_watch
         await elector.release()
-        await forwarder.close()
         for r in runners:
             await r.cleanup()
         await kube.close()

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera import metrics
-from tessera.api.names import ANNOTATION_LEADER_ENDPOINT
 from tessera.kube.client import ApiError, Kube, Obj, path
 
 log = logging.getLogger("tessera.leader")
@@ -45,11 +44,7 @@ class LeaderElector:
     identity: str
     duration_s: int = 15
     renew_s: float = 5.0
-    endpoint: str | None = None
-    """Where this replica takes reservations from the others; published while it leads."""
     is_leader: bool = False
-    leader_endpoint: str | None = None
-    """The current leader's published endpoint while another replica leads, else None."""
     _last_renew: float = 0.0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -67,13 +62,6 @@ class LeaderElector:
                     1 if taking_over and lease is not None else 0)}
         return spec
 
-    def _annotations(self, lease: Obj | None) -> dict[str, str]:
-        out = dict(((lease or {}).get("metadata") or {}).get("annotations") or {})
-        out.pop(ANNOTATION_LEADER_ENDPOINT, None)
-        if self.endpoint:
-            out[ANNOTATION_LEADER_ENDPOINT] = self.endpoint
-        return out
-
     async def try_acquire_or_renew(self) -> bool:
         """One round: True if this replica holds the Lease afterwards."""
         now = _now()
@@ -83,8 +71,7 @@ class LeaderElector:
             if exc.status != 404:
                 raise
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace,
-                                 "annotations": self._annotations(None)},
+                    "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": self._spec(None, now)}
             try:
                 await self.kube.create(path("coordination.k8s.io", "v1", "leases",
@@ -100,12 +87,8 @@ class LeaderElector:
         duration = int(spec.get("leaseDurationSeconds") or self.duration_s)
         expired = renewed is None or now > renewed + dt.timedelta(seconds=duration)
         if holder not in (self.identity, None, "") and not expired:
-            self.leader_endpoint = ((lease["metadata"].get("annotations") or {})
-                                    .get(ANNOTATION_LEADER_ENDPOINT) or None)
             return False
-        self.leader_endpoint = None
         lease["spec"] = self._spec(lease, now)
-        lease["metadata"]["annotations"] = self._annotations(lease)
         try:
             await self.kube.replace(self.url, lease)
             return True

@@ -1,4 +1,5 @@
-"""The leader's control loops: GPUPartition status, GPUQuota status, releases, recount.
+"""The leader's control loops: GPUPartition status; GPUQuota status and the ResourceQuota
+each GPUQuota manages.
 
 Level-triggered: every event marks work dirty and the loops recompute the whole answer from
 the caches with the pure modules (:mod:`tessera.partition`, :mod:`tessera.quota`), then write
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +21,6 @@ from tessera import metrics
 from tessera.api.conditions import DEGRADED, PROGRESSING, READY, Condition
 from tessera.api.inventory import NodeInventory, from_node
 from tessera.api.names import (
-    ANNOTATION_RELEASED,
     API_VERSION,
     FINALIZER_RESET,
     GPUPARTITIONS,
@@ -29,28 +28,21 @@ from tessera.api.names import (
     GROUP,
     LABEL_BUDGETED,
     LABEL_GPU_PRODUCT,
+    LABEL_GPUQUOTA,
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
+from tessera.cache.quotas import QuotaCache
 from tessera.controller.resize import pending_request, reconcile_resize
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
 from tessera.kube.merge import merge_diff
 from tessera.partition import PartitionView, aggregate, resolve, transitions
-from tessera.quota.arith import (
-    TERMINAL_PHASES,
-    Limits,
-    Pending,
-    Usage,
-    pod_counts,
-    pod_usage,
-)
-from tessera.quota.batch import Count, Release
-from tessera.quota.ledger import PodCount, dead_candidates, needs_count, pod_of
-from tessera.quota.objects import FieldError, limits_of, state_of, summary, view_of
+from tessera.quota import managed
+from tessera.quota.arith import Limits, Usage, pod_counts, pod_usage, resource_usage
+from tessera.quota.objects import FieldError, limits_of, status_patch, used_of
 from tessera.quota.status import quota_conditions
-from tessera.reservations.store import QuotaStore
 
 log = logging.getLogger("tessera.controller")
 
@@ -74,39 +66,43 @@ def _dump_conditions(conds: list[Condition]) -> list[dict[str, Any]]:
 
 
 COUNT_DEBOUNCE_S = 0.1
-"""A namespace whose pods or quotas changed is counted this soon after (changes within it
-are counted together)."""
-TOMBSTONE_S = 600.0
-"""How long a reservation given back as dead is remembered, so that a late DELETED event of
-a pod that existed after all never gives its usage back a second time."""
+"""A namespace whose pods changed is counted this soon after (changes within it are counted
+together)."""
+
+
+@dataclass(frozen=True)
+class SeenPod:
+    """A budgeted pod as the pod watch has it."""
+
+    name: str
+    live: Usage
+    """What it holds now (its live budget; zero once finished)."""
+    grown: Usage
+    """How far a live resize took its budget beyond its limits (zero once finished)."""
 
 
 @dataclass
 class Controller:
     kube: Kube
-    store: QuotaStore
+    cache: QuotaCache
     recount_interval_s: float = 5.0
     component: str = "tessera-operator"
     health: Health | None = None
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
     partitions: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    managed: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    """The managed ResourceQuotas by (namespace, GPUQuota name), from their watch."""
+    _managed_synced: bool = False
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _quota_dirty: set[tuple[str, str]] = field(default_factory=set)
     _quota_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _pods: dict[str, dict[str, tuple[str, Usage]]] = field(default_factory=dict)
-    """The pod watch's view: namespace -> pod UID -> (name, what it holds now)."""
-    _pod_counts: dict[str, PodCount] = field(default_factory=dict)
-    """``_pods`` summed per namespace, until a pod of it changes."""
+    _pods: dict[str, dict[str, SeenPod]] = field(default_factory=dict)
+    """The pod watch's view: namespace -> pod UID -> what it holds."""
     _pods_synced: bool = False
     _pods_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while one pod event is handled (cache + release) and while counting: a count
-    then sees every release of the pods it no longer sees already written."""
-    _count_soon: set[str] = field(default_factory=set)
-    _count_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Held while one pod event is handled (a resize included)."""
     _by_namespace: dict[str, list[str]] | None = None
-    _dead: dict[str, float] = field(default_factory=dict)
-    """Pod UIDs whose reservations were given back as dead -> when to forget them."""
 
     # -- events from kopf and the watches -------------------------------------------------
 
@@ -137,56 +133,87 @@ class Controller:
         self._dirty.set()
 
     def on_quota(self, typ: str, body: Obj) -> None:
-        """A quota watch event (SYNC carries the whole list): remember it, mark it dirty,
-        and count its namespace soon if the count would change it (a new quota is counted
-        at once: until then it admits nothing)."""
+        """A quota watch event (SYNC carries the whole list): remember it, mark it dirty."""
         if typ == "SYNC":
-            items = {(str(q["metadata"]["namespace"]), str(q["metadata"]["name"])): q
-                     for q in body.get("items") or []}
-            self.quotas = items
-            self._quota_dirty.update(items)
-            changed = list(items)
+            self.quotas = {(str(q["metadata"]["namespace"]), str(q["metadata"]["name"])): q
+                           for q in body.get("items") or []}
+            self._quota_dirty.update(self.quotas)
         else:
             meta = body["metadata"]
             key = (str(meta["namespace"]), str(meta["name"]))
-            changed = []
             if typ == "DELETED":
                 self.quotas.pop(key, None)
                 self._quota_dirty.discard(key)
             else:
                 self.quotas[key] = body
                 self._quota_dirty.add(key)
-                changed = [key]
         metrics.WATCHED.labels("gpuquota").set(len(self.quotas))
         self._by_namespace = None
         self._quota_wake.set()
-        for key in changed:
-            self._count_if_needed(key)
+
+    def on_managed(self, typ: str, rq: Obj) -> None:
+        """A managed ResourceQuota changed (a user's edit or delete is set back)."""
+        if typ == "SYNC":
+            self.managed = {}
+            for item in rq.get("items") or []:
+                self._remember_managed("ADDED", item)
+            self._managed_synced = True
+            self._quota_dirty.update(self.quotas)
+        else:
+            key = self._remember_managed(typ, rq)
+            if key is not None and key in self.quotas:
+                self._quota_dirty.add(key)
+        self._quota_wake.set()
+
+    def _remember_managed(self, typ: str, rq: Obj) -> tuple[str, str] | None:
+        meta = rq.get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(LABEL_GPUQUOTA)
+        if not owner:
+            return None
+        key = (str(meta.get("namespace")), str(owner))
+        if meta.get("name") != managed.managed_name(key[1]):
+            return None  # a copy someone labelled: not the one tessera manages
+        if typ == "DELETED":
+            self.managed.pop(key, None)
+        elif _rv(rq) >= _rv(self.managed.get(key) or {}):
+            self.managed[key] = rq  # never older than what this replica wrote itself
+        return key
 
     def forget_quota_work(self) -> None:
         """Leadership lost: whatever was dirty is the next leader's to reconcile, and the pod
-        view is rebuilt from the next leadership's own watch."""
+        and ResourceQuota views are rebuilt from the next leadership's own watches."""
         self._quota_dirty.clear()
         self._quota_wake.clear()
         self._by_namespace = None
         self._pods.clear()
-        self._pod_counts.clear()
         self._pods_synced = False
-        self._count_soon.clear()
-        self._count_wake.clear()
+        self.managed.clear()
+        self._managed_synced = False
 
     async def quota_loop(self) -> None:
-        """Reconcile each dirty quota from its newest copy (level-triggered, one at a time)."""
+        """Reconcile each dirty quota from its newest copy (level-triggered, one at a time),
+        and every quota every ``recount_interval_s``."""
+        loop = asyncio.get_running_loop()
+        last_full = loop.time()
         while True:
-            await self._quota_wake.wait()
+            try:
+                await asyncio.wait_for(self._quota_wake.wait(),
+                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
+                await asyncio.sleep(COUNT_DEBOUNCE_S)
+            except TimeoutError:
+                pass
             self._quota_wake.clear()
+            if loop.time() - last_full >= self.recount_interval_s:
+                self._quota_dirty.update(self.quotas)
+                last_full = loop.time()
             while self._quota_dirty:
                 key = self._quota_dirty.pop()
                 q = self.quotas.get(key)
                 if q is None:
                     continue
                 try:
-                    await self.reconcile_quota(q)
+                    async with self._pods_lock:
+                        await self.reconcile_quota(q)
                 except (ApiError, OSError, TimeoutError) as exc:
                     log.warning("quota reconcile failed", extra={"quota": "/".join(key),
                                                                  "error": str(exc)})
@@ -194,60 +221,26 @@ class Controller:
                     await asyncio.sleep(1.0)
 
     async def on_pod(self, typ: str, pod: Obj) -> None:
-        """Give a pod's budget back once: when it finishes, or when it is deleted unfinished."""
-        meta = pod.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        if ANNOTATION_RELEASED in annotations:
-            return
+        """Answer a pod's budget request (live resize); count its namespace soon."""
         if typ != "DELETED" and pending_request(pod):
-            await reconcile_resize(self.kube, self.store, pod, self.component)
-        phase = (pod.get("status") or {}).get("phase")
-        if typ == "DELETED":  # unreleased (finished or not): give it back now
-            await self._release(pod)
-            return
-        if phase not in TERMINAL_PHASES:
-            return
-        # Mark first, then release: a crash in between loses a release (recount heals an
-        # overcount) but can never release twice.
-        url = path("", "v1", "pods", str(meta["namespace"]), str(meta["name"]))
-        try:
-            marked = await self.kube.merge_patch(url, {"metadata": {
-                "resourceVersion": meta.get("resourceVersion"),
-                "annotations": {ANNOTATION_RELEASED: "true"}}})
-        except ApiError as exc:
-            if exc.status in (404, 409):
-                return  # gone or changed: the next event decides
-            raise
-        self._see_pod("MODIFIED", marked)
-        await self._release(pod)
-
-    async def _release(self, pod: Obj) -> None:
-        meta = pod["metadata"]
-        ns, uid = str(meta["namespace"]), str(meta.get("uid") or "")
-        if uid in self._dead:
-            return  # given back already, when its reservation was found dead
-        usage = pod_usage(pod)
-        for name in self._quotas_in(ns):
-            await self.store.release(ns, name, Release(uid, usage if usage.pods else None))
-        if usage.pods:
-            metrics.RELEASES.inc()
-            log.info("budget released", extra={"namespace": ns, "pod": meta.get("name")})
+            await reconcile_resize(self.kube, self.cache, self.managed, pod, self.component)
 
     def _see_pod(self, typ: str, pod: Obj) -> None:
-        """Keep the pod view: what each budgeted pod holds now (zero once released)."""
+        """Keep the pod view: what each budgeted pod holds now (zero once finished)."""
         meta = pod.get("metadata") or {}
         ns, uid = str(meta.get("namespace")), str(meta.get("uid") or "")
         pods = self._pods.setdefault(ns, {})
-        self._pod_counts.pop(ns, None)
         if typ == "DELETED":
             pods.pop(uid, None)
+        elif pod_counts(pod):
+            live = pod_usage(pod)
+            pods[uid] = SeenPod(str(meta.get("name")), live,
+                                managed.grown(live, resource_usage(pod)))
         else:
-            pods[uid] = (str(meta.get("name")), pod_usage(pod) if pod_counts(pod) else Usage())
-        for name in self._quotas_in(ns):
-            reservations = (self.quotas[(ns, name)].get("status") or {}).get("reservations")
-            if isinstance(reservations, Mapping) and any(
-                    pod_of(str(k)) == uid for k in reservations):
-                self._count(ns)  # its reservation is no longer pending: confirm it soon
+            pods[uid] = SeenPod(str(meta.get("name")), Usage(), Usage())
+        if self._quotas_in(ns):
+            self._quota_dirty.update((ns, name) for name in self._quotas_in(ns))
+            self._quota_wake.set()
 
     def _quotas_in(self, ns: str) -> list[str]:
         """Names of the namespace's quotas (an index rebuilt after the quotas change)."""
@@ -257,127 +250,97 @@ class Controller:
                 self._by_namespace.setdefault(qns, []).append(name)
         return self._by_namespace.get(ns, [])
 
-    # -- counting ---------------------------------------------------------------------------
+    def pod_total(self, ns: str) -> Usage:
+        """What the namespace's running GPU pods hold, as the pod watch has them."""
+        out = Usage()
+        for p in self._pods.get(ns, {}).values():
+            out = out + p.live
+        return out
 
-    def _pod_count(self, ns: str) -> PodCount:
-        counted = self._pod_counts.get(ns)
-        if counted is None:
-            counted = self._pod_counts[ns] = PodCount.of(
-                {uid: held for uid, (_, held) in self._pods.get(ns, {}).items()})
-        return counted
-
-    def _count(self, ns: str) -> None:
-        self._count_soon.add(ns)
-        self._count_wake.set()
-
-    def _count_if_needed(self, key: tuple[str, str]) -> None:
-        q = self.quotas.get(key)
-        if q is None:
-            return
-        view = view_of(q)
-        if not view.counted or (self._pods_synced and needs_count(
-                view, self._pod_count(key[0]), time.time())):
-            self._count(key[0])
-
-    async def count(self, namespaces: set[str]) -> None:
-        """Set each quota's ``used`` to what the pods hold plus its pending reservations.
-
-        Exact at any moment, churn or not: the pod view and the releases move together
-        (under ``_pods_lock``), and reservations in flight on any replica are in the quota's
-        own ledger, which the store applies the count to as it is at write time.
-        """
-        async with self._pods_lock:
-            if not self._pods_synced:
-                self._count_soon |= namespaces  # after the pod watch's first list
-                return
-            now = time.time()
-            self._dead = {u: t for u, t in self._dead.items() if t > time.monotonic()}
-            for ns, name in [(n, q) for n in sorted(namespaces) for q in self._quotas_in(n)]:
-                q = self.quotas.get((ns, name))
-                if q is None:
-                    continue
-                view, pods = view_of(q), self._pod_count(ns)
-                if not needs_count(view, pods, now):
-                    continue
-                dead = await self._dead_reservations(ns, view.pending, pods, now)
-                await self.store.count(ns, name, Count(pods, frozenset(dead)))
-                if not view.counted:
-                    log.info("quota counted", extra={"namespace": ns, "quota": name})
-                if dead:
-                    log.info("reservations given back: no such pod by their deadline",
-                             extra={"namespace": ns, "quota": name, "uids": sorted(dead)})
-
-    async def _dead_reservations(self, ns: str, pending: Mapping[str, Pending], pods: PodCount,
-                                 now: float) -> set[str]:
-        """Pending reservations whose create request has ended without their pod: expired,
-        not seen by the pod watch, and not there when asked (a GET, in case the watch is
-        behind).  Remembered, so a late DELETED event of such a pod releases nothing."""
-        dead = set()
-        for uid in sorted(dead_candidates(pending, pods, now)):
-            try:
-                pod = await self.kube.get(path("", "v1", "pods", ns, pending[uid].pod))
-                if (pod.get("metadata") or {}).get("uid") == pod_of(uid):
-                    continue  # it exists: the watch will bring it
-            except ApiError as exc:
-                if exc.status != 404:
-                    continue
-            dead.add(uid)
-            self._dead[uid] = time.monotonic() + TOMBSTONE_S
-        return dead
-
-    async def recount_loop(self) -> None:
-        """Count soon what changed, and everything every ``recount_interval_s``."""
-        loop = asyncio.get_running_loop()
-        last_full = loop.time()
-        while True:
-            try:
-                await asyncio.wait_for(self._count_wake.wait(),
-                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
-                await asyncio.sleep(COUNT_DEBOUNCE_S)
-            except TimeoutError:
-                pass
-            self._count_wake.clear()
-            namespaces, self._count_soon = self._count_soon, set()
-            if loop.time() - last_full >= self.recount_interval_s:
-                namespaces |= {ns for ns, _ in self.quotas}
-                last_full = loop.time()
-            try:
-                await self.count(namespaces)
-            except (ApiError, OSError, TimeoutError) as exc:
-                log.warning("count failed", extra={"error": str(exc)})
-                self._count_soon |= namespaces
-                await asyncio.sleep(1.0)
-                self._count_wake.set()
+    def growth(self, ns: str, recorded: Mapping[str, Usage]) -> dict[str, Usage]:
+        """The growth record a managed ResourceQuota should carry: what live resizes
+        recorded for running pods (they write it before the pod shows the new budget), a
+        missing record healed from the pod watch, and pods that finished or are gone
+        dropped (their growth no longer counts)."""
+        if not self._pods_synced:
+            return dict(recorded)
+        out = {}
+        for uid, pod in self._pods.get(ns, {}).items():
+            if pod.live == Usage():
+                continue
+            if uid in recorded:
+                out[uid] = recorded[uid]
+            elif pod.grown != Usage():
+                out[uid] = pod.grown
+        return out
 
     # -- GPUQuota ---------------------------------------------------------------------------
 
     async def reconcile_quota(self, q: Obj) -> None:
+        """The quota's managed ResourceQuota, then its status (used, summary, conditions)."""
+        await self._reconcile_managed(q)
         meta, status = q["metadata"], q.get("status") or {}
         gen = int(meta.get("generation") or 1)
         try:
             limits, problem = limits_of(q.get("spec") or {}), None
         except FieldError as exc:
             limits, problem = Limits(), str(exc)
-        used = state_of(status).used
+        used = self.pod_total(str(meta["namespace"])) if self._pods_synced else used_of(status)
         old = _conditions(status.get("conditions"))
         conds = quota_conditions(old, limits, used, gen, problem)
         new: dict[str, Any] = {"observedGeneration": gen, "conditions": _dump_conditions(conds)}
         if used is not None:
-            new["summary"] = summary(limits, used)
+            new.update(status_patch(q, used)["status"])
         current = {k: status.get(k) for k in new}
         current["conditions"] = _dump_conditions(old)
+        if used is not None and used_of(status) == used:
+            current["used"] = new["used"]
         if current == new:
             return
         url = path(GROUP, VERSION, GPUQUOTAS, meta["namespace"], meta["name"])
         try:
             await self.kube.merge_patch(url + "/status", {
                 "metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": new})
-            metrics.STATUS_WRITES.labels("gpuquota", "conditions").inc()
+            metrics.STATUS_WRITES.labels("gpuquota", "status").inc()
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
             return  # a newer version is on its way as an event
         await self._events(q, "GPUQuota", old, conds)
+
+    async def _reconcile_managed(self, q: Obj) -> None:
+        """Create the quota's ResourceQuota, or set it back to what it must say."""
+        if not self._managed_synced:
+            return
+        meta = q["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            limits: Limits | None = limits_of(q.get("spec") or {})
+        except FieldError:
+            limits = None
+        have = self.managed.get((ns, name))
+        want = managed.desired(q, limits, self.growth(ns, managed.growth_of(have)))
+        url = path("", "v1", "resourcequotas", ns)
+        if have is None:
+            try:
+                self.managed[(ns, name)] = await self.kube.create(url, want)
+                metrics.MANAGED_QUOTA_WRITES.labels("created").inc()
+                log.info("managed ResourceQuota created", extra={
+                    "namespace": ns, "quota": name, "hard": want["spec"]["hard"]})
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            return
+        patch = managed.drift(have, want)
+        if patch is None:
+            return
+        self.managed[(ns, name)] = await self.kube.merge_patch(
+            path("", "v1", "resourcequotas", ns, managed.managed_name(name)), patch)
+        metrics.MANAGED_QUOTA_WRITES.labels("set-back").inc()
+        log.info("managed ResourceQuota set back", extra={"namespace": ns, "quota": name,
+                                                          "patch": patch})
 
     # -- GPUPartition -----------------------------------------------------------------------
 
@@ -497,7 +460,7 @@ class Controller:
                                      health=self.health), handle, "nodes")
 
     async def watch_pods(self) -> None:
-        """Budgeted pods: the pod view the count reads, and releases (one event at a time,
+        """Budgeted pods: the pod view the count reads, and resizes (one event at a time,
         under ``_pods_lock``); an error in one event is logged and counted, and the next
         event is handled."""
         async def handle(typ: str, obj: Obj) -> None:
@@ -508,16 +471,23 @@ class Controller:
                     return
                 items = obj.get("items") or []
                 self._pods.clear()
-                self._pod_counts.clear()
                 for pod in items:
                     self._see_pod("ADDED", pod)
                 self._pods_synced = True
+                self._quota_dirty.update(self.quotas)
+                self._quota_wake.set()
                 for pod in items:  # one pod's failure must not skip the others
                     await handle_one(self.on_pod, "ADDED", pod, "pods")
-                for ns, _ in self.quotas:
-                    self._count(ns)
         await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
                                      name="pods", health=self.health), handle, "pods")
+
+    async def watch_managed(self) -> None:
+        """The ResourceQuotas GPUQuotas manage (selected by their label)."""
+        def handle(typ: str, obj: Obj) -> None:
+            self.on_managed(typ, obj)
+        await follow(self.kube.watch(path("", "v1", "resourcequotas"), LABEL_GPUQUOTA,
+                                     name="managed-quotas", health=self.health),
+                     handle, "managed-quotas")
 
     # -- Events -----------------------------------------------------------------------------
 
@@ -532,3 +502,11 @@ class Controller:
             await post_event(self.kube, obj, API_VERSION, kind, c.reason,
                              f"{c.type}={c.status}: {c.message}",
                              "Warning" if warning else "Normal", self.component)
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    """resourceVersion as a number, only to keep the newer of two copies of one object."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0

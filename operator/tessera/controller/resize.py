@@ -3,14 +3,17 @@
 On each event of a budgeted pod the leader looks at ``tessera.dev/budget-request``:
 
 * a request not answered yet (its digest differs from the status's): planned against the
-  namespace's per-pod ``max``; what grows is reserved in every GPUQuota of the namespace
-  (a reservation keyed ``<pod UID>/resize-<digest>``: the next count, which sees the pod,
-  confirms it from the new annotation); the pod then gets the new ``tessera.dev/budget`` and
-  status ``Approved`` (with the previous budget and what was reserved) in one conditional
-  write, and what shrank is released. Refused: status ``Refused`` with the reason and a
-  Warning Event; nothing changes.
+  namespace's per-pod ``max``; what grows is checked against every GPUQuota's ``hard`` and
+  ``used`` (tessera's message), then the ResourceQuota each GPUQuota manages is lowered by
+  the pod's new growth beyond its limits (:mod:`tessera.quota.managed`): its growth record
+  and ``spec.hard`` first, then ``status.hard`` -- what the API server's quota admission
+  compares against -- in a write conditional on the ``status.used`` it checked, so no pod
+  admitted meanwhile can pass the lowered hard.  The pod then gets the new
+  ``tessera.dev/budget`` and status ``Approved`` (with the previous budget and what grew) in
+  one conditional write; a shrink raises the ResourceQuotas' hard after it.  Refused: status
+  ``Refused`` with the reason and a Warning Event; nothing changes.
 * a status the node daemon turned ``Refused`` while it still carries ``previous``: the
-  previous budget is restored and what was reserved is given back.
+  previous budget is restored and the growth record follows it.
 
 Applying (``Approved`` -> ``Applied``) is the node daemon's: it alone knows what else is
 committed on the container's GPUs.
@@ -19,28 +22,43 @@ committed on the container's GPUs.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
+from tessera import metrics
 from tessera.api.budget import BudgetError, parse_budget
 from tessera.api.names import (
     ANNOTATION_BUDGET,
     ANNOTATION_BUDGET_REQUEST,
     ANNOTATION_BUDGET_RESIZE,
+    ANNOTATION_RESIZE_GROWTH,
     REASON_RESIZE_REFUSED,
 )
 from tessera.api.resize import ResizeStatus, digest
+from tessera.cache.quotas import QuotaCache
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.kube.events import post_event
-from tessera.quota.arith import TERMINAL_PHASES, deny_message
-from tessera.quota.batch import Release, Reserve
-from tessera.quota.ledger import expires_at
-from tessera.quota.objects import FieldError, policy_of
-from tessera.quota.resize import ResizeError, plan, usage_fields, usage_from_fields
-from tessera.reservations.store import QuotaStore
+from tessera.quota import managed
+from tessera.quota.arith import (
+    TERMINAL_PHASES,
+    Limits,
+    Usage,
+    check_fit,
+    deny_message,
+    parse_budget_annotation,
+    resource_usage,
+    usage_of,
+)
+from tessera.quota.objects import FieldError, limits_of, policy_of
+from tessera.quota.resize import ResizeError, plan, usage_fields
 
 log = logging.getLogger("tessera.resize")
+
+MAX_ATTEMPTS = 20
+"""Conflicting writes of a ResourceQuota's status (pods admitted meanwhile) before a resize
+gives up and is refused (the user may ask again)."""
+
+Managed = dict[tuple[str, str], Obj]
 
 
 def pending_request(pod: Mapping[str, Any]) -> bool:
@@ -57,31 +75,35 @@ def pending_request(pod: Mapping[str, Any]) -> bool:
     return status is None or status.request != digest(req)
 
 
-async def reconcile_resize(kube: Kube, store: QuotaStore, pod: Obj, component: str,
-                           create_deadline_s: float = 70.0) -> None:
+async def reconcile_resize(kube: Kube, cache: QuotaCache, rqs: Managed, pod: Obj,
+                           component: str) -> None:
     meta = pod["metadata"]
     ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta.get("uid") or "")
     ann = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
     status = ResizeStatus.parse(ann.get(ANNOTATION_BUDGET_RESIZE))
-    quotas = await store.quotas(ns)
+    quotas = await cache.quotas(ns)
+    asked = resource_usage(pod)
     if status is not None and status.state == "Refused" and status.previous is not None:
-        await _roll_back(kube, store, pod, status, ns, name, uid)
+        await _roll_back(kube, rqs, quotas, pod, status, asked)
         return
     req = str(ann.get(ANNOTATION_BUDGET_REQUEST) or "")
     tag = digest(req)
     try:
         current = parse_budget(str(ann.get(ANNOTATION_BUDGET) or ""))
-        p = plan(current, req, policy_of(quotas), pod.get("spec") or {})
+        p = plan(current, req, policy_of(quotas), spec)
     except (ResizeError, BudgetError, FieldError) as exc:
         await _refuse(kube, pod, ResizeStatus(tag, "Refused", str(exc)), component)
         return
-    key = f"{uid}/resize-{tag}"  # pending until the pod is seen with its new budget
+    old_growth = managed.grown(usage_of(current, spec), asked)
+    new_growth = managed.grown(usage_of(p.budget, spec), asked)
     if p.grow.memory_mib or p.grow.cores:
-        refused = await store.reserve(ns, quotas, Reserve(
-            key, name, p.grow, expires_at(time.time(), create_deadline_s)))
+        refused = deny_message(check_fit(p.grow, [cache.view(q) for q in quotas]))
+        if not refused:
+            refused = await set_growth(kube, rqs, ns, quotas, uid, new_growth, old_growth,
+                                       lower=True) or ""
         if refused:
-            await _refuse(kube, pod, ResizeStatus(tag, "Refused", deny_message(refused)),
-                          component)
+            await _refuse(kube, pod, ResizeStatus(tag, "Refused", refused), component)
             return
     approved = ResizeStatus(tag, "Approved", previous=str(ann.get(ANNOTATION_BUDGET)),
                             grow=usage_fields(p.grow))
@@ -91,31 +113,104 @@ async def reconcile_resize(kube: Kube, store: QuotaStore, pod: Obj, component: s
             "annotations": {ANNOTATION_BUDGET: p.budget.to_annotation(),
                             ANNOTATION_BUDGET_RESIZE: approved.to_annotation()}}})
     except ApiError:
-        # changed meanwhile (or gone): give the reservation back; the next event decides
+        # changed meanwhile (or gone): the growth goes back; the next event decides
         if p.grow.memory_mib or p.grow.cores:
-            for q in quotas:
-                await store.release(ns, str(q["metadata"]["name"]), Release(key, None))
+            await set_growth(kube, rqs, ns, quotas, uid, old_growth, new_growth)
         raise
-    if p.shrink.memory_mib or p.shrink.cores:
-        for q in quotas:
-            await store.release(ns, str(q["metadata"]["name"]),
-                                Release(f"{uid}/resize-{tag}", p.shrink))
+    if new_growth != old_growth and not (p.grow.memory_mib or p.grow.cores):
+        await set_growth(kube, rqs, ns, quotas, uid, new_growth, old_growth)
     log.info("budget resize approved", extra={"namespace": ns, "pod": name})
 
 
-async def _roll_back(kube: Kube, store: QuotaStore, pod: Obj, status: ResizeStatus,
-                     ns: str, name: str, uid: str) -> None:
+async def set_growth(kube: Kube, rqs: Managed, ns: str, quotas: list[Obj], uid: str,
+                     growth: Usage, before: Usage, lower: bool = False) -> str | None:
+    """Record the pod's growth on every managed ResourceQuota of the namespace, with its
+    hard.  ``lower``: the hard goes down, and must go down in ``status.hard`` at once
+    without passing what is in use; when it cannot, every record goes back to ``before``
+    and the reason is returned."""
+    done: list[Obj] = []
+    for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
+        qname = str(q["metadata"]["name"])
+        url = path("", "v1", "resourcequotas", ns, managed.managed_name(qname))
+        try:
+            limits: Limits | None = limits_of(q.get("spec") or {})
+        except FieldError:
+            limits = None
+        try:
+            hard = await _record(kube, rqs, url, (ns, qname), limits, uid, growth)
+        except ApiError as exc:
+            if exc.status == 404:
+                continue  # not created yet: it will be, from the pods as they are then
+            raise
+        if lower:
+            over = await _lower_status(kube, url, hard)
+            if over:
+                for other in [q, *done]:
+                    oname = str(other["metadata"]["name"])
+                    try:
+                        olimits: Limits | None = limits_of(other.get("spec") or {})
+                    except FieldError:
+                        olimits = None
+                    await _record(kube, rqs, path("", "v1", "resourcequotas", ns,
+                                                  managed.managed_name(oname)),
+                                  (ns, oname), olimits, uid, before)
+                return (f'exceeded GPUQuota "{qname}": pods admitted since its last count '
+                        f"leave no room to grow ({'; '.join(over)}); ask again")
+        done.append(q)
+    return None
+
+
+async def _record(kube: Kube, rqs: Managed, url: str, key: tuple[str, str],
+                  limits: Limits | None, uid: str, growth: Usage) -> dict[str, str]:
+    """Write the pod's growth into the ResourceQuota's record and its spec.hard; the hard."""
+    rq = await kube.get(url)
+    record = managed.growth_of(rq)
+    record[uid] = growth
+    hard = managed.hard_of(limits, managed.total_growth(record))
+    rqs[key] = await kube.merge_patch(url, {
+        "metadata": {"annotations": {
+            ANNOTATION_RESIZE_GROWTH: managed.growth_annotation(record)}},
+        "spec": {"hard": {**{k: None for k in (rq.get("spec") or {}).get("hard") or {}
+                             if k not in hard}, **hard}}})
+    return hard
+
+
+async def _lower_status(kube: Kube, url: str, hard: Mapping[str, str]) -> list[str]:
+    """Lower ``status.hard`` to ``hard``, conditional on the ``status.used`` checked against
+    it: what is in use beyond it (empty: written, or nothing enforced yet)."""
+    for _ in range(MAX_ATTEMPTS):
+        rq = await kube.get(url)
+        status = rq.get("status") or {}
+        if not status.get("hard"):
+            return []  # the quota controller has not synced it: it admits no GPU pod yet
+        over = managed.lowered_fits(rq, hard)
+        if over:
+            return over
+        try:
+            await kube.replace(url + "/status", {**rq, "status": {**status, "hard": dict(hard)}})
+            metrics.MANAGED_QUOTA_WRITES.labels("lowered").inc()
+            return []
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    return [f"{MAX_ATTEMPTS} conflicting writes"]
+
+
+async def _roll_back(kube: Kube, rqs: Managed, quotas: list[Obj], pod: Obj,
+                     status: ResizeStatus, asked: Usage) -> None:
     meta = pod["metadata"]
+    ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta.get("uid") or "")
     done = ResizeStatus(status.request, "Refused", status.reason)
     await kube.merge_patch(_pod_url(ns, name), {"metadata": {
         "resourceVersion": meta.get("resourceVersion"),
         "annotations": {ANNOTATION_BUDGET: status.previous,
                         ANNOTATION_BUDGET_RESIZE: done.to_annotation()}}})
-    grow = usage_from_fields(status.grow or {})
-    if grow.memory_mib or grow.cores:
-        for q in await store.quotas(ns):
-            await store.release(ns, str(q["metadata"]["name"]),
-                                Release(f"{uid}/rollback-{status.request}", grow))
+    try:
+        previous = parse_budget_annotation(str(status.previous), pod.get("spec") or {})
+    except (ValueError, TypeError, KeyError):
+        previous = None
+    if previous is not None:
+        await set_growth(kube, rqs, ns, quotas, uid, managed.grown(previous, asked), Usage())
     log.info("budget resize rolled back", extra={"namespace": ns, "pod": name,
                                                  "reason": status.reason})
 

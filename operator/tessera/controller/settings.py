@@ -33,11 +33,9 @@ class Options:
     lease_duration_s: int = 15
     lease_renew_s: float = 5.0
     recount_interval_s: float = 5.0
-    """Seconds between full recounts of every GPUQuota (each also counts at once when it
-    appears, and a namespace is recounted soon after its pods change)."""
-    create_deadline_s: float = 70.0
-    """Seconds a reservation waits for its pod: the API server's ``--request-timeout``
-    (60 s by default, the longest a pod create can take) plus a margin for clock skew."""
+    """Seconds between full reconciles of every GPUQuota (its status.used from the pods,
+    its managed ResourceQuota); each is also reconciled soon after it or its namespace's
+    GPU pods change."""
     webhook_client_ca: str | None = None
     """CA file that signed the API server's webhook client certificate; when given, the
     webhooks take admission reviews only from certificates it signed."""
@@ -51,8 +49,6 @@ class Options:
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
     stuck_after_s: float = 60.0
     """A watch that cannot follow its objects this long makes /healthz fail (restart)."""
-    advertise_url: str | None = None
-    """Where the other replicas reach this one to hand it reservations while it leads."""
 
 
 DEFAULTS = Options(identity="")

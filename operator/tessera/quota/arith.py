@@ -1,4 +1,4 @@
-"""Budgets, fit, reservation deltas and recount -- the rules, without any I/O.
+"""Budgets, fit and counts -- the rules, without any I/O.
 
 Units: GPU memory in whole MiB, cores in percent of one GPU's SMs (150 = one and a half
 GPUs), pods and MIG instances as counts.  Every value a pod asks for is a *total* for its
@@ -33,7 +33,6 @@ from pydantic import ValidationError
 from tessera.api import budget as api_budget
 from tessera.api.names import (
     ANNOTATION_BUDGET,
-    ANNOTATION_RELEASED,
     MIG_PREFIX,
     PREFIX,
     VGPU,
@@ -151,19 +150,6 @@ class QuotaPolicy:
 
 
 @dataclass(frozen=True)
-class Pending:
-    """A reservation admitted for a pod the operator has not seen yet (``status.reservations``
-    keyed by the pod's UID): counted in ``used`` until the pod is seen, or given back once the
-    pod can no longer come to exist (``expires`` passed and no such pod)."""
-
-    pod: str
-    """The pod's name (its namespace is the quota's)."""
-    usage: Usage
-    expires: float
-    """Seconds since the epoch after which the pod's create request has certainly ended."""
-
-
-@dataclass(frozen=True)
 class QuotaView:
     """One GPUQuota as admission sees it: read at ``resource_version``."""
 
@@ -171,8 +157,6 @@ class QuotaView:
     hard: Limits
     used: Usage
     resource_version: str = ""
-    pending: Mapping[str, Pending] = field(default_factory=dict)
-    """Reservations by pod UID whose pods were not seen yet (included in ``used``)."""
     counted: bool = True
     """False until the operator first counted the namespace's pods (``status.used`` absent):
     such a quota admits nothing, as a ResourceQuota without status does not."""
@@ -415,16 +399,12 @@ def deny_message(violations: Iterable[Violation]) -> str:
 
 
 def pod_counts(pod: Mapping[str, Any]) -> bool:
-    """Whether a pod still holds its budget: admitted with one and not yet released.
-
-    A finished pod holds it until the operator marks it released (then gives it back), so
-    a recount between the two never subtracts what the release will subtract again.
-    """
+    """Whether a pod holds its budget: admitted with one and not finished (as Kubernetes'
+    ResourceQuota counts: a pod in phase Succeeded or Failed holds nothing)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if ANNOTATION_BUDGET not in annotations:
         return False
-    finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-    return not (finished and ANNOTATION_RELEASED in annotations)
+    return (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
 
 
 def pod_usage(pod: Mapping[str, Any]) -> Usage:
@@ -448,3 +428,12 @@ def recount(pods: Iterable[Mapping[str, Any]]) -> Usage:
         if pod_counts(p):
             total = total + pod_usage(p)
     return total
+
+
+def resource_usage(pod: Mapping[str, Any]) -> Usage:
+    """What a pod's own resources ask for, as Kubernetes' ResourceQuota counts them (a live
+    resize can take the budget beyond this); zero when they cannot be read."""
+    try:
+        return budget_from_pod(pod.get("spec") or {}).usage()
+    except (BudgetError, ValueError, TypeError):
+        return Usage()

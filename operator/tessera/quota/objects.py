@@ -9,13 +9,10 @@ operator's next count, which rewrites it.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tessera.api.conditions import format_time
-from tessera.quota.arith import Limits, Pending, QuotaPolicy, QuotaView, Usage
-from tessera.quota.batch import State
+from tessera.quota.arith import Limits, QuotaPolicy, QuotaView, Usage
 from tessera.quota.units import count, memory_mib, mib_quantity
 
 
@@ -72,57 +69,29 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
                  _mig(None, "migInstances", raw.get("migInstances")))
 
 
-def _time(raw: Any) -> float:
-    if not isinstance(raw, str):
-        raise ValueError("expires must be a timestamp")
-    return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-
-
-def _stamp(t: float) -> str:
-    return format_time(dt.datetime.fromtimestamp(t, dt.UTC))
-
-
-def pending_of(status: Mapping[str, Any] | None) -> dict[str, Pending]:
-    """``status.reservations``: pending reservations by pod UID (ValueError if unreadable)."""
-    raw = (status or {}).get("reservations") or {}
-    if not isinstance(raw, Mapping):
-        raise ValueError("status.reservations must be an object")
-    out = {}
-    for uid, e in raw.items():
-        if not isinstance(e, Mapping) or not isinstance(e.get("pod"), str):
-            raise ValueError(f"status.reservations.{uid} is not a reservation")
-        out[str(uid)] = Pending(e["pod"], _usage(e), _time(e.get("expires")))
-    return out
-
-
-def state_of(status: Mapping[str, Any] | None) -> State:
-    """``status.used`` and its ledger; ``used`` None when never counted (or unreadable)."""
+def used_of(status: Mapping[str, Any] | None) -> Usage | None:
+    """``status.used``; None when never counted (or unreadable: the next count rewrites it)."""
     used = (status or {}).get("used")
     if not isinstance(used, Mapping):
-        return State(None, {})
+        return None
     try:
-        return State(_usage(used), pending_of(status))
+        return _usage(used)
     except (ValueError, TypeError):
-        return State(None, {})
-
-
-def used_of(status: Mapping[str, Any] | None) -> Usage | None:
-    """``status.used``; None when the quota was never counted."""
-    return state_of(status).used
+        return None
 
 
 def view_of(obj: Mapping[str, Any]) -> QuotaView:
     """The quota as admission decides on it; a spec it cannot read makes it refuse all."""
     meta = obj.get("metadata") or {}
     name = str(meta.get("name"))
-    state = state_of(obj.get("status"))
+    used = used_of(obj.get("status"))
     problem = None
     try:
         limits = limits_of(obj.get("spec") or {})
     except FieldError as exc:  # says the field; refusals name the quota
         limits, problem = Limits(), str(exc)
-    return QuotaView(name, limits, state.used or Usage(), str(meta.get("resourceVersion", "")),
-                     state.pending, state.used is not None, problem)
+    return QuotaView(name, limits, used or Usage(), str(meta.get("resourceVersion", "")),
+                     used is not None, problem)
 
 
 def carries_policy(spec: Mapping[str, Any]) -> bool:
@@ -167,10 +136,6 @@ def used_to_status(u: Usage) -> dict[str, Any]:
             "pods": u.pods, "migInstances": {k: v for k, v in sorted(u.mig.items()) if v}}
 
 
-def pending_to_status(e: Pending) -> dict[str, Any]:
-    return {"pod": e.pod, **used_to_status(e.usage), "expires": _stamp(e.expires)}
-
-
 def summary(limits: Limits, u: Usage) -> dict[str, str]:
     """used/hard texts for the printer columns."""
     def pair(used: str, hard: str | None) -> str:
@@ -188,28 +153,19 @@ def _keys(raw: Any) -> set[str]:
     return {str(k) for k in raw} if isinstance(raw, Mapping) else set()
 
 
-def status_patch(obj: Mapping[str, Any], new: State) -> dict[str, Any]:
-    """Merge patch writing ``used``, the ledger and the summary only if ``obj`` is current.
-
-    MIG profiles that dropped to zero and reservations no longer pending are nulled so the
-    merge patch removes them.
-    """
-    assert new.used is not None, "only a counted state is written"
+def status_patch(obj: Mapping[str, Any], used: Usage) -> dict[str, Any]:
+    """Merge patch writing ``used`` and the summary only if ``obj`` is current; MIG profiles
+    that dropped to zero are nulled so the merge patch removes them."""
     status = obj.get("status") or {}
-    used = used_to_status(new.used)
+    out = used_to_status(used)
     raw_used = status.get("used")
     for k in _keys(raw_used.get("migInstances") if isinstance(raw_used, Mapping) else None):
-        if k not in new.used.mig:
-            used["migInstances"][k] = None
-    old = _keys(status.get("reservations"))
-    ledger: dict[str, Any] = {uid: pending_to_status(e) for uid, e in new.pending.items()
-                              if uid not in old}
-    ledger.update({uid: None for uid in old if uid not in new.pending})
+        if k not in used.mig:
+            out["migInstances"][k] = None
     try:
         limits = limits_of(obj.get("spec") or {})
     except FieldError:
         limits = Limits()
     meta = obj.get("metadata") or {}
     return {"metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {"used": used, "reservations": ledger,
-                       "summary": summary(limits, new.used)}}
+            "status": {"used": out, "summary": summary(limits, used)}}

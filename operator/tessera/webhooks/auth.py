@@ -49,8 +49,8 @@ def common_names(peercert: Any) -> set[str]:
 def serving_context(cert: Path, key: Path, client_ca: str | None) -> ssl.SSLContext:
     """TLS for the webhook port; with a client CA, certificates it signed are verified.
 
-    Client certificates stay optional in the handshake: the other replicas hand
-    reservations over on the same port with a token instead (``/internal/reservations``).
+    Client certificates stay optional in the handshake, so that a review without one gets a
+    403 that says why (:class:`Reviewers`) rather than a failed handshake.
     """
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)

@@ -1,12 +1,13 @@
 """The Mutating/ValidatingWebhookConfiguration objects the leader keeps applied.
 
-Pods go through two webhooks of the same name: the mutating one fills in and writes the
-budget (no side effects: the pod has no UID yet), the validating one checks the pod as it
-will be stored and reserves its quota usage under the pod's UID (side effects, none on dry
-run).  Both are scoped twice so that pods asking for no tessera resource never reach it
-(they are still created while the operator is down): ``matchConditions`` (CEL, evaluated by
-the API server) select pods whose containers name a ``tessera.dev/`` resource, or that carry
-the budget annotation/label (so nobody can forge a budget the webhook did not write).
+Pods go through one mutating webhook, which fills in and writes the budget and checks it
+against the GPUQuotas (no side effects: the count is the API server's, against the
+ResourceQuota each GPUQuota manages).  It is reinvoked when a later mutating webhook changes
+the pod, so the budget it wrote always matches the pod as stored.  It is scoped so that
+pods asking for no tessera resource never reach it (they are still created while the
+operator is down): ``matchConditions`` (CEL, evaluated by the API server) select pods whose
+containers name a ``tessera.dev/`` resource, or that carry the budget annotation/label (so
+nobody can forge a budget the webhook did not write).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from tessera.kube.client import ApiError, Kube, path
 MUTATING_NAME = "tessera-pods"
 VALIDATING_NAME = "tessera-resources"
 POD_PATH = "/mutate/pods"
-POD_QUOTA_PATH = "/validate/pods"
 PARTITION_PATH = "/validate/gpupartitions"
 QUOTA_PATH = "/validate/gpuquotas"
 
@@ -71,7 +71,7 @@ POD_MATCH_EXPRESSION = " || ".join([
 ])
 
 
-def _pod_hook(cc: ClientConfig, p: str, side_effects: str) -> dict[str, Any]:
+def _pod_hook(cc: ClientConfig, p: str) -> dict[str, Any]:
     return {
         "name": f"pods.{GROUP}",
         "clientConfig": cc.for_path(p),
@@ -79,7 +79,7 @@ def _pod_hook(cc: ClientConfig, p: str, side_effects: str) -> dict[str, Any]:
                    "resources": ["pods"], "scope": "Namespaced"}],
         "matchConditions": [{"name": "asks-for-tessera", "expression": POD_MATCH_EXPRESSION}],
         "failurePolicy": "Fail",
-        "sideEffects": side_effects,
+        "sideEffects": "None",
         "timeoutSeconds": 10,
         "admissionReviewVersions": ["v1"],
         "matchPolicy": "Equivalent",
@@ -91,7 +91,7 @@ def mutating(cc: ClientConfig) -> dict[str, Any]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": MUTATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
-        "webhooks": [{**_pod_hook(cc, POD_PATH, "None"), "reinvocationPolicy": "Never"}],
+        "webhooks": [{**_pod_hook(cc, POD_PATH), "reinvocationPolicy": "IfNeeded"}],
     }
 
 
@@ -115,8 +115,7 @@ def validating(cc: ClientConfig) -> dict[str, Any]:
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": VALIDATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
         "webhooks": [hook(f"{GPUPARTITIONS}.{GROUP}", GPUPARTITIONS, PARTITION_PATH, "Cluster"),
-                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced"),
-                     _pod_hook(cc, POD_QUOTA_PATH, "NoneOnDryRun")],
+                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced")],
     }
 
 

@@ -10,15 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from tessera.kube.serve import start
-from tessera.reservations.forwarding import (
-    RESERVE_PATH,
-    authorized,
-    reservation_from_wire,
-    violation_to_wire,
-)
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import Reviewers
-from tessera.webhooks.config import PARTITION_PATH, POD_PATH, POD_QUOTA_PATH, QUOTA_PATH
+from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
 
 log = logging.getLogger("tessera.webhooks")
 
@@ -50,30 +44,11 @@ def _endpoint(review: Review, what: str, senders: Reviewers | None
     return handle
 
 
-def _reservations(adm: Admission, token: str
-                  ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Reservations handed over by the other replicas (see tessera.reservations.forwarding)."""
-    async def handle(request: web.Request) -> web.Response:
-        if not authorized(request.headers.get("Authorization"), token):
-            return web.Response(status=403, text="not a tessera replica")
-        try:
-            ns, reservation = reservation_from_wire(await request.json())
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            return web.Response(status=400, text=f"bad reservation: {exc}")
-        refused = await adm.store.reserve_in(ns, reservation)
-        return web.json_response({"refused": [violation_to_wire(v) for v in refused]})
-    return handle
-
-
-def webhook_app(adm: Admission, token: str | None = None,
-                senders: Reviewers | None = None) -> web.Application:
+def webhook_app(adm: Admission, senders: Reviewers | None = None) -> web.Application:
     """The admission endpoints (only for ``senders`` when given: see
-    :mod:`tessera.webhooks.auth`), and the reservation endpoint when a replica token is set."""
+    :mod:`tessera.webhooks.auth`)."""
     app = web.Application()
-    if token is not None:
-        app.router.add_post(RESERVE_PATH, _reservations(adm, token))
     for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
-                            (POD_QUOTA_PATH, adm.validate_pod, "pod quota"),
                             (PARTITION_PATH, adm.review_partition, "gpupartition"),
                             (QUOTA_PATH, adm.review_quota, "gpuquota")):
         app.router.add_post(p, _endpoint(review, what, senders))

@@ -22,7 +22,6 @@ from tessera.quota import (
 )
 from tessera.quota.arith import (
     ANNOTATION_BUDGET,
-    ANNOTATION_RELEASED,
     VGPU,
     VGPU_CORES,
     VGPU_MEMORY,
@@ -200,17 +199,16 @@ def _admitted(name: str, limits: dict[str, str], phase: str = "Running") -> dict
             "status": {"phase": phase}}
 
 
-def test_recount_skips_released_and_unbudgeted_pods() -> None:
-    released = _admitted("b", {VGPU_MEMORY: "200", VGPU_CORES: "20"}, phase="Succeeded")
-    released["metadata"]["annotations"][ANNOTATION_RELEASED] = "true"
+def test_recount_skips_finished_and_unbudgeted_pods() -> None:
+    finished = _admitted("b", {VGPU_MEMORY: "200", VGPU_CORES: "20"}, phase="Succeeded")
     pods = [_admitted("a", {VGPU_MEMORY: "100", VGPU_CORES: "10"}),
-            released,
+            finished,
             _admitted("c", {VGPU_MEMORY: "300", VGPU_CORES: "30"}, phase="Pending"),
             {"metadata": {"name": "d"}, "status": {"phase": "Running"}},
             {"metadata": {"name": "e", "annotations": {ANNOTATION_BUDGET: "{bad"}}}]
     assert recount(pods) == Usage(400, 40, 2)
-    # finished but not yet released: still held, so recount and release never both subtract
-    assert recount([_admitted("f", {VGPU_MEMORY: "5"}, phase="Failed")]) == Usage(5, 25, 1)
+    # a finished pod holds nothing, as Kubernetes' ResourceQuota counts it
+    assert recount([_admitted("f", {VGPU_MEMORY: "5"}, phase="Failed")]) == Usage()
 
 
 def test_lending_flows_from_the_quota_into_the_budget() -> None:

@@ -40,10 +40,10 @@ class _Admission:
         self.seen += 1
         return {"uid": req["uid"], "allowed": True}
 
-    mutate_pod = validate_pod = review_partition = review_quota = review
+    mutate_pod = review_partition = review_quota = review
 
 
-@pytest.mark.parametrize("path", ["/mutate/pods", "/validate/pods", "/validate/gpuquotas"])
+@pytest.mark.parametrize("path", ["/mutate/pods", "/validate/gpupartitions", "/validate/gpuquotas"])
 def test_reviews_without_the_api_servers_certificate_are_refused_unread(
         tmp_path: Path, path: str) -> None:
     ca, crt, key = make_serving_cert(["127.0.0.1"]).write(tmp_path / "serving")
@@ -53,7 +53,7 @@ def test_reviews_without_the_api_servers_certificate_are_refused_unread(
 
     async def run() -> tuple[list[int], int]:
         adm = _Admission()
-        app = server.webhook_app(adm, None,  # type: ignore[arg-type]
+        app = server.webhook_app(adm,  # type: ignore[arg-type]
                                  Reviewers(frozenset({WEBHOOK_CLIENT_NAME})))
         runner = await server.start(app, "127.0.0.1", 0,
                                     serving_context(crt, key, str(pki.webhook_client_ca)))

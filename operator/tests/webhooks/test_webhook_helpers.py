@@ -10,13 +10,11 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from tessera.quota.arith import Limits, Pending, Usage
-from tessera.quota.batch import State
+from tessera.quota.arith import Limits, Usage
 from tessera.quota.objects import (
     FieldError,
     limits_of,
     policy_of,
-    state_of,
     status_patch,
     used_of,
     view_of,
@@ -64,14 +62,14 @@ def test_pod_patch_sets_budget_and_label_or_strips_forged_ones() -> None:
     out = apply(bare, pod_patch(bare, "{}"))
     assert out["metadata"] == {"name": "x", "annotations": {"tessera.dev/budget": "{}"},
                                "labels": {"tessera.dev/budgeted": "true"}}
-    forged = {"metadata": {"annotations": {"tessera.dev/budget": "{}", "keep": "1",
-                                           "tessera.dev/released": "true"},
+    forged = {"metadata": {"annotations": {"tessera.dev/budget": "{}", "keep": "1"},
                            "labels": {"tessera.dev/budgeted": "true"}}}
     out = apply(forged, pod_patch(forged, None))
     assert out["metadata"] == {"annotations": {"keep": "1"}, "labels": {}}
-    # a release mark never survives a create: deleting that pod must give its budget back
     out = apply(forged, pod_patch(forged, '{"v":1}'))
     assert out["metadata"]["annotations"] == {"tessera.dev/budget": '{"v":1}', "keep": "1"}
+    # reinvoked on a pod that already says what tessera would write: nothing to patch
+    assert pod_patch(out, '{"v":1}') == []
 
 
 def test_serving_cert_covers_ip_and_dns_and_chains_to_ca(tmp_path: Path) -> None:
@@ -90,20 +88,18 @@ def test_configurations_url_and_service_modes() -> None:
     url = ClientConfig(b"CA", url="https://127.0.0.1:9443")
     m = mutating(url)["webhooks"][0]
     assert m["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate/pods"
-    # the mutating webhook only fills in and writes the budget: the pod has no UID yet
+    # the one pod webhook fills in, checks and writes the budget, and writes nothing else
+    # (the count is the managed ResourceQuota's); it runs again after a later mutating
+    # webhook changed the pod, so the budget always matches the pod as stored
     assert m["failurePolicy"] == "Fail" and m["sideEffects"] == "None"
+    assert m["reinvocationPolicy"] == "IfNeeded"
     assert m["matchConditions"][0]["expression"] == POD_MATCH_EXPRESSION
     svc = ClientConfig(b"CA", service_name="tessera-webhook", service_namespace="ts")
     v = validating(svc)["webhooks"]
     assert v[0]["clientConfig"]["service"] == {"name": "tessera-webhook", "namespace": "ts",
                                                "path": "/validate/gpupartitions", "port": 443}
-    assert [w["failurePolicy"] for w in v] == ["Ignore", "Ignore", "Fail"]
-    # the validating pod webhook reserves under the pod's UID, nothing on a dry run
-    pods = v[2]
-    assert pods["name"] == m["name"] == "pods.tessera.dev"
-    assert pods["clientConfig"]["service"]["path"] == "/validate/pods"
-    assert pods["sideEffects"] == "NoneOnDryRun"
-    assert pods["matchConditions"] == m["matchConditions"]
+    assert [w["failurePolicy"] for w in v] == ["Ignore", "Ignore"]
+    assert [w["name"] for w in v] == ["gpupartitions.tessera.dev", "gpuquotas.tessera.dev"]
 
 
 def quota_obj(name: str, spec: dict[str, Any], used: dict[str, Any] | None = None,
@@ -121,7 +117,7 @@ def test_quota_objects_round_trip_and_tolerate_garbage() -> None:
     assert limits_of(q["spec"]) == Limits(40960, 400, None, {"1g.10gb": 4})
     v = view_of(q)
     assert v.used == Usage(2048, 10, 1, {"1g.10gb": 1}) and v.resource_version == "7"
-    patch = status_patch(q, State(Usage(1024, 5, 1), {}))
+    patch = status_patch(q, Usage(1024, 5, 1))
     assert patch["metadata"] == {"resourceVersion": "7"}
     assert patch["status"]["used"] == {"memory": "1Gi", "cores": 5, "pods": 1,
                                        "migInstances": {"1g.10gb": None}}
@@ -129,27 +125,6 @@ def test_quota_objects_round_trip_and_tolerate_garbage() -> None:
     # a status nobody can read counts as never counted: admission waits for the count
     assert used_of({"used": {"memory": "lots", "cores": "x"}}) is None
     assert used_of({}) is None
-
-
-def test_the_ledger_round_trips_and_a_patch_adds_and_removes_entries() -> None:
-    a = Pending("pod-a", Usage(1024, 10, 1, {"1g.10gb": 1}), 1_800_000_000.0)
-    b = Pending("pod-b", Usage(512, 5, 1), 1_800_000_060.0)
-    q = quota_obj("a", {"hard": {"pods": 5}}, {"memory": "1536Mi", "cores": 15, "pods": 2})
-    q["status"]["reservations"] = status_patch(q, State(Usage(1536, 15, 2), {"a": a, "b": b})
-                                               )["status"]["reservations"]
-    assert q["status"]["reservations"]["a"] == {
-        "pod": "pod-a", "memory": "1Gi", "cores": 10, "pods": 1,
-        "migInstances": {"1g.10gb": 1}, "expires": "2027-01-15T08:00:00Z"}
-    assert state_of(q["status"]) == State(Usage(1536, 15, 2), {"a": a, "b": b})
-    patch = status_patch(q, State(Usage(512, 5, 1), {"b": b}))
-    assert patch["status"]["reservations"] == {"a": None}
-    view = view_of(q)
-    assert view.pending == {"a": a, "b": b} and view.counted
-    # an unreadable ledger is an unreadable status: never counted until the count rewrites it
-    q["status"]["reservations"]["a"]["expires"] = "soon"
-    assert state_of(q["status"]) == State(None, {})
-    assert status_patch(q, State(Usage(), {}))["status"]["reservations"] == {"a": None,
-                                                                           "b": None}
 
 
 @pytest.mark.parametrize(("spec", "field"), [
