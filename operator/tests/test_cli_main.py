@@ -36,14 +36,13 @@ def test_installed_entry_point_exits_2_on_bad_input() -> None:
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--webhook-url", "http://127.0.0.1:9443"], "--webhook-url must be https://HOST[:PORT]"),
-    (["--advertise-url", "10.0.0.7:9443"], "--advertise-url must be https://HOST:PORT"),
     (["--lease-duration", "4", "--lease-renew", "2"],
      "--lease-duration must be more than twice --lease-renew"),
     (["--webhook-client-name", "kube-apiserver"],
      "--webhook-client-name needs --webhook-client-ca"),
     (["--webhook-client-ca", "/no/such/ca.crt"],
      "--webhook-client-ca '/no/such/ca.crt' is not a file"),
-    (["--create-deadline", "0"], "--create-deadline and --recount-interval must be positive"),
+    (["--recount-interval", "0"], "--recount-interval must be positive"),
 ])
 def test_operator_run_refuses_bad_flags_before_starting(
         args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:

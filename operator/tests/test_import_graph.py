@@ -89,7 +89,7 @@ def test_only_the_cli_imports_the_operator_process() -> None:
 def test_webhooks_and_the_node_daemon_stand_apart_from_the_controller() -> None:
     edges = _edges()
     assert "tessera.controller" not in edges.get("tessera.webhooks", set())
-    assert "tessera.controller" not in edges.get("tessera.reservations", set())
+    assert "tessera.controller" not in edges.get("tessera.cache", set())
     for unit, targets in edges.items():
         if unit.startswith("tessera_node"):
             assert not targets & {"tessera.controller", "tessera.webhooks", "tessera.cli"}, unit
@@ -97,7 +97,7 @@ def test_webhooks_and_the_node_daemon_stand_apart_from_the_controller() -> None:
 
 def test_rules_do_no_io() -> None:
     """The pure packages (rules) never reach for the client layer or a process."""
-    io = ("tessera.kube", "tessera.reservations", "tessera.controller", "tessera.webhooks",
+    io = ("tessera.kube", "tessera.cache", "tessera.controller", "tessera.webhooks",
           "aiohttp", "kubernetes", "kopf")
     for mod, path in _modules():
         if _unit(mod) in ("tessera.quota", "tessera.mig", "tessera.partition", "tessera.api"):
