@@ -1,4 +1,4 @@
-"""Pod admission against the real API server: fill, deny messages, dry run, releases."""
+"""Pod admission against the real API server: fill, deny messages, dry run, counts."""
 
 from __future__ import annotations
 
@@ -39,15 +39,30 @@ def used(cluster: Any, ns: str, name: str = "team") -> dict[str, Any]:
     return u
 
 
+def managed_rq(cluster: Any, ns: str, name: str = "team") -> dict[str, Any] | None:
+    """The ResourceQuota GPUQuota ``name`` manages, if it exists."""
+    out = cluster.kubectl("get", "resourcequota", f"gpuquota-{name}", "-n", ns, "-o", "json")
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def enforced(cluster: Any, ns: str, name: str = "team") -> bool:
+    """Whether the API server enforces the managed ResourceQuota (its quota controller has
+    counted it: until then it refuses every pod asking for what it limits)."""
+    rq = managed_rq(cluster, ns, name)
+    return rq is not None and ((rq.get("status") or {}).get("hard") or {}) == (
+        (rq.get("spec") or {}).get("hard") or {})
+
+
 def setup_ns(cluster: Any, ns: str, q: str) -> None:
     """The namespace's ServiceAccount, and the quota once the operator has counted it (a
-    quota never counted admits nothing)."""
+    quota never counted admits nothing) and the API server enforces its ResourceQuota."""
     cluster.wait_for_service_account(ns)
     out = cluster.kubectl("apply", "-f", "-", input=q)
     assert out.returncode == 0, out.stderr
     name = json.loads(q)["metadata"]["name"]
     wait_until("the quota counted", lambda: "used" in (kubectl_json(
         cluster, "get", "gpuquota", name, "-n", ns).get("status") or {}), 20, 0.1)
+    wait_until("its ResourceQuota enforced", lambda: enforced(cluster, ns, name), 20, 0.1)
 
 
 def test_defaults_filled_budget_written_and_over_quota_denied(
@@ -169,9 +184,7 @@ def test_admitted_budget_metadata_cannot_be_edited_or_removed(
             (["annotate", "pod", "a", "tessera.dev/budget-"],
              "metadata.annotations[tessera.dev/budget] is the budget tessera admitted"),
             (["label", "pod", "a", "tessera.dev/budgeted-"],
-             "metadata.labels[tessera.dev/budgeted] is set by tessera's admission"),
-            (["annotate", "pod", "a", "tessera.dev/released=true"],
-             "metadata.annotations[tessera.dev/released] is written by the tessera operator")):
+             "metadata.labels[tessera.dev/budgeted] is set by tessera's admission")):
         out = cluster.kubectl(*args, "-n", ns)
         assert out.returncode != 0, args
         assert "ValidatingAdmissionPolicy 'tessera-pod-budget'" in out.stderr, out.stderr
@@ -187,3 +200,47 @@ def test_admitted_budget_metadata_cannot_be_edited_or_removed(
     assert out.returncode == 0, out.stderr
     out = cluster.kubectl("label", "pod", "plain", "tessera.dev/budgeted=true", "-n", ns)
     assert out.returncode != 0 and "tessera-pod-budget" in out.stderr, out.stderr
+
+
+def test_each_gpuquota_manages_a_resourcequota_that_edits_and_deletes_cannot_undo(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """The API server's own quota admission counts GPU pods race-free against the
+    ResourceQuota a GPUQuota manages: its hard follows the GPUQuota's, it is owned by it,
+    and what a user changes on it is set back."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "4Gi", "cores": 100, "pods": 10,
+                                          "migInstances": {"1g.10gb": 2}}))
+    rq = managed_rq(cluster, ns)
+    assert rq is not None
+    assert rq["spec"]["hard"] == {"requests.tessera.dev/vgpu-memory": "4096",
+                                  "requests.tessera.dev/vgpu-cores": "100",
+                                  "requests.tessera.dev/mig-1g.10gb": "2"}
+    owner = rq["metadata"]["ownerReferences"][0]
+    q = kubectl_json(cluster, "get", "gpuquota", "team", "-n", ns)
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("GPUQuota", "team",
+                                                           q["metadata"]["uid"])
+    assert rq["metadata"]["labels"]["tessera.dev/gpuquota"] == "team"
+    out = cluster.kubectl("create", "-f", "-", input=pod(ns, "a", {
+        "tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}))
+    assert out.returncode == 0, out.stderr
+    wait_until("the API server counted it", lambda: ((managed_rq(cluster, ns) or {}).get(
+        "status") or {}).get("used", {}).get("requests.tessera.dev/vgpu-cores") == "10", 20)
+    # a user raises the hard: set back
+    out = cluster.kubectl("patch", "resourcequota", "gpuquota-team", "-n", ns, "--type=merge",
+                          "-p", '{"spec":{"hard":{"requests.tessera.dev/vgpu-cores":"1000"}}}')
+    assert out.returncode == 0, out.stderr
+    wait_until("set back", lambda: (managed_rq(cluster, ns) or {}).get("spec", {}).get(
+        "hard", {}).get("requests.tessera.dev/vgpu-cores") == "100", 20, 0.1)
+    # a user deletes it: made again
+    assert cluster.kubectl("delete", "resourcequota", "gpuquota-team", "-n", ns).returncode == 0
+    wait_until("made again", lambda: enforced(cluster, ns), 30, 0.2)
+    # the GPUQuota's hard changes: so does its ResourceQuota's
+    out = cluster.kubectl("patch", "gpuquota", "team", "-n", ns, "--type=merge", "-p",
+                          '{"spec":{"hard":{"cores":50,"migInstances":null}}}')
+    assert out.returncode == 0, out.stderr
+    wait_until("follows", lambda: (managed_rq(cluster, ns) or {}).get("spec", {}).get(
+        "hard") == {"requests.tessera.dev/vgpu-memory": "4096",
+                    "requests.tessera.dev/vgpu-cores": "50"}, 20, 0.1)
+    # the GPUQuota goes: so does its ResourceQuota (garbage collected, it owns it)
+    assert cluster.kubectl("delete", "gpuquota", "team", "-n", ns).returncode == 0
+    wait_until("collected", lambda: managed_rq(cluster, ns) is None, 60, 0.5)
