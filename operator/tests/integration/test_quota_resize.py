@@ -18,7 +18,7 @@ from tessera_node.deviceplugin.resize import decide
 
 from .conftest import Operators
 from .harness import OPERATOR_NS, kubectl_json, wait_until
-from .test_quota_admission import pod, quota, setup_ns, used
+from .test_quota_admission import managed_rq, pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
 
@@ -102,6 +102,9 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
     assert budget_of(cluster, ns, "a")["cores"] == 40
     wait_until("used follows", lambda: used(cluster, ns)["memory"] == "6Gi"
                and used(cluster, ns)["cores"] == 70, 20, 0.1)
+    # the ResourceQuota counts a's limits (2Gi, 30 cores): its hard went down by the growth
+    # before the resize was approved, in status too (what the API server admits against)
+    assert rq_hard(cluster, ns) == ({"memory": "6144", "cores": "190"},) * 2
     # the pod's owner cannot write the outcome (nor the budget) themselves
     forged = json.dumps({"request": st["request"], "state": "Refused", "reason": "x",
                          "previous": annotations(cluster, ns, "a")["tessera.dev/budget"]})
@@ -133,6 +136,8 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
     request(cluster, ns, "a", {"main": {"memory": "1Gi"}})
     answered(cluster, ns, "a", "Approved")
     wait_until("shrink released", lambda: used(cluster, ns)["memory"] == "3Gi", 20, 0.1)
+    wait_until("hard raised", lambda: rq_hard(cluster, ns)[0] == {
+        "memory": "8192", "cores": "190"}, 20, 0.1)  # a is below its limits' memory now
     node_answers(cluster, node_kubeconfig, ns, "a", committed_elsewhere=0)
     answered(cluster, ns, "a", "Applied")
 
@@ -151,6 +156,21 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
     # the recount agrees with what was written on the pods
     wait_until("recount stable", lambda: used(cluster, ns)["memory"] == "3Gi"
                and used(cluster, ns)["cores"] == 70, 20, 0.2)
+    assert rq_hard(cluster, ns)[0] == {"memory": "8192", "cores": "190"}
+    # a's growth ends with a: the ResourceQuota's hard is the GPUQuota's again
+    assert cluster.kubectl("delete", "pod", "a", "-n", ns).returncode == 0
+    wait_until("growth gone", lambda: rq_hard(cluster, ns)[0] == {
+        "memory": "8192", "cores": "200"}, 20, 0.1)
+
+
+def rq_hard(cluster: Any, ns: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The managed ResourceQuota's memory and cores hard: spec, status."""
+    rq = managed_rq(cluster, ns) or {}
+
+    def short(hard: dict[str, str]) -> dict[str, str]:
+        return {k.rsplit("-", 1)[1]: v for k, v in hard.items()}
+    return (short((rq.get("spec") or {}).get("hard") or {}),
+            short((rq.get("status") or {}).get("hard") or {}))
 
 
 def test_cli_verb_refusal_and_bad_input(cluster: Any, namespace: str, ops: Operators) -> None:
