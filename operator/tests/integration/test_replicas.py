@@ -157,13 +157,17 @@ def test_no_writes_for_sixty_seconds_once_settled(
                                                        "-n", ns),
                 ("gpupartition", None, part): kubectl_json(cluster, "get", "gpupartition",
                                                            part)}
-        watch = subprocess.Popen(
+        # one watch per kind: kubectl watches only a single resource type
+        watches = [subprocess.Popen(
             [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get",
-             "gpuquotas,gpupartitions", "-A", "--watch-only", "-o", "json"],
-            stdout=subprocess.PIPE, text=True)
+             kind, "-A", "--watch-only", "-o", "json"],
+            stdout=subprocess.PIPE, text=True) for kind in ("gpuquotas", "gpupartitions")]
         time.sleep(60)
-        watch.terminate()
-        out, _ = watch.communicate(timeout=10)
+        assert [w.poll() for w in watches] == [None, None]  # both watched all along
+        out = ""
+        for w in watches:
+            w.terminate()
+            out += w.communicate(timeout=10)[0]
         writes = []
         for obj in json_stream(out):
             key = (obj["kind"].lower(), obj["metadata"].get("namespace"),
