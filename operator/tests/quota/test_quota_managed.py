@@ -102,7 +102,8 @@ def test_limits_plus_growth_under_the_lowered_hard_is_live_usage_under_the_gpuqu
     what the GPUQuota allows for their live budgets (limits + growth within hard)."""
     asked = [a for a, _ in pods]
     live = [a + g for a, g in pods]
-    record = {str(i): managed.grown(lv, a) for i, (a, lv) in enumerate(zip(asked, live, strict=True))}
+    record = {str(i): managed.grown(lv, a)
+              for i, (a, lv) in enumerate(zip(asked, live, strict=True))}
     hard = managed.hard_of(Limits(hard_mem, hard_cores), managed.total_growth(record))
     limits_total = sum(a.memory_mib for a in asked), sum(a.cores for a in asked)
     live_total = sum(x.memory_mib for x in live), sum(x.cores for x in live)
