@@ -278,8 +278,13 @@ class Controller:
 
     async def reconcile_quota(self, q: Obj) -> None:
         """The quota's managed ResourceQuota, then its status (used, summary, conditions)."""
-        await self._reconcile_managed(q)
         meta, status = q["metadata"], q.get("status") or {}
+        try:
+            await self._reconcile_managed(q)
+        except ApiError as exc:  # its status is still worth writing; retried next pass
+            log.warning("managed ResourceQuota not reconciled", extra={
+                "namespace": meta.get("namespace"), "quota": meta.get("name"),
+                "error": str(exc)})
         gen = int(meta.get("generation") or 1)
         try:
             limits, problem = limits_of(q.get("spec") or {}), None
