@@ -338,7 +338,8 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
         if os.environ.get("ONLY") in ("resize", None):
             r = [x * 1000 for x in await resize_trials(kube, "bench-resize", 40)]
             print(f"live resize, request -> Approved by the operator (ResourceQuota lowered, "
-                  f"new budget on the pod), 40 requests one at a time: p50 {pct(r, 50):.0f} ms, p99 "
+                  f"new budget on the pod), 40 requests one at a time: p50 {pct(r, 50):.0f} ms, "
+                  f"p99 "
                   f"{pct(r, 99):.0f} ms, max {max(r):.0f} ms")
             if os.environ.get("ONLY") == "resize":
                 return
