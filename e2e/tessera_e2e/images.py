@@ -5,7 +5,7 @@ Two images, each written as an OCI image layout tarball (`oci-layout`, `index.js
 
 - `pause`: the pod sandbox, our own statically linked `pause.c` (what Kubernetes' pause does);
 - `workload`: Debian's static busybox (sh, sleep, wget, httpd, nc, ...) for plain pods, the
-  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`, and the NVML
+  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`, `cuda-spin`, and the NVML
   client `nvml-info`) that are linked against `libcuda.so.1` (`libnvidia-ml.so.1`) but do not
   carry it: like a real CUDA container they get it from what the node mounts (the image's
   LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA base images' convention).
@@ -54,7 +54,7 @@ C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib/x86_64-linux-gnu/libdl.so.2", "lib/x86_64-linux-gnu/libdl.so.2"),
     ("/lib/x86_64-linux-gnu/librt.so.1", "lib/x86_64-linux-gnu/librt.so.1"),
 )
-CUDA_PROGRAMS = ("cuda-info", "cuda-alloc")
+CUDA_PROGRAMS = ("cuda-info", "cuda-alloc", "cuda-spin")
 NVML_PROGRAMS = ("nvml-info",)
 STALE_AFTER_S = 3600.0
 CFLAGS = ("-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-s", "-Wl,--build-id=sha1")
