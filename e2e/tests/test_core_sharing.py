@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.api.budget import parse_budget
 from tessera.api.names import (
@@ -48,33 +47,8 @@ def spinner(name: str, cores: int, seed: int, node: str = "node-0") -> dict[str,
     return gpu_pod(name, f"cuda-spin 0 1000 {seed} {PAUSE}", vgpu(1024, cores=cores), node)
 
 
-def samples(bed: Bed, node: str, name: str, namespace: str) -> list[tuple[str, float]]:
-    """(pod label, value) of each sample of ``name`` in ``namespace`` on the node's daemon."""
-    status, text = bed.daemons[node].get("/metrics")
-    assert status == 200, text
-    return [(s.labels.get("pod", ""), float(s.value))
-            for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == name and s.labels.get("namespace") == namespace]
-
-
-def busy(bed: Bed, node: str, namespace: str) -> dict[str, float]:
-    """Per pod, its container's busy GPU-seconds so far (the daemon's counter)."""
-    out: dict[str, float] = {}
-    for pod, v in samples(bed, node, "tessera_container_core_busy_seconds_total", namespace):
-        out[pod] = out.get(pod, 0.0) + v
-    return out
-
-
 def counter(bed: Bed, node: str, name: str, namespace: str) -> float:
-    return sum(v for _, v in samples(bed, node, name, namespace))
-
-
-def window(bed: Bed, node: str, namespace: str, seconds: float) -> tuple[dict[str, float], float]:
-    """Busy GPU-seconds per pod over the next ``seconds``, and the wall time it took."""
-    t0, a = time.monotonic(), busy(bed, node, namespace)
-    time.sleep(seconds)
-    t1, b = time.monotonic(), busy(bed, node, namespace)
-    return {p: b[p] - a.get(p, 0.0) for p in b}, t1 - t0
+    return sum(v for _, v in bed.samples(node, name, namespace))
 
 
 def exec_sh(bed: Bed, namespace: str, pod: str, script: str) -> None:
@@ -96,10 +70,10 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back(
     for name in ("thirty", "seventy"):
         bed.wait_phase(ns, name, {"Running"})
     wait_until("both containers under a core controller", lambda: len(
-        busy(bed, "node-0", ns)) == 2, 60, 1)
+        bed.core_busy("node-0", ns)) == 2, 60, 1)
     time.sleep(3)  # the controller learns the kernels' cost
 
-    got, _ = window(bed, "node-0", ns, 10)
+    got, _ = bed.busy_window("node-0", ns, 10)
     total = sum(got.values())
     shares = {p: round(100 * v / total, 2) for p, v in got.items()}
     print(f"achieved shares over 10 s: {shares}, GPU busy {total / 10:.3f}")
@@ -108,7 +82,7 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back(
     lent0 = counter(bed, "node-0", "tessera_quota_core_lent_seconds_total", ns)
     exec_sh(bed, ns, "thirty", f": > {PAUSE}")
     time.sleep(2)
-    got, wall = window(bed, "node-0", ns, 3)
+    got, wall = bed.busy_window("node-0", ns, 3)
     assert got["thirty"] / wall < 0.02, got  # idle
     assert got["seventy"] / wall >= 0.90, (got, wall)  # took what thirty left idle
     print(f"lending: seventy busy {got['seventy'] / wall:.3f} of the GPU while thirty idles")
@@ -116,7 +90,7 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back(
 
     exec_sh(bed, ns, "thirty", f"rm {PAUSE}")
     time.sleep(1)
-    got, _ = window(bed, "node-0", ns, 4)
+    got, _ = bed.busy_window("node-0", ns, 4)
     share = 100 * got["thirty"] / sum(got.values())
     assert share >= 28, got  # its budget back
     print(f"reclaim: thirty back at {share:.1f} % of the busy time")
