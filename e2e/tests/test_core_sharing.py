@@ -56,12 +56,13 @@ def exec_sh(bed: Bed, namespace: str, pod: str, script: str) -> None:
     assert out.returncode == 0, out.stderr
 
 
-def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back(
+def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
     bed: Bed, node_namespace: str
 ) -> None:
     """Two pods with core budgets 30 and 70 saturate node-0's GPU: each gets its budget's
     share of the busy time (±2 points over 10 s). One goes idle: the other absorbs the GPU
-    (lending counted on the quota). It comes back: it regains its budget."""
+    (lending counted on the quota). It comes back: it regains its budget. Both are resized
+    live to 50 % (`tessera resize`): they obey without a restart."""
     ns = node_namespace
     bed.cluster.wait_for_service_account(ns)
     bed.quota(ns)
@@ -94,6 +95,16 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back(
     share = 100 * got["thirty"] / sum(got.values())
     assert share >= 28, got  # its budget back
     print(f"reclaim: thirty back at {share:.1f} % of the busy time")
+
+    # resized live to 50/50 (the one that shrinks first, so the quota always holds both)
+    for pod in ("seventy", "thirty"):
+        r = resize(bed, ns, pod, "--cores", "50")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+    time.sleep(1)
+    got, _ = bed.busy_window("node-0", ns, 6)
+    shares = {p: round(100 * v / sum(got.values()), 2) for p, v in got.items()}
+    assert abs(shares["thirty"] - 50) <= 2 and abs(shares["seventy"] - 50) <= 2, shares
+    print(f"after the live resize to 50/50: {shares}")
     for name in ("thirty", "seventy"):
         bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
 

@@ -127,6 +127,7 @@ class CoreControl:
             if t is None or t.entry != s.entry or str(t.ledger) != s.ledger:
                 t = Tenant(name=name, budget=BudgetFile(s.budget_file), ledger=Path(s.ledger),
                            entry=s.entry)
+                metrics.core_series(unit, name, s.owner)  # its series from the start
             t.weight, t.lend, t.owner = s.weight, s.lend, s.owner
             tenants.append(t)
         ctl.tenants = tenants

@@ -241,22 +241,29 @@ def observe_core_shares(gpu: str, owners: Mapping[str, CoreOwner],
         secs = r.get("seconds")
         if not secs or "busy" not in r:
             continue
-        o = owners.get(name) or CoreOwner(container=name)
-        key = (gpu, name, o)
-        c = _children.get(key)
-        if c is None:  # label lookups once per container, not ten times a second
-            if len(_children) >= 4096:
-                _children.clear()
-            labels = (o.namespace, o.pod, o.container, gpu)
-            c = _children[key] = (CORE_LENT.labels(o.namespace, o.quota),
-                                  CORE_BORROWED.labels(o.namespace, o.quota),
-                                  CORE_BUSY.labels(*labels), CORE_BUDGET.labels(*labels),
-                                  CORE_SHARE.labels(*labels))
+        c = core_series(gpu, name, owners.get(name) or CoreOwner(container=name))
         c[0].inc(r["lent"] * secs)
         c[1].inc(r["borrowed"] * secs)
         c[2].inc(r["busy"] * secs)
         c[3].inc(r["target"] * secs)
         c[4].set(r["busy"])
+
+
+def core_series(gpu: str, name: str, o: CoreOwner) -> tuple[Any, ...]:
+    """A controlled container's series (created at 0 the first time: a container whose GPU
+    stays idle, so that no period measures anything, still shows them, and so does its
+    quota's lent and borrowed time). Looked up once per container, not ten times a second."""
+    key = (gpu, name, o)
+    c = _children.get(key)
+    if c is None:
+        if len(_children) >= 4096:
+            _children.clear()
+        labels = (o.namespace, o.pod, o.container, gpu)
+        c = _children[key] = (CORE_LENT.labels(o.namespace, o.quota),
+                              CORE_BORROWED.labels(o.namespace, o.quota),
+                              CORE_BUSY.labels(*labels), CORE_BUDGET.labels(*labels),
+                              CORE_SHARE.labels(*labels))
+    return c
 
 
 def forget_core_container(gpu: str, owner: CoreOwner) -> None:

@@ -124,7 +124,7 @@ def test_core_controllers_run_for_units_with_a_core_budget_below_the_whole(
     ])
     c.m.update(NodeState(units=[Unit(G0, G0, 0, None, 80 * GIB, True),
                                 Unit(G1, G1, 1, None, 80 * GIB, True)]))
-    for i, (name, gpu) in enumerate((("a", G0), ("b", G0), ("c", G1))):
+    for i, (_name, gpu) in enumerate((("a", G0), ("b", G0), ("c", G1))):
         c.m.allocate(VGPU, [share_id(gpu, i)])
     c.m.resolve([Held(ContainerRef("ns", n, "main"), VGPU, (share_id(g, i),))
                  for i, (n, g) in enumerate((("a", G0), ("b", G0), ("c", G1)))])
@@ -136,3 +136,30 @@ def test_core_controllers_run_for_units_with_a_core_budget_below_the_whole(
     assert a.ledger.endswith("/run/ledger") and a.budget_file.endswith("/budget")
     assert (b.owner.pod, b.lend) == ("b", False)  # in the split, as a hard cap
     assert plan(c.m.registry.snapshot(), {G1: 1}) == {}  # G0 gone from the node
+
+
+def test_a_controlled_container_has_its_series_before_any_period_measures(
+    tmp_path: Path
+) -> None:
+    """An idle GPU gives NVML nothing to sample, so no period reports: the container's
+    series and its quota's lent/borrowed counters exist at 0 from the moment it is
+    controlled (a dashboard shows 0, not 'no data')."""
+    from prometheus_client import REGISTRY
+
+    from tessera_node.core_control import CoreControl
+
+    c = running(tmp_path, {"idle": {"main": (10 * GIB, 20)}})
+
+    class NoSamples:
+        def process_utilization(self, index: int, since_us: int
+                                ) -> tuple[dict[int, float], int] | None:
+            return {}, since_us
+
+    cores = CoreControl(c.m.registry.snapshot, {G0: 0}.copy, NoSamples(), 0.1)
+    cores.step()
+    labels = {"namespace": "ns", "pod": "idle", "container": "main", "gpu": G0}
+    assert REGISTRY.get_sample_value("tessera_container_core_busy_seconds_total",
+                                     labels) == 0.0
+    assert REGISTRY.get_sample_value("tessera_quota_core_lent_seconds_total",
+                                     {"namespace": "ns", "quota": "team"}) is not None
+    assert list(cores.controllers) == [G0]
