@@ -3,9 +3,10 @@ policies, network policy: what the test bed's operator, run on the host, runs wi
 few template actions they use.
 
 ``{{ .Release.Namespace }}``, ``{{ .Values.a.b }}``, ``{{ if .Values.x }}`` ...
-[``{{ else }}`` ...] ``{{ end }}``, ``{{ range .Values.list }}`` ... ``{{ . }}`` ... ``{{ end }}``, with Go
-templates' ``{{-``/``-}}`` whitespace trimming.  Anything else is an error, so a template
-using more of Helm fails here loudly instead of being applied half-rendered.
+[``{{ else }}`` ...] ``{{ end }}``, ``{{ range .Values.list }}`` ... ``{{ . }}`` ...
+``{{ end }}``, with Go templates' ``{{-``/``-}}`` whitespace trimming.  Anything else is an
+error, so a template using more of Helm fails here loudly instead of being applied
+half-rendered.
 """
 
 from __future__ import annotations

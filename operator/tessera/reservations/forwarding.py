@@ -10,8 +10,9 @@ be reached the replica reserves itself, with the same conditional write.
 The leader advertises where it listens in its Lease (annotation
 ``tessera.api.names.ANNOTATION_LEADER_ENDPOINT``).
 Callers prove they are a replica with a token derived from the webhook serving key, which
-only holders of the ``tessera-webhook-tls`` Secret have.  The TLS chain is checked against
-the Secret's CA; the host name is not (the leader is reached by pod IP, which the serving
+only holders of the ``tessera-webhook-tls`` Secret have (a renewed key changes it: see
+:meth:`Forwarder.rekey`).  The TLS chain is checked against the Secret's CA bundle; the host
+name is not (the leader is reached by pod IP, which the serving
 certificate cannot list in advance).
 """
 

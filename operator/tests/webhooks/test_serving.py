@@ -39,7 +39,7 @@ def _secret(data: dict[str, bytes], step_at: str | None = None) -> dict[str, Any
 
 def test_a_secret_without_its_certificate_is_refused_by_name() -> None:
     made = make_serving_cert(["127.0.0.1"])
-    with pytest.raises(ValueError, match="ns/tls lacks tls.key"):
+    with pytest.raises(ValueError, match=r"ns/tls lacks tls\.key"):
         parse_secret(_secret({"ca.crt": made.ca_pem, "tls.crt": made.cert_pem}))
 
 
