@@ -2,7 +2,9 @@
 
 One cluster for the module, the tests in order: install (operator 2/2 Ready, one Ready daemon
 per node, webhooks patched with the operator's CA, libtessera installed by each daemon on its
-host under ``<state dir>/lib/<content digest>``), a budgeted ``tessera.dev/vgpu`` pod admitted,
+host under ``<state dir>/lib/<content digest>``), a MIG GPUPartition enacted by the chart's
+daemon (through the simulator's nvidia-smi in its driver root) and reset, a budgeted
+``tessera.dev/vgpu`` pod admitted,
 scheduled, allocated by the chart's daemon and run under its budget, upgrade to a new image
 (with a libtessera build that differs) and a changed value (the reservation, the running
 pod's budget and the old libtessera survive; a new pod runs under the new daemon), uninstall
