@@ -4,8 +4,8 @@ One cluster for the module, the tests in order: install (operator 2/2 Ready, one
 per node, webhooks patched with the operator's CA, libtessera installed by each daemon on its
 host under ``<state dir>/lib/<content digest>``), a MIG GPUPartition enacted by the chart's
 daemon (through the simulator's nvidia-smi in its driver root) and reset, a budgeted
-``tessera.dev/vgpu`` pod admitted,
-scheduled, allocated by the chart's daemon and run under its budget, upgrade to a new image
+``tessera.dev/vgpu`` pod admitted, scheduled, allocated by the chart's daemon and run under
+its budget, upgrade to a new image
 (with a libtessera build that differs) and a changed value (the reservation, the running
 pod's budget and the old libtessera survive; a new pod runs under the new daemon), uninstall
 (only the CRDs stay; no webhook, Lease, Secret or tessera Node key is left). Timings go to
