@@ -87,3 +87,6 @@ FINALIZER_RESET = f"{GROUP}/reset"
 """Held on ``deletionPolicy: Reset`` partitions until their GPUs are reset."""
 ANNOTATION_LEADER_ENDPOINT = f"{GROUP}/endpoint"
 """On the leader Lease: where the leading replica takes reservations from the others."""
+ANNOTATION_CERT_STEP_AT = f"{GROUP}/certificate-step-at"
+"""On the webhook serving Secret: when the leader wrote the last step of a certificate
+renewal (seconds since the epoch)."""

@@ -10,13 +10,15 @@ be reached the replica reserves itself, with the same conditional write.
 The leader advertises where it listens in its Lease (annotation
 ``tessera.api.names.ANNOTATION_LEADER_ENDPOINT``).
 Callers prove they are a replica with a token derived from the webhook serving key, which
-only holders of the ``tessera-webhook-tls`` Secret have.  The TLS chain is checked against
-the Secret's CA; the host name is not (the leader is reached by pod IP, which the serving
+only holders of the ``tessera-webhook-tls`` Secret have (a renewed key changes it: see
+:meth:`Forwarder.rekey`).  The TLS chain is checked against the Secret's CA bundle; the host
+name is not (the leader is reached by pod IP, which the serving
 certificate cannot list in advance).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -118,6 +120,17 @@ class Forwarder:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    def rekey(self, token: str, ca_pem: bytes) -> None:
+        """A renewed serving certificate: send ``token``, trust ``ca_pem``, on new
+        connections (the old ones finish their requests and are closed after them)."""
+        if (token, ca_pem) == (self.token, self.ca_pem):
+            return
+        self.token, self.ca_pem = token, ca_pem
+        old, self._session = self._session, None
+        if old is not None and not old.closed:
+            asyncio.get_running_loop().call_later(
+                ANSWER_TIMEOUT_S + 1, lambda: asyncio.ensure_future(old.close()))
 
     async def reserve(self, ns: str, reservation: Reserve) -> list[Violation] | None:
         """The leader's answer ([] = reserved), or None: reserve here instead.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -50,11 +50,16 @@ def _endpoint(review: Review, what: str, senders: Reviewers | None
     return handle
 
 
-def _reservations(adm: Admission, token: str
+Tokens = Callable[[], Collection[str]]
+"""The replica tokens accepted now (they change when the serving certificate is renewed)."""
+
+
+def _reservations(adm: Admission, tokens: Tokens
                   ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """Reservations handed over by the other replicas (see tessera.reservations.forwarding)."""
     async def handle(request: web.Request) -> web.Response:
-        if not authorized(request.headers.get("Authorization"), token):
+        header = request.headers.get("Authorization")
+        if not any(authorized(header, t) for t in tokens()):
             return web.Response(status=403, text="not a tessera replica")
         try:
             ns, reservation = reservation_from_wire(await request.json())
@@ -65,13 +70,13 @@ def _reservations(adm: Admission, token: str
     return handle
 
 
-def webhook_app(adm: Admission, token: str | None = None,
+def webhook_app(adm: Admission, tokens: Tokens | None = None,
                 senders: Reviewers | None = None) -> web.Application:
     """The admission endpoints (only for ``senders`` when given: see
-    :mod:`tessera.webhooks.auth`), and the reservation endpoint when a replica token is set."""
+    :mod:`tessera.webhooks.auth`), and the reservation endpoint when replica tokens are set."""
     app = web.Application()
-    if token is not None:
-        app.router.add_post(RESERVE_PATH, _reservations(adm, token))
+    if tokens is not None:
+        app.router.add_post(RESERVE_PATH, _reservations(adm, tokens))
     for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
                             (POD_QUOTA_PATH, adm.validate_pod, "pod quota"),
                             (PARTITION_PATH, adm.review_partition, "gpupartition"),
