@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tessera.api.budget import BudgetError, ContainerBudget
 from tessera.api.names import ANNOTATION_BUDGET_RESIZE
@@ -32,10 +32,10 @@ from tessera_node.deviceplugin.fit import MIB, overcommit
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Decided:
+    """The node's answer, as the pod's ``tessera.dev/budget-resize`` shows it."""
+
     status: ResizeStatus
-    entries: list[BudgetEntry] | None = None
-    """The budget file's new entries when applied."""
 
     @property
     def applied(self) -> bool:
@@ -43,6 +43,14 @@ class Outcome:
 
     def annotation_patch(self) -> dict[str, str]:
         return {ANNOTATION_BUDGET_RESIZE: self.status.to_annotation()}
+
+
+@dataclass(frozen=True)
+class Outcome(Decided):
+    """One container's answer."""
+
+    entries: list[BudgetEntry] | None = None
+    """The budget file's new entries when applied."""
 
 
 def awaiting(annotations: Mapping[str, str]) -> ResizeStatus | None:
@@ -102,17 +110,11 @@ class Placed:
 
 
 @dataclass(frozen=True)
-class PodOutcome:
-    status: ResizeStatus
-    entries: Mapping[str, list[BudgetEntry]]
+class PodOutcome(Decided):
+    """The answer for all of a pod's containers on this node."""
+
+    entries: Mapping[str, list[BudgetEntry]] = field(default_factory=dict)
     """Allocation key -> the budget file's new entries (empty unless applied)."""
-
-    @property
-    def applied(self) -> bool:
-        return self.status.state == "Applied"
-
-    def annotation_patch(self) -> dict[str, str]:
-        return {ANNOTATION_BUDGET_RESIZE: self.status.to_annotation()}
 
 
 def decide_pod(
