@@ -269,6 +269,9 @@ def contention(tmp: Path, quick: bool) -> dict[str, object]:
         "reclaim_latency_s": None if got is None or first_launch is None
         else round(got - first_launch, 2),
         "resize_latency_s": None if resized is None else round(resized - marks["resize"], 2),
+        # from the rewrite to the start of that window: from then on the split holds
+        "resize_latency_to_window_start_s": None if resized is None
+        else round(max(0.0, resized - 0.45 - marks["resize"]), 2),
         "launch_wait_p99_ms": round(1000 * max(waits), 2),
         "controller_cpu_pct_of_core": round(100 * ctl_cpu / ctl_wall, 2),
     }

@@ -3,9 +3,10 @@ policies, network policy: what the test bed's operator, run on the host, runs wi
 few template actions they use.
 
 ``{{ .Release.Namespace }}``, ``{{ .Values.a.b }}``, ``{{ if .Values.x }}`` ...
-``{{ end }}``, ``{{ range .Values.list }}`` ... ``{{ . }}`` ... ``{{ end }}``, with Go
-templates' ``{{-``/``-}}`` whitespace trimming.  Anything else is an error, so a template
-using more of Helm fails here loudly instead of being applied half-rendered.
+[``{{ else }}`` ...] ``{{ end }}``, ``{{ range .Values.list }}`` ... ``{{ . }}`` ...
+``{{ end }}``, with Go templates' ``{{-``/``-}}`` whitespace trimming.  Anything else is an
+error, so a template using more of Helm fails here loudly instead of being applied
+half-rendered.
 """
 
 from __future__ import annotations
@@ -62,30 +63,34 @@ def _lookup(expr: str, scope: Mapping[str, Any], dot: Any) -> Any:
 
 
 def _render(tokens: list[tuple[str, str]], i: int, scope: Mapping[str, Any], dot: Any,
-            out: list[str] | None) -> int:
-    """Render from token ``i`` to its ``end`` (or the end); returns the index after it.
-    ``out`` None: skip (a false ``if``), still parsing to find the matching ``end``."""
+            out: list[str] | None) -> tuple[int, str]:
+    """Render from token ``i`` to its ``end`` or ``else`` (or the end); returns the index
+    after it and which one it was. ``out`` None: skip (a false branch), still parsing to
+    find the matching ``end``."""
     while i < len(tokens):
         kind, body = tokens[i]
         i += 1
         if kind == "text":
             if out is not None:
                 out.append(body)
-        elif body == "end":
-            return i
+        elif body in ("end", "else"):
+            return i, body
         elif body.startswith("if "):
             taken = out is not None and bool(_lookup(body[3:].strip(), scope, dot))
-            i = _render(tokens, i, scope, dot, out if taken else None)
+            i, stop = _render(tokens, i, scope, dot, out if taken else None)
+            if stop == "else":
+                i, stop = _render(tokens, i, scope, dot,
+                                  out if out is not None and not taken else None)
         elif body.startswith("range "):
             items = _lookup(body[6:].strip(), scope, dot) if out is not None else []
             start = i
-            i = _render(tokens, start, scope, dot, None)
+            i, _ = _render(tokens, start, scope, dot, None)
             for item in items or []:
                 _render(tokens, start, scope, item, out)
         else:
             if out is not None:
                 out.append(str(_lookup(body, scope, dot)))
-    return i
+    return i, ""
 
 
 def render_template(text: str, scope: Mapping[str, Any]) -> str:

@@ -21,10 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PENDING: dict[str, str] = {
-    "tessera_quota_core_seconds_lent_total": "lending and borrowing (core controller)",
-    "tessera_quota_core_seconds_borrowed_total": "lending and borrowing (core controller)",
-}
+PENDING: dict[str, str] = {}
 """Metric (histograms by their base name) -> what is to export it."""
 
 _VARIABLE = re.compile(r"\$\{(\w+)\}|\[\[(\w+)\]\]|\$(\w+)")

@@ -4,9 +4,10 @@ operator and each node's tessera-node running, the example GPUPartitions enacted
 a GPUQuota, workload pods running under their budgets, an over-budget allocation refused,
 and the final ``kubectl get tessera -A``.
 
-Each step is one function (``step_*``), run in order by ``run_demo``. The steps issue 16's
-core controller enables (achieved shares, lending idle time, a live resize) are hooks that
-do nothing yet.
+Each step is one function (``step_*``), run in order by ``run_demo``. The two inference
+pods keep their GPU busy (``cuda-spin``) so that the core controller's work shows: the busy
+time split by their core budgets, idle time lent and taken back, and a live resize obeyed
+while they run (shares read from tessera-node's own per-container counters).
 """
 
 from __future__ import annotations
@@ -193,8 +194,9 @@ def step_workloads(s: Story) -> None:
 
     for name, node, mib, cores, hold, mig in WORKLOADS:
         limits = {mig_resource_name(mig): "1"} if mig else vgpu(mib, cores)
-        command = f"cuda-info && cuda-alloc {hold} 86400" if hold else \
-            "cuda-info && sleep 86400"
+        command = (f"cuda-info && (cuda-alloc {hold} 86400 &) && "
+                   f"cuda-spin 0 1000 {len(name)} {PAUSE}" if hold else
+                   "cuda-info && sleep 86400")
         s.bed.apply(TEAM, gpu_pod(name, command, limits, node=node))
     for name, node, mib, cores, hold, mig in WORKLOADS:
         s.bed.wait_phase(TEAM, name, {"Running"}, 120)
@@ -217,9 +219,34 @@ def _wait_logs(s: Story, pod: str, needle: str) -> str:
     return found
 
 
+SPINNERS = ("infer-a", "infer-b")
+PAUSE = "/tmp/pause"
+"""While this file exists in an inference pod, its cuda-spin launches nothing."""
+
+
+def _shares(s: Story, seconds: float) -> tuple[dict[str, float], float]:
+    """Each spinner's share of the busy time over the next ``seconds`` (percent), and the
+    busiest one's busy fraction of the wall time."""
+    got, wall = s.bed.busy_window("node-0", TEAM, seconds)
+    total = sum(got.get(p, 0.0) for p in SPINNERS) or 1.0
+    return ({p: 100 * got.get(p, 0.0) / total for p in SPINNERS},
+            max(got.get(p, 0.0) for p in SPINNERS) / wall)
+
+
+def _split(shares: dict[str, float]) -> str:
+    return " / ".join(f"{p} {v:.1f} %" for p, v in shares.items())
+
+
 def step_achieved_shares(s: Story) -> None:
-    """Hook for issue 16 (the core controller): print each workload's achieved SM share
-    next to its budget (30/70 on one GPU). Nothing to show until that controller exists."""
+    from tessera_e2e.operators import wait_until
+
+    wait_until("both inference pods under a core controller", lambda: all(
+        p in s.bed.core_busy("node-0", TEAM) for p in SPINNERS), 60, 1)
+    time.sleep(8)  # in a MIG instance the controller first searches its capacity
+    shares, _ = _shares(s, 10)
+    budgets = " / ".join(f"{c} %" for _, _, _, c, _, _ in WORKLOADS[:2])
+    s.say(f"   Both keep their GPU share busy; core budgets {budgets}, achieved over 10 s: "
+          f"{_split(shares)} of the busy time")
 
 
 def step_refused(s: Story) -> None:
@@ -235,17 +262,38 @@ def step_refused(s: Story) -> None:
 
 
 def step_lending(s: Story) -> None:
-    """Hook for issue 16: one workload goes idle, the other borrows its time, then gives it
-    back when the first resumes. Nothing to show until the core controller exists."""
+    s.kubectl("exec", "-n", TEAM, "infer-b", "--", "sh", "-c", f": > {PAUSE}")
+    time.sleep(2)
+    _, busiest = _shares(s, 3)
+    s.say(f"8. infer-b goes idle: infer-a borrows its time and keeps the GPU {busiest:.0%} "
+          f"busy (its budget is 30 %)")
+    s.kubectl("exec", "-n", TEAM, "infer-b", "--", "sh", "-c", f"rm {PAUSE}")
+    time.sleep(1)
+    shares, _ = _shares(s, 4)
+    s.say(f"   infer-b resumes and takes its time back: {_split(shares)}")
 
 
 def step_live_resize(s: Story) -> None:
-    """Hook for issue 16: a running pod's core budget is changed and it obeys at once.
-    Nothing to show until the core controller exists."""
+    import subprocess
+    import sys
+
+    t0 = time.monotonic()
+    for pod, cores in (("infer-b", 50), ("infer-a", 50)):  # shrink first: the quota holds
+        r = subprocess.run([sys.executable, "-m", "tessera.cli.main", "resize", pod,
+                            "-n", TEAM, "--cores", str(cores), "--wait", "30",
+                            "--kubeconfig", str(s.cluster.kubeconfig)],
+                           capture_output=True, text=True, timeout=90, check=False)
+        if r.returncode != 0:
+            raise ControlPlaneError(f"tessera resize {pod} failed: {r.stderr.strip()}")
+    applied = time.monotonic() - t0
+    time.sleep(1)
+    shares, _ = _shares(s, 6)
+    s.say(f"9. `tessera resize` rebalances them to 50 / 50 while they run (both applied in "
+          f"{applied:.1f}s, no restart): {_split(shares)}")
 
 
 def step_final(s: Story) -> None:
-    s.say("8. Everything tessera knows:")
+    s.say("10. Everything tessera knows:")
     s.show("get", "tessera", "-A")
 
 

@@ -59,6 +59,35 @@ class Bed:
     def logs(self, namespace: str, name: str) -> str:
         return str(self.kubectl("logs", "-n", namespace, name).stdout)
 
+    def samples(self, node: str, name: str, namespace: str) -> list[tuple[str, float]]:
+        """(pod label, value) of each sample of metric ``name`` in ``namespace`` on the
+        node's tessera-node."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, text = self.daemons[node].get("/metrics")
+        assert status == 200, text
+        return [(s.labels.get("pod", ""), float(s.value))
+                for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == name and s.labels.get("namespace") == namespace]
+
+    def core_busy(self, node: str, namespace: str) -> dict[str, float]:
+        """Per pod, the GPU-seconds its containers kept their GPUs (or MIG instances) busy,
+        as tessera-node's core controllers counted them."""
+        out: dict[str, float] = {}
+        for pod, v in self.samples(node, "tessera_container_core_busy_seconds_total",
+                                   namespace):
+            out[pod] = out.get(pod, 0.0) + v
+        return out
+
+    def busy_window(self, node: str, namespace: str, seconds: float
+                    ) -> tuple[dict[str, float], float]:
+        """Busy GPU-seconds per pod over the next ``seconds`` (what ``rate()`` over that
+        window shows), and the wall time it took."""
+        t0, a = time.monotonic(), self.core_busy(node, namespace)
+        time.sleep(seconds)
+        t1, b = time.monotonic(), self.core_busy(node, namespace)
+        return {p: b[p] - a.get(p, 0.0) for p in b}, t1 - t0
+
     def allocatable(self, node: str) -> dict[str, str]:
         alloc: dict[str, str] = node_json(self.kubectl, node)["status"].get("allocatable", {})
         return alloc

@@ -5,10 +5,11 @@ Two images, each written as an OCI image layout tarball (`oci-layout`, `index.js
 
 - `pause`: the pod sandbox, our own statically linked `pause.c` (what Kubernetes' pause does);
 - `workload`: Debian's static busybox (sh, sleep, wget, httpd, nc, ...) for plain pods, the
-  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`, and the NVML
-  client `nvml-info`) that are linked against `libcuda.so.1` (`libnvidia-ml.so.1`) but do not
-  carry it: like a real CUDA container they get it from what the node mounts (the image's
-  LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA base images' convention).
+  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`, `cuda-spin`,
+  and the NVML client `nvml-info`) that are linked against `libcuda.so.1`
+  (`libnvidia-ml.so.1`) but do not carry it: like a real CUDA container they get it from
+  what the node mounts (the image's LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA
+  base images' convention).
 
 Reproducible: every file's metadata is fixed (mtime 0, owner root, mode 0755/0644), entries are
 sorted, layers are uncompressed tars and JSON is canonical, so the same inputs give the same
@@ -54,7 +55,7 @@ C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib/x86_64-linux-gnu/libdl.so.2", "lib/x86_64-linux-gnu/libdl.so.2"),
     ("/lib/x86_64-linux-gnu/librt.so.1", "lib/x86_64-linux-gnu/librt.so.1"),
 )
-CUDA_PROGRAMS = ("cuda-info", "cuda-alloc")
+CUDA_PROGRAMS = ("cuda-info", "cuda-alloc", "cuda-spin")
 NVML_PROGRAMS = ("nvml-info",)
 STALE_AFTER_S = 3600.0
 CFLAGS = ("-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-s", "-Wl,--build-id=sha1")

@@ -253,7 +253,7 @@ class Node:
         from tessera_sim.node import GPUSpec, write_node
 
         gpu = self.host_path(GPU_DIR)
-        for part in ("lib", "bin"):
+        for part in ("lib", "bin", "py"):  # nvidia-smi runs py/ with lib/ beside it
             shutil.copytree(self.binaries.sim_build / part, gpu / part, symlinks=True)
         models = self.gpu_models[self.index % len(self.gpu_models)]
         write_node(gpu / "node.conf", [GPUSpec.parse(model) for model in models],

@@ -303,14 +303,15 @@ class LocalOperators:
         self.kubeconfig = operator_kubeconfig(self.kubectl, self.admin_kubeconfig, self.logdir)
         return self
 
-    def start(self, name: str, kubeconfig: Path | None = None) -> OperatorProcess:
+    def start(self, name: str, kubeconfig: Path | None = None,
+              extra: list[str] | None = None) -> OperatorProcess:
         """(Re)start replica ``name``; ``kubeconfig`` e.g. reaches the API server through a
-        proxy the test can cut (see :meth:`kubeconfig_via`)."""
+        proxy the test can cut (see :meth:`kubeconfig_via`); ``extra``: more flags."""
         old = self.replicas.get(name)
         if old is not None:
             old.stop()
         rep = OperatorProcess(kubeconfig or self.kubeconfig, self.proxy, self.logdir, name,
-                              self.extra).start()
+                              [*self.extra, *(extra or [])]).start()
         self.replicas[name] = rep
         return rep
 

@@ -46,6 +46,10 @@ def test_the_renderer_refuses_what_it_does_not_know() -> None:
         chart.render_template("{{ .Values.nope }}", {"Values": {}})
     assert chart.render_template("a\n{{- if .V }}\nb{{ end }}\n{{- range .L }} {{ . }}{{ end }}",
                                  {"V": False, "L": [1, 2]}) == "a 1 2"
+    text = "{{ if .V }}yes{{ if .W }}w{{ else }}not w{{ end }}{{ else }}no{{ end }}."
+    assert [chart.render_template(text, {"V": v, "W": w})
+            for v, w in ((True, True), (True, False), (False, True))] == [
+        "yesw.", "yesnot w.", "no."]
 
 
 @pytest.mark.integration
@@ -260,3 +264,89 @@ def test_the_operator_sets_only_the_ca_of_the_charts_webhooks(bin_dir: Path,
         got = json.loads(cluster.kubectl("get", "mutatingwebhookconfiguration", "tessera-pods",
                                          "-o", "json").stdout)
         assert got["webhooks"][0]["clientConfig"]["caBundle"] == "LS0tLS1DQS0tLS0t"
+
+
+def _operator_args(docs: list[dict[str, Any]]) -> list[str]:
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    args: list[str] = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def _secret_rules(docs: list[dict[str, Any]], name: str = "tessera-operator") -> list[Any]:
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == name)
+    return [r for r in role["rules"] if r["resources"] == ["secrets"]]
+
+
+def test_the_operator_renews_its_certificate_with_the_lifetime_value(helm_binary: Path) -> None:
+    from tessera.webhooks.rotation import Policy
+
+    docs = helm.template(helm_binary, "ts", {"webhook": {"certificate": {
+        "lifetimeHours": 48, "checkIntervalSeconds": 30}}})
+    args = _operator_args(docs)
+    flags = dict(a.split("=", 1) for a in args if a.startswith("--cert-"))
+    assert "--webhook-certificate=generate" in args
+    assert flags == {"--cert-lifetime": "172800", "--cert-step": "90",
+                     "--cert-check-interval": "30"}
+    assert not Policy(float(flags["--cert-lifetime"]), 2 / 3, float(flags["--cert-step"]),
+                      float(flags["--cert-check-interval"])).problems()
+    assert not [d for d in docs if d["apiVersion"].startswith("cert-manager.io/")]
+    assert not [d for d in docs if "WebhookConfiguration" in d["kind"]
+                and d["metadata"].get("annotations")]
+    # it creates the Secret and patches it (the renewal); nothing else of the namespace's
+    assert _secret_rules(docs) == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tessera-webhook-tls"],
+         "verbs": ["get", "patch"]}]
+    # the test bed's operator runs with the same Role, rendered without Helm
+    assert yaml.safe_load_all(chart.render("ts")) and _secret_rules(
+        [d for d in yaml.safe_load_all(chart.render("ts")) if d]) == _secret_rules(docs)
+
+
+def test_with_cert_manager_the_chart_asks_it_for_the_certificate(helm_binary: Path) -> None:
+    docs = helm.template(helm_binary, "ts", {"webhook": {"certificate": {
+        "certManager": True, "lifetimeHours": 720}}})
+    cm = {(d["kind"], d["metadata"]["name"]): d for d in docs
+          if d["apiVersion"] == "cert-manager.io/v1"}
+    assert sorted(cm) == [("Certificate", "tessera-webhook"), ("Certificate", "tessera-webhook-ca"),
+                          ("Issuer", "tessera-selfsigned"), ("Issuer", "tessera-webhook-ca")]
+    assert all(d["metadata"]["namespace"] == "ts" for d in cm.values())
+    ca = cm["Certificate", "tessera-webhook-ca"]["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"]["name"] == "tessera-selfsigned"
+    assert cm["Issuer", "tessera-webhook-ca"]["spec"] == {"ca": {"secretName": ca["secretName"]}}
+    serving = cm["Certificate", "tessera-webhook"]["spec"]
+    assert serving["secretName"] == "tessera-webhook-tls"  # the Secret the operator reads
+    assert serving["dnsNames"] == ["tessera-webhook.ts.svc", "tessera-webhook.ts.svc.cluster.local"]
+    assert (serving["duration"], serving["renewBefore"]) == ("720h", "240h")
+    assert serving["issuerRef"] == {"name": "tessera-webhook-ca", "kind": "Issuer",
+                                    "group": "cert-manager.io"}
+    assert serving["privateKey"]["rotationPolicy"] == "Always"
+    hooks = [d for d in docs if "WebhookConfiguration" in d["kind"]]
+    assert len(hooks) == 2 and all(d["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "ts/tessera-webhook"} for d in hooks)
+    args = _operator_args(docs)
+    assert "--webhook-certificate=external" in args
+    assert not [a for a in args if a.startswith(("--cert-lifetime", "--cert-step"))]
+    # the operator only reads the Secret: no create, no patch
+    assert _secret_rules(docs) == [{"apiGroups": [""], "resources": ["secrets"],
+                                    "resourceNames": ["tessera-webhook-tls"], "verbs": ["get"]}]
+    # uninstall: the Certificates go before their Secrets (else cert-manager issues them again)
+    job = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
+    hook_args = job["containers"][0]["args"]
+    assert [a for a in hook_args if a.startswith(("--cert-manager-certificate", "--secret"))] == [
+        "--cert-manager-certificate=tessera-webhook",
+        "--cert-manager-certificate=tessera-webhook-ca",
+        "--secret=tessera-webhook-tls", "--secret=tessera-webhook-ca"]
+    hook_role = next(d for d in docs if d["kind"] == "Role"
+                     and d["metadata"]["name"] == "tessera-uninstall")
+    assert {"apiGroups": ["cert-manager.io"], "resources": ["certificates"],
+            "resourceNames": ["tessera-webhook", "tessera-webhook-ca"],
+            "verbs": ["delete"]} in hook_role["rules"]
+
+
+def test_with_cert_manager_an_issuer_of_ones_own(helm_binary: Path) -> None:
+    docs = helm.template(helm_binary, "ts", {"webhook": {"certificate": {
+        "certManager": True, "certManagerIssuer": {"name": "corp-ca", "kind": "ClusterIssuer"}}}})
+    cm = [d for d in docs if d["apiVersion"] == "cert-manager.io/v1"]
+    assert [(d["kind"], d["metadata"]["name"]) for d in cm] == [("Certificate", "tessera-webhook")]
+    assert cm[0]["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+

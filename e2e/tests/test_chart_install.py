@@ -2,8 +2,10 @@
 
 One cluster for the module, the tests in order: install (operator 2/2 Ready, one Ready daemon
 per node, webhooks patched with the operator's CA, libtessera installed by each daemon on its
-host under ``<state dir>/lib/<content digest>``), a budgeted ``tessera.dev/vgpu`` pod admitted,
-scheduled, allocated by the chart's daemon and run under its budget, upgrade to a new image
+host under ``<state dir>/lib/<content digest>``), a MIG GPUPartition enacted by the chart's
+daemon (through the simulator's nvidia-smi in its driver root) and reset, a budgeted
+``tessera.dev/vgpu`` pod admitted, scheduled, allocated by the chart's daemon and run under
+its budget, upgrade to a new image
 (with a libtessera build that differs) and a changed value (the reservation, the running
 pod's budget and the old libtessera survive; a new pod runs under the new daemon), uninstall
 (only the CRDs stay; no webhook, Lease, Secret or tessera Node key is left). Timings go to
@@ -25,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.api.names import PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import API_VERSION, MIG_PREFIX, PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera_e2e.build import ensure_containerd, ensure_helm
 from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.cluster import LocalCluster
@@ -37,6 +39,7 @@ from tessera_e2e.helm import (
     label_gpu_nodes,
     values_for_testbed,
 )
+from tessera_e2e.node import GPU_DIR
 from tessera_e2e.operators import wait_until
 from tessera_e2e.tessera_images import ensure_tessera_images
 from tessera_node.deviceplugin.library import version_of
@@ -180,6 +183,59 @@ def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) ->
         installed = lib / version_of(LIBTESSERA.read_bytes())
         assert (installed / "libtessera.so").read_bytes() == LIBTESSERA.read_bytes()
         assert (installed / "ld.so.preload").read_text() == preload_line()
+
+
+def _smi(bed: Installed, node: int, *args: str) -> str:
+    """The simulator's nvidia-smi on a node's host, as an administrator would run it (its
+    output is NVML's view: it formats NVML calls)."""
+    real = bed.cluster.nodes[node]
+    out = subprocess.run([*real.nsenter("-m"), "env", f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
+                          f"{GPU_DIR}/bin/nvidia-smi", *args],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def _gpart_row(bed: Installed, name: str) -> list[str]:
+    out = bed.cluster.kubectl("get", "gpart", name, "--no-headers")
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def test_a_mig_partition_is_enacted_by_the_installed_daemon_and_reset(bed: Installed) -> None:
+    """The chart's daemon runs nvidia-smi from the driver root it mounts (the simulator's
+    launcher runs the image's Python): node-0's H100 is split into seven 1g.10gb instances,
+    reported Ready, visible through NVML on the host; deleting the partition
+    (deletionPolicy Reset) turns MIG off again."""
+    started = time.monotonic()
+    name = "chart-mig"
+    bed.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": API_VERSION, "kind": "GPUPartition", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "node-0"}},
+                 "layout": {"profiles": [{"name": "1g.10gb", "count": 7}]},
+                 "sharing": "Whole", "deletionPolicy": "Reset"}}))
+    try:
+        # NAME SELECTED READY LAYOUT AGE
+        wait_until("the partition Ready", lambda: _gpart_row(bed, name)[1:4] == [
+            "1", "1", "7x1g.10gb"], 180, 1)
+        _say(f"MIG partition enacted by the chart's daemon: {time.monotonic() - started:.1f}s")
+        assert _smi(bed, 0, "mig", "-lgi").count("MIG 1g.10gb") == 7
+        assert _smi(bed, 0, "--query-gpu=mig.mode.current",
+                    "--format=csv,noheader").split() == ["Enabled"]
+        assert _smi(bed, 1, "--query-gpu=mig.mode.current",
+                    "--format=csv,noheader").split() == ["Disabled"]  # not selected
+        wait_until("node-0 advertising 7 instances", lambda: get_json(
+            bed.cluster, "node", "node-0")["status"].get("allocatable", {}).get(
+            f"{MIG_PREFIX}1g.10gb") == "7", 60, 1)
+    finally:
+        bed.kubectl("delete", "gpupartition", name, "--wait=false")
+    wait_until("the partition removed after its reset", lambda: bed.cluster.kubectl(
+        "get", "gpupartition", name).returncode != 0, 180, 1)
+    assert _smi(bed, 0, "--query-gpu=mig.mode.current",
+                "--format=csv,noheader").split() == ["Disabled"]
+    wait_until("node-0 advertising whole-GPU shares again", lambda: get_json(
+        bed.cluster, "node", "node-0")["status"].get("allocatable", {}).get(VGPU) == str(
+        DEFAULTS.shares_per_unit), 60, 1)
+    _say(f"MIG partition enacted and reset: {time.monotonic() - started:.1f}s")
 
 
 def _quota_used(bed: Installed) -> dict[str, Any]:

@@ -94,7 +94,7 @@ def test_dashboard_covers_the_issue_and_has_unique_ids() -> None:
     used = set().union(*(dashboard.metrics(t.expr) for t in dashboard.targets(d)))
     for needed in ("tessera_quota_used", "tessera_quota_hard", "tessera_mig_instances",
                    "tessera_node_mig_applies_total", "tessera_admission_seconds",
-                   "tessera_quota_core_seconds_lent_total",
+                   "tessera_quota_core_lent_seconds_total",
                    "tessera_container_token_wait_seconds"):
         assert needed in used
 

@@ -14,6 +14,7 @@ from tessera.kube.client import Kube, load_credentials
 from tessera.kube.health import Health, supervise
 from tessera_node.audit.runner import AuditRunner
 from tessera_node.containers import ContainerRegistry
+from tessera_node.core_control import CoreControl
 from tessera_node.daemon import NodeDaemon
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
@@ -39,7 +40,9 @@ async def run(opts: Options) -> None:
     registry = ContainerRegistry()  # the containers tessera set up here (audit reads it)
     node_of: list[NodeDaemon] = []
     plugin = (DevicePluginService(kube, opts, health, lambda: node_of[0].node if node_of
-                                  else None, registry)
+                                  else None, registry,
+                                  on_commitments=lambda: node_of[0].wake() if node_of
+                                  else None)
               if opts.device_plugin else None)
     pods: PodResources = plugin if plugin is not None else NoPods()
     enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), pods, advertiser=plugin,
@@ -57,7 +60,10 @@ async def run(opts: Options) -> None:
              "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop,
              "audit": auditor.run}
     if plugin is not None:
-        parts |= {"pod-watch": plugin.watch_pods, "device-plugin": plugin.run}
+        cores = CoreControl(registry.snapshot, plugin.unit_indexes, reader,
+                            opts.core_interval_s)
+        parts |= {"pod-watch": plugin.watch_pods, "device-plugin": plugin.run,
+                  "core-control": cores.run}
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)

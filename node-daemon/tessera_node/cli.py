@@ -31,6 +31,7 @@ _HELP = {
     "retry_interval_s": "seconds before a failed MIG change is tried again",
     "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
     "audit_interval_s": "seconds between audits of GPU processes against budgets",
+    "core_interval_s": "seconds between core-controller periods (fair share of SM time)",
     "audit_slack_mib": "MiB a container may hold beyond its budget before it is over budget",
     "device_plugin": "true/false: serve the kubelet device plugin",
     "shares_per_unit": "vgpu shares per GPU or shared MIG instance",
@@ -82,6 +83,8 @@ def options(args: argparse.Namespace) -> Options:
            opts.audit_interval_s) <= 0:
         raise ValueError("--poll-interval, --resync-interval, --retry-interval and "
                          "--audit-interval must be positive")
+    if not 0.01 <= opts.core_interval_s <= 10:
+        raise ValueError("--core-interval must be 0.01 to 10 seconds")
     if opts.audit_slack_mib < 0:
         raise ValueError("--audit-slack-mib must not be negative")
     if opts.device_visibility not in VISIBILITIES:

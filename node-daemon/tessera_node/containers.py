@@ -35,6 +35,12 @@ class SetUpContainer:
     """Why the container's budget file is refused (no GPU memory), or None."""
     budget_file: str
     ledger_dir: str
+    quota: str | None = None
+    """The GPUQuota (``namespace/name``) the pod's budget came from, if any."""
+    weight: int = 1
+    """The quota's fair-share weight for idle core time."""
+    lending: bool = True
+    """False: the quota's hard caps (its containers neither lend nor borrow core time)."""
 
 
 class ContainerRegistry:

@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from tessera.api.names import API_VERSION, GPUPARTITIONS, GROUP, NODE_DAEMON, VERSION
+from tessera.api.names import (
+    ANNOTATION_GPU_COMMITMENTS,
+    API_VERSION,
+    GPUPARTITIONS,
+    GROUP,
+    NODE_DAEMON,
+    VERSION,
+)
 from tessera.api.partition import KIND as PARTITION_KIND
 from tessera.kube.client import ApiError, Kube, Obj, follow, path
 from tessera.kube.events import post_event
@@ -79,6 +86,10 @@ class NodeDaemon:
         self._tasks: set[asyncio.Task[None]] = set()
         self._logged: set[str] = set()
         self._last_seen: tuple[Any, ...] | None = None
+
+    def wake(self) -> None:
+        """Something the Node shows changed outside the watches (the GPU commitments)."""
+        self._dirty.set()
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -227,7 +238,13 @@ class NodeDaemon:
                                w.profiles)
         for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel"):
             metrics.FINDINGS.labels(kind).set(sum(f.kind == kind for f in w.findings))
-        patch = node_patch(node, w.labels, w.annotations)
+        annotations = dict(w.annotations)
+        if self.plugin is not None:  # not computed yet (just started): the Node's stays
+            committed = self.plugin.committed or ((node.get("metadata") or {}).get(
+                "annotations") or {}).get(ANNOTATION_GPU_COMMITMENTS)
+            if committed is not None:
+                annotations[ANNOTATION_GPU_COMMITMENTS] = committed
+        patch = node_patch(node, w.labels, annotations)
         if patch is None:
             return
         metrics.API_WRITES.labels("node").inc()

@@ -3,7 +3,8 @@ per container tessera set up, what it wrote and what failed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,8 @@ AUDIT_FOREIGN_BYTES = Gauge("tessera_node_foreign_gpu_memory_bytes",
 AUDIT_STOPS = Counter("tessera_node_audit_stops_total",
                       "Processes the audit killed (SIGKILL), by finding "
                       "(over_budget, foreign) and result (ok, failed).", ["kind", "result"])
+RESIZES = Counter("tessera_node_resizes_total", "Live resizes this node decided, by outcome "
+                  "(Applied, Refused: GPU memory).", ["outcome"])
 ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate calls, by "
                       "resource and result (ok, refused).", ["resource", "result"])
 ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
@@ -196,8 +199,7 @@ REGISTRY.register(CONTAINERS)
 
 # -- the core controller: work-conserving fair share per GPU / MIG instance ------------------
 
-_QUOTA = ["quota"]
-_CORE_CONTAINER = ["device", "quota", "container"]
+_QUOTA = ["namespace", "quota"]
 CORE_LENT = Counter("tessera_quota_core_lent_seconds_total",
                     "GPU-seconds of core budget a GPUQuota's containers left idle and lent "
                     "to others (one GPU for one second = 1).", _QUOTA)
@@ -206,40 +208,72 @@ CORE_BORROWED = Counter("tessera_quota_core_borrowed_seconds_total",
                         "from what others left idle.", _QUOTA)
 CORE_BUSY = Counter("tessera_container_core_busy_seconds_total",
                     "GPU-seconds a container kept its GPU or MIG instance busy (on MIG: its "
-                    "share of the instance's launches).", _CORE_CONTAINER)
+                    "share of the instance's launches).", _CONTAINER)
 CORE_BUDGET = Counter("tessera_container_core_budget_seconds_total",
                       "GPU-seconds of core budget a container held: rate(busy) / "
-                      "rate(budget) is its achieved share vs budget.", _CORE_CONTAINER)
+                      "rate(budget) is its achieved share vs budget.", _CONTAINER)
 CORE_SHARE = Gauge("tessera_container_core_share",
-                   "Achieved busy share of the GPU in the controller's last period.",
-                   _CORE_CONTAINER)
-CORE_TARGET = Gauge("tessera_container_core_budget", "Core budget, fraction of the GPU.",
-                    _CORE_CONTAINER)
+                   "Achieved busy share of the GPU or MIG instance in the core controller's "
+                   "last period (fraction).", _CONTAINER)
+CORE_CONTROL_CPU = Counter("tessera_node_core_control_cpu_seconds_total",
+                           "CPU time the core controllers spent in their periods (reading "
+                           "utilisation and ledgers, deciding, writing budget files).")
+CORE_CONTROLLED_UNITS = Gauge("tessera_node_core_controlled_units",
+                              "GPUs and MIG instances a core controller runs for now.")
 
 
-def observe_core_shares(device: str, quota_of: dict[str, str],
-                        report: dict[str, dict[str, float]]) -> None:
-    """One controller period on ``device``: its report (per container: ``seconds``,
-    ``busy``, ``target``, ``lent``, ``borrowed``), containers labelled with their quotas."""
+@dataclass(frozen=True)
+class CoreOwner:
+    """Whose a controlled container is, for the metrics' labels."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    quota: str = ""
+    """The GPUQuota's name in ``namespace`` ("" when none)."""
+
+
+def observe_core_shares(gpu: str, owners: Mapping[str, CoreOwner],
+                        report: Mapping[str, Mapping[str, float]]) -> None:
+    """One controller period on ``gpu`` (GPU or MIG UUID, or an index standalone): its report
+    (per controlled container: ``seconds``, ``busy``, ``target``, ``lent``, ``borrowed``)."""
     for name, r in report.items():
         secs = r.get("seconds")
         if not secs or "busy" not in r:
             continue
-        quota = quota_of.get(name, "")
-        key = (device, quota, name)
-        c = _children.get(key)
-        if c is None:  # label lookups once per container, not ten times a second
-            if len(_children) >= 4096:
-                _children.clear()
-            c = _children[key] = (CORE_LENT.labels(quota), CORE_BORROWED.labels(quota),
-                                  CORE_BUSY.labels(*key), CORE_BUDGET.labels(*key),
-                                  CORE_SHARE.labels(*key), CORE_TARGET.labels(*key))
+        c = core_series(gpu, name, owners.get(name) or CoreOwner(container=name))
         c[0].inc(r["lent"] * secs)
         c[1].inc(r["borrowed"] * secs)
         c[2].inc(r["busy"] * secs)
         c[3].inc(r["target"] * secs)
         c[4].set(r["busy"])
-        c[5].set(r["target"])
 
 
-_children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+def core_series(gpu: str, name: str, o: CoreOwner) -> tuple[Any, ...]:
+    """A controlled container's series (created at 0 the first time: a container whose GPU
+    stays idle, so that no period measures anything, still shows them, and so does its
+    quota's lent and borrowed time). Looked up once per container, not ten times a second."""
+    key = (gpu, name, o)
+    c = _children.get(key)
+    if c is None:
+        if len(_children) >= 4096:
+            _children.clear()
+        labels = (o.namespace, o.pod, o.container, gpu)
+        c = _children[key] = (CORE_LENT.labels(o.namespace, o.quota),
+                              CORE_BORROWED.labels(o.namespace, o.quota),
+                              CORE_BUSY.labels(*labels), CORE_BUDGET.labels(*labels),
+                              CORE_SHARE.labels(*labels))
+    return c
+
+
+def forget_core_container(gpu: str, owner: CoreOwner) -> None:
+    """A controlled container ended (its per-container series go; the quota's counters stay)."""
+    for key in [k for k in _children if k[0] == gpu and k[2] == owner]:
+        del _children[key]
+    labels = (owner.namespace, owner.pod, owner.container, gpu)
+    for m in (CORE_BUSY, CORE_BUDGET, CORE_SHARE):
+        with contextlib.suppress(KeyError):
+            m.remove(*labels)
+
+
+_children: dict[tuple[str, str, CoreOwner], tuple[Any, ...]] = {}

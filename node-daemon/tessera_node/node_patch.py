@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tessera.api.names import (
+    ANNOTATION_GPU_COMMITMENTS,
     ANNOTATION_GPUS,
     ANNOTATION_NODE_FINDINGS,
     ANNOTATION_PARTITION_STATUS,
@@ -22,7 +23,8 @@ from tessera.api.names import (
 from tessera.kube.merge import merge_diff
 
 OWNED_LABELS = (LABEL_GPU_PRODUCT, LABEL_GPU_COUNT, LABEL_MIG_CAPABLE)
-OWNED_ANNOTATIONS = (ANNOTATION_GPUS, ANNOTATION_PARTITION_STATUS, ANNOTATION_NODE_FINDINGS)
+OWNED_ANNOTATIONS = (ANNOTATION_GPUS, ANNOTATION_PARTITION_STATUS, ANNOTATION_NODE_FINDINGS,
+                     ANNOTATION_GPU_COMMITMENTS)
 
 
 def _owned(values: Mapping[str, str] | None, keys: tuple[str, ...]) -> dict[str, str]:

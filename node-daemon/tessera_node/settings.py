@@ -72,6 +72,9 @@ class Options:
     """How often the audit compares NVML's per-process memory with the containers' budgets
     and looks for GPU processes outside them (also how often the per-container metrics are
     refreshed); a finding counts once two audits in a row see it."""
+    core_interval_s: float = 0.1
+    """The core controllers' period: how often each GPU's utilisation is read and the token
+    rates of its core-budgeted containers set (lending and reclaim happen within periods)."""
     audit_slack_mib: int = 0
     """Device memory a container may hold beyond its budget before the audit calls it over
     budget (what the hook cannot count: module code and data; 0: none)."""
@@ -95,6 +98,7 @@ ENV = {
     "allow_gpu_reset": "TESSERA_ALLOW_GPU_RESET",
     "audit_interval_s": "TESSERA_AUDIT_INTERVAL",
     "audit_slack_mib": "TESSERA_AUDIT_SLACK_MIB",
+    "core_interval_s": "TESSERA_CORE_INTERVAL",
     "device_plugin": "TESSERA_DEVICE_PLUGIN",
     "shares_per_unit": "TESSERA_SHARES_PER_UNIT",
     "share_policy": "TESSERA_SHARE_POLICY",

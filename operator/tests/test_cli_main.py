@@ -43,6 +43,10 @@ def test_installed_entry_point_exits_2_on_bad_input() -> None:
     (["--webhook-client-ca", "/no/such/ca.crt"],
      "--webhook-client-ca '/no/such/ca.crt' is not a file"),
     (["--recount-interval", "0"], "--recount-interval must be positive"),
+    (["--cert-lifetime", "30"], "lengthen the lifetime"),
+    (["--cert-step", "10", "--cert-check-interval", "60"], "at least twice the check interval"),
+    (["--webhook-certificate", "external", "--cert-check-interval", "0"],
+     "--cert-check-interval must be positive"),
 ])
 def test_operator_run_refuses_bad_flags_before_starting(
         args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
+
+from tessera_sim import BUILD_DIR
 
 from .conftest import Node
 
@@ -114,3 +119,23 @@ def test_create_list_destroy(make_node: Callable[..., Node]) -> None:
     assert node.smi("mig", "-dgi").returncode == 0
     lines = node.smi("-L").stdout.splitlines()
     assert len(lines) == 1
+
+
+def test_a_copy_of_the_build_runs_anywhere_without_a_shell_or_environment(
+        make_node: Callable[..., Node], tmp_path: Path) -> None:
+    """What the node daemon's container does: a copy of bin/, lib/ and py/ mounted elsewhere,
+    run with nothing but TESSERA_SIM_NODE (no PATH, PYTHONPATH or LD_LIBRARY_PATH)."""
+    node = make_node("A100-40GB")
+    root = tmp_path / "driver-root"
+    for part in ("bin", "lib", "py"):
+        shutil.copytree(BUILD_DIR / part, root / part, symlinks=True)
+    run = subprocess.run([str(root / "bin" / "nvidia-smi"), "-L"], capture_output=True,
+                         text=True, timeout=60, env={"TESSERA_SIM_NODE": str(node.path)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout == node.smi("-L").stdout
+    assert run.stdout.startswith("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-")
+    # it runs the copy's formatter, not the checkout's: a broken copy fails
+    (root / "py" / "tessera_sim" / "smi.py").write_text("raise SystemExit(7)\n")
+    run = subprocess.run([str(root / "bin" / "nvidia-smi"), "-L"], capture_output=True,
+                         text=True, timeout=60, env={"TESSERA_SIM_NODE": str(node.path)})
+    assert run.returncode == 7

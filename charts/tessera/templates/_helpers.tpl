@@ -25,3 +25,11 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* With cert-manager, its CA injector sets the webhooks' caBundle from this Certificate. */}}
+{{- define "tessera.webhookAnnotations" -}}
+{{- if .Values.webhook.certificate.certManager }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/tessera-webhook
+{{- end }}
+{{- end }}

@@ -31,7 +31,7 @@ from tessera_node.budget.formats import BudgetEntry, BudgetFile
 from tessera_node.budget.ledger import LedgerReader, LedgerView
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
-from tessera_node.metrics import observe_core_shares
+from tessera_node.metrics import CoreOwner, observe_core_shares
 
 
 def proc_identity(pid: int) -> tuple[int, int] | None:
@@ -96,6 +96,33 @@ class UtilizationSource(Protocol):
         ...
 
 
+class ReaderUtilization:
+    """The daemon's NVML reader's per-process utilisation of one GPU (by index), since the
+    last sample seen: the same answers as :class:`NvmlUtilization` through the reader's
+    lock, so a MIG change that pauses NVML pauses the controller's reads too."""
+
+    def __init__(self, reader: ProcessUtilization, index: int) -> None:
+        self._reader = reader
+        self._index = index
+        self._last_us = 0
+
+    def sample(self) -> tuple[dict[int, float], tuple[float, float] | None]:
+        got = self._reader.process_utilization(self._index, self._last_us)
+        if got is None:
+            return {}, None
+        busy, newest = got
+        first, start = self._last_us == 0, self._last_us
+        self._last_us = max(self._last_us, newest)
+        if first or self._last_us <= start:
+            return {}, None  # the first answer covers an unknown span: only a baseline
+        return {pid: pct / 100.0 for pid, pct in busy.items()}, (start / 1e6, newest / 1e6)
+
+
+class ProcessUtilization(Protocol):
+    def process_utilization(self, index: int, since_us: int
+                            ) -> tuple[dict[int, float], int] | None: ...
+
+
 class NvmlUtilization:
     """``nvmlDeviceGetProcessUtilization`` since the last sample seen."""
 
@@ -134,7 +161,7 @@ class Tenant:
     entry: int = 0
     weight: float = 1.0  # its GPUQuota's weight
     lend: bool = True  # False: its GPUQuota opted out of lending and borrowing
-    quota: str = ""  # namespace/name of its GPUQuota, for the metrics
+    owner: CoreOwner | None = None  # its pod and GPUQuota, for the metrics
     readings: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=64))
     """(wall time, tokens taken, waits for tokens) at each step."""
     _parsed: tuple[int, list[BudgetEntry]] | None = None
@@ -308,6 +335,15 @@ class Controller:
                 report[t.name]["seconds"] = seconds
         return report
 
+    def period(self) -> dict[str, dict[str, float]]:
+        """One period and its metrics, its CPU time counted in ``cpu_s``."""
+        cpu0 = time.thread_time()
+        report = self.step()
+        observe_core_shares(self.device, {t.name: t.owner or CoreOwner(container=t.name)
+                                          for t in self.tenants}, report)
+        self.cpu_s += time.thread_time() - cpu0
+        return report
+
     def run(
         self,
         interval: float,
@@ -318,10 +354,7 @@ class Controller:
         next_t = start
         while duration is None or time.monotonic() - start < duration:
             next_t += interval
-            cpu0 = time.process_time()
-            report = self.step()
-            observe_core_shares(self.device, {t.name: t.quota for t in self.tenants}, report)
-            self.cpu_s += time.process_time() - cpu0
+            report = self.period()
             if on_step:
                 on_step(time.monotonic() - start, report)
             delay = next_t - time.monotonic()
@@ -368,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         t.lend = t.name not in args.no_lend
     quotas = dict(q.split("=", 1) for q in args.quota)
     for t in tenants:
-        t.quota = quotas.get(t.name, "")
+        ns, _, quota = quotas.get(t.name, "").rpartition("/")
+        t.owner = CoreOwner(namespace=ns, container=t.name, quota=quota)
     ctl = Controller(utilization_source(args.device), tenants, device=args.device)
     if args.metrics_port is not None:
         from prometheus_client import start_http_server

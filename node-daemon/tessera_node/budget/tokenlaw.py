@@ -8,11 +8,13 @@ ledgers count: tokens each container took (one per kernel) and whether it waited
   instance's *capacity* (tokens per second it runs when saturated). Shares of tokens are
   shares of time exactly when the containers' kernels cost the same on average; otherwise
   a container's time share is off by the ratio of its mean kernel cost to the others'.
-* **Capacity** is searched for: while the containers that want more all wait for tokens
+* **Capacity** is searched for, from ``cut`` × what the instance ran in the first period
+  anything ran: while the containers that want more all wait for tokens
   (the rates bind) it grows, fast until the first saturation (``slow_start``), slowly after
   it (``probe_up``); as soon as a container stops waiting for tokens but keeps launching
   about as much (its launches back up on the instance: its stream queues are full), the
-  estimate drops to ``cut`` × what the instance ran in that period.
+  estimate drops to ``cut`` × what the instance ran in that period, and again in every
+  period the hold-back lasts while the estimate is above what the instance ran.
 * **Why shares hold anyway.** The instance runs kernels first come, first served, so while
   every container's launches are bound by its token rate the instance completes their
   kernels in the proportions they were launched, whether or not it keeps up (a backlog
@@ -47,6 +49,7 @@ class TokenLaw:
     held_at: float = 0.3  # keeping this share of its intake while not waiting: held back
     burst_seconds: float = 0.01
     saturated_once: bool = False
+    seeded: bool = False  # the estimate started from what the instance ran
     saturated: bool = False  # someone was held back in the last period
     _last: dict[str, tuple[bool, float]] = field(default_factory=dict)  # throttled, intake
     _held: dict[str, float] = field(default_factory=dict)  # intake when held back
@@ -91,8 +94,17 @@ class TokenLaw:
             self._last.pop(gone, None)
             self._held.pop(gone, None)
         self.saturated = bool(self._held)
-        if new_hold:
-            ran = sum(s.tokens / s.seconds for s in samples.values() if s.seconds > 0)
+        ran = sum(s.tokens / s.seconds for s in samples.values() if s.seconds > 0)
+        if not self.seeded and ran > 0:
+            # the first period anything ran: start below what the instance did (a start
+            # above its capacity could leave every rate above the even split, where no
+            # one ever waits for tokens and the search would never begin)
+            self.seeded = True
+            self.capacity = max(self.min_capacity, self.cut * ran)
+        elif new_hold or (self._held and self.capacity > ran):
+            # a new hold-back; or one that lasts while the estimate stays above what the
+            # instance runs: the rates cannot bind there, so the held container would never
+            # wait for tokens again (and the shares drift towards equal) unless cut again
             self.capacity = max(self.min_capacity, min(self.capacity, self.cut * ran))
             self.saturated_once = True
         elif wanting and not self._held:

@@ -13,14 +13,18 @@ INITIAL_RATE = 100_000.0
 enough not to throttle; the controller lowers it within its first intervals."""
 
 
-def container_budget(annotations: Mapping[str, str], container: str) -> ContainerBudget:
-    """The container's budget; BudgetError when the pod has none for it (a GPU container
-    admitted by tessera always has one: its absence is an error, not 'unlimited')."""
+def pod_budget(annotations: Mapping[str, str]) -> PodBudget:
+    """The pod's budget annotation; BudgetError when absent or unreadable."""
     text = annotations.get(ANNOTATION_BUDGET)
     if text is None:
         raise BudgetError(f"the pod has no {ANNOTATION_BUDGET} annotation")
-    pod: PodBudget = parse_budget(text)
-    found = pod.containers.get(container)
+    return parse_budget(text)
+
+
+def container_budget(annotations: Mapping[str, str], container: str) -> ContainerBudget:
+    """The container's budget; BudgetError when the pod has none for it (a GPU container
+    admitted by tessera always has one: its absence is an error, not 'unlimited')."""
+    found = pod_budget(annotations).containers.get(container)
     if found is None:
         raise BudgetError(f"{ANNOTATION_BUDGET} has no budget for container {container}")
     return found

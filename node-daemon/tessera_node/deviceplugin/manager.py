@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.api.budget import BudgetError, ContainerBudget
+from tessera.api.budget import BudgetError, ContainerBudget, PodBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
 from tessera_node.containers import ContainerRegistry, SetUpContainer
-from tessera_node.deviceplugin import budgets, fit
+from tessera_node.deviceplugin import budgets, fit, resize
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred
 from tessera_node.deviceplugin.devices import (
     PluginDevice,
@@ -132,12 +132,14 @@ class Manager:
                 decision.units, self.config.visibility, self.config.sim,
             )
 
-    def _held(self, exclude: str | None = None) -> dict[str, list[int]]:
-        """Memory budgeted per unit by ready allocations (a whole instance: all of it)."""
+    def _held(self, exclude: str | set[str] | None = None) -> dict[str, list[int]]:
+        """Memory budgeted per unit by ready allocations (a whole instance: all of it),
+        but those of ``exclude``."""
         mem = {u.uuid: u.memory_bytes for u in self.state.units}
+        skip = {exclude} if isinstance(exclude, str) else (exclude or set())
         held: dict[str, list[int]] = {}
         for key, entries in self._ready().items():
-            if key == exclude:
+            if key in skip:
                 continue
             for uuid, memory in entries:
                 held.setdefault(uuid, []).append(
@@ -232,10 +234,11 @@ class Manager:
         entries = budgets.entries(b, rec.units, whole, self.state.context_bytes)
         self.writer.ready(rec.key, entries)
         self._ready()[rec.key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
-        self._register(rec, ref, pod.uid, b, None)
+        self._register(rec, ref, pod.uid, b, None, budgets.pod_budget(pod.annotations))
 
     def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
-                  budget: ContainerBudget | None, refused: str | None) -> None:
+                  budget: ContainerBudget | None, refused: str | None,
+                  pod: PodBudget | None = None) -> None:
         gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
         self.registry.put(SetUpContainer(
             key=rec.key, pod_uid=uid, namespace=ref.namespace, pod=ref.pod,
@@ -243,7 +246,49 @@ class Manager:
             gpus=tuple(gpu_of.get(u, u) for u in rec.units), budget=budget, refused=refused,
             budget_file=str(self.writer.budget_path(rec.key)),
             ledger_dir=str(self.writer.ledger_dir(rec.key)),
+            quota=pod.quota if pod is not None else None,
+            weight=pod.weight if pod is not None else 1,
+            lending=pod.lending if pod is not None else True,
         ))
+
+    # -- live resize -----------------------------------------------------------------------
+    def resize(self, pod: PodView) -> resize.PodOutcome | None:
+        """Decide an approved resize of ``pod`` for its containers budgeted here (whole MIG
+        instances have no budget to resize), and on ``Applied`` rewrite their budget files.
+        None: nothing to decide (no approved request, or none of its containers confirmed
+        here yet: a container confirmed later gets the new budget from the annotation)."""
+        if resize.awaiting(pod.annotations) is None:
+            return None
+        with self._lock:
+            records = {r.key: r for r in self.writer.records()}
+            ready = self._ready()
+            mine = sorted(
+                ((key, ref) for key, ref in self._matched.items()
+                 if ref.namespace == pod.namespace and ref.pod == pod.name and key in ready
+                 and key in records and records[key].resource == VGPU),
+                key=lambda kr: (kr[1].container, kr[0]))
+            placed = [resize.Placed(key, ref.container, records[key].units,
+                                    tuple(self.writer.read(key).entries))
+                      for key, ref in mine]
+            mem = {u.uuid: u.memory_bytes for u in self.state.units}
+            elsewhere = self._held(exclude={key for key, _ in mine})
+            outcome = resize.decide_pod(pod.annotations, placed, mem, elsewhere)
+            if outcome is None or not outcome.applied:
+                return outcome
+            new = budgets.pod_budget(pod.annotations)
+            for key, ref in mine:
+                entries = outcome.entries[key]
+                self.writer.ready(key, entries)
+                ready[key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
+                self._register(records[key], ref, pod.uid, new.containers[ref.container],
+                               None, new)
+            return outcome
+
+    def commitments(self) -> str:
+        """``tessera.dev/gpu-commitments``: per unit, its memory and the budgets held there."""
+        with self._lock:
+            return resize.commitments({u.uuid: u.memory_bytes for u in self.state.units},
+                                      self._held())
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]:

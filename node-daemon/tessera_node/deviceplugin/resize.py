@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tessera.api.budget import BudgetError, ContainerBudget
 from tessera.api.names import ANNOTATION_BUDGET_RESIZE
@@ -27,14 +27,15 @@ from tessera.api.resize import ResizeStatus
 from tessera_node.budget.formats import BudgetEntry
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.deviceplugin.budgets import container_budget, entries
-from tessera_node.deviceplugin.fit import overcommit
+from tessera_node.deviceplugin.budgets import pod_budget as budget_of
+from tessera_node.deviceplugin.fit import MIB, overcommit
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Decided:
+    """The node's answer, as the pod's ``tessera.dev/budget-resize`` shows it."""
+
     status: ResizeStatus
-    entries: list[BudgetEntry] | None = None
-    """The budget file's new entries when applied."""
 
     @property
     def applied(self) -> bool:
@@ -42,6 +43,14 @@ class Outcome:
 
     def annotation_patch(self) -> dict[str, str]:
         return {ANNOTATION_BUDGET_RESIZE: self.status.to_annotation()}
+
+
+@dataclass(frozen=True)
+class Outcome(Decided):
+    """One container's answer."""
+
+    entries: list[BudgetEntry] | None = None
+    """The budget file's new entries when applied."""
 
 
 def awaiting(annotations: Mapping[str, str]) -> ResizeStatus | None:
@@ -90,6 +99,58 @@ def apply(writer: BudgetWriter, key: str, outcome: Outcome) -> None:
         writer.ready(key, list(outcome.entries))
 
 
+@dataclass(frozen=True)
+class Placed:
+    """One container of the pod set up on this node: its allocation and budget file now."""
+
+    key: str
+    container: str
+    units: tuple[str, ...]
+    current: tuple[BudgetEntry, ...]
+
+
+@dataclass(frozen=True)
+class PodOutcome(Decided):
+    """The answer for all of a pod's containers on this node."""
+
+    entries: Mapping[str, list[BudgetEntry]] = field(default_factory=dict)
+    """Allocation key -> the budget file's new entries (empty unless applied)."""
+
+
+def decide_pod(
+    annotations: Mapping[str, str],
+    placed: Sequence[Placed],
+    unit_memory: Mapping[str, int | None],
+    held_elsewhere: Mapping[str, Sequence[int]],
+) -> PodOutcome | None:
+    """The node's answer for every container of the pod set up here: all of them applied,
+    or none (the first that does not fit refuses the whole request, as the operator
+    approved it as a whole). ``held_elsewhere``: per unit, the memory budgets of the
+    containers of *other* pods. Two containers of the pod on one unit are checked against
+    each other's new budget once decided, and their current one before (never less)."""
+    if not placed or awaiting(annotations) is None:
+        return None
+    decided: dict[str, list[BudgetEntry]] = {}
+    status: ResizeStatus | None = None
+    for p in placed:
+        others = {u: list(v) for u, v in held_elsewhere.items()}
+        for q in placed:
+            if q.key != p.key:
+                for e in decided.get(q.key, q.current):
+                    if e.uuid is not None:
+                        others.setdefault(e.uuid, []).append(
+                            e.memory if e.memory is not None else unit_memory.get(e.uuid) or 0)
+        out = decide(annotations, p.container, p.units, p.current, unit_memory, others)
+        assert out is not None  # awaiting() said so
+        if not out.applied or out.entries is None:
+            reason = f"container {p.container}: {out.status.reason}"
+            return PodOutcome(replace(out.status, reason=reason), {})
+        decided[p.key] = out.entries
+        status = out.status
+    assert status is not None
+    return PodOutcome(status, decided)
+
+
 def commitments(
     unit_memory: Mapping[str, int | None], held: Mapping[str, Sequence[int]]
 ) -> str:
@@ -98,3 +159,12 @@ def commitments(
         {u: {"memory": m, "committed": sum(held.get(u, ())), "containers": len(held.get(u, ()))}
          for u, m in sorted(unit_memory.items())},
         sort_keys=True, separators=(",", ":"))
+
+
+def resized_message(annotations: Mapping[str, str], outcome: PodOutcome) -> str:
+    """The ``BudgetResized`` Event's message: each container's budget now, per GPU share."""
+    parts = []
+    for name, b in sorted(budget_of(annotations).containers.items()):
+        if b.shares:
+            parts.append(f"{name}: {b.memory_bytes // MIB} MiB, {b.cores:g}% cores per GPU")
+    return "budget resized, obeyed from the containers' next GPU call: " + "; ".join(parts)

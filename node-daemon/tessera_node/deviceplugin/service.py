@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from tessera.api.names import NODE_DAEMON, PREFIX
+from tessera.api.names import NODE_DAEMON, PREFIX, REASON_RESIZE_REFUSED, REASON_RESIZED
 from tessera.kube.client import ApiError, Kube, Obj, follow, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
@@ -44,6 +44,7 @@ from tessera_node.deviceplugin.devices import (
 from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
 from tessera_node.deviceplugin.matcher import Held, PodView, pod_view
 from tessera_node.deviceplugin.podresources import PodResourcesClient
+from tessera_node.deviceplugin.resize import awaiting, resized_message
 from tessera_node.deviceplugin.response import ContainerResponse, SimPaths
 from tessera_node.deviceplugin.server import AllocateError, PluginServer
 from tessera_node.settings import (
@@ -110,8 +111,13 @@ class _Resource:
 class DevicePluginService:
     def __init__(self, kube: Kube, opts: Options, health: Health,
                  node: Callable[[], Obj | None],
-                 registry: ContainerRegistry | None = None) -> None:
+                 registry: ContainerRegistry | None = None,
+                 on_commitments: Callable[[], None] = lambda: None) -> None:
         self.kube = kube
+        self.on_commitments = on_commitments
+        self.committed: str | None = None
+        """``tessera.dev/gpu-commitments`` as last computed (the daemon writes it on the
+        Node; ``on_commitments`` is called when it changes)."""
         self.opts = opts
         self.health = health
         self.node = node
@@ -158,6 +164,11 @@ class DevicePluginService:
             if not d.readable:
                 all_units = [_unhealthy(u) for u in all_units]
             return NodeState(units=all_units, sharing=d.sharing, profiles=d.profiles)
+
+    def unit_indexes(self) -> dict[str, int]:
+        """The units the plugin hands out now (GPU or MIG UUID) -> their GPU's NVML index."""
+        manager = self.manager
+        return {} if manager is None else {u.uuid: u.gpu_index for u in manager.state.units}
 
     def _withdrawn_gpus(self) -> set[str]:
         return {g for g, devs in self._withdrawn.items() if g in devs}
@@ -321,7 +332,12 @@ class DevicePluginService:
             return
         await asyncio.to_thread(self._serve, manager)
         await self._resolve(manager)
+        await self._resize(manager)
         await self._write_capacity(manager)
+        committed = await asyncio.to_thread(manager.commitments)
+        if committed != self.committed:
+            self.committed = committed
+            self.on_commitments()
 
     def _serve(self, manager: Manager) -> None:
         """A plugin per advertised resource, registered; served again and re-registered
@@ -371,6 +387,46 @@ class DevicePluginService:
             await post_event(self.kube, obj, "v1", "Pod", REFUSED_REASON,
                              f"container {container}: no GPU memory: {why}", "Warning",
                              NODE_DAEMON)
+
+    async def _resize(self, manager: Manager) -> None:
+        """Approved live resizes of this node's pods: decided, applied, and the outcome on
+        the pod (conditional on the pod's resourceVersion: a pod that changed meanwhile is
+        decided again at the next step, from what it says then)."""
+        if not self.health.synced(POD_WATCH):
+            return
+        for key, obj in list(self.pod_objs.items()):
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            if awaiting(ann) is None:
+                continue
+            try:
+                view = pod_view(obj)
+            except (KeyError, TypeError, ValueError):
+                continue
+            outcome = await asyncio.to_thread(manager.resize, view)
+            if outcome is None:
+                continue
+            meta = obj["metadata"]
+            metrics.API_WRITES.labels("pod").inc()
+            try:
+                await self.kube.merge_patch(path("", "v1", "pods", key[0], key[1]), {
+                    "metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                 "annotations": outcome.annotation_patch()}})
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                continue  # gone, or changed: the watch brings it back if there is more
+            metrics.RESIZES.labels(outcome.status.state).inc()
+            log.info("budget resize decided", extra={
+                "pod": "/".join(key), "state": outcome.status.state,
+                "reason": outcome.status.reason})
+            if outcome.applied:
+                await post_event(self.kube, obj, "v1", "Pod", REASON_RESIZED,
+                                 resized_message(view.annotations, outcome), "Normal",
+                                 NODE_DAEMON)
+            else:
+                await post_event(self.kube, obj, "v1", "Pod", REASON_RESIZE_REFUSED,
+                                 f"budget request refused: {outcome.status.reason}",
+                                 "Warning", NODE_DAEMON)
 
     async def _write_capacity(self, manager: Manager) -> None:
         node = self.node()

@@ -112,14 +112,14 @@ def test_attribution_by_start_time_across_pid_namespaces() -> None:
 def test_metrics_lent_borrowed_and_achieved_share() -> None:
     from prometheus_client import REGISTRY
 
-    from tessera_node.metrics import observe_core_shares
+    from tessera_node.metrics import CoreOwner, forget_core_container, observe_core_shares
 
     def value(name: str, **labels: str) -> float:
         v = REGISTRY.get_sample_value(name, labels)
         return 0.0 if v is None else v
 
-    before = (value("tessera_quota_core_lent_seconds_total", quota="ns1/q"),
-              value("tessera_quota_core_borrowed_seconds_total", quota="ns2/q"))
+    before = (value("tessera_quota_core_lent_seconds_total", namespace="ns1", quota="q"),
+              value("tessera_quota_core_borrowed_seconds_total", namespace="ns2", quota="q"))
     report = {
         "idle": {"seconds": 0.1, "busy": 0.0, "target": 0.2, "lent": 0.17, "borrowed": 0.0,
                  "share": 0.2, "rate": 1.0},
@@ -127,14 +127,21 @@ def test_metrics_lent_borrowed_and_achieved_share() -> None:
                  "share": 0.97, "rate": 1.0},
         "unmeasured": {"target": 0.5, "share": 0.5, "lent": 0.0, "borrowed": 0.0, "rate": 1.0},
     }
-    observe_core_shares("GPU-x", {"idle": "ns1/q", "busy": "ns2/q"}, report)
-    assert value("tessera_quota_core_lent_seconds_total", quota="ns1/q") - before[0] == \
-        pytest.approx(0.017)
-    assert value("tessera_quota_core_borrowed_seconds_total", quota="ns2/q") - before[1] == \
-        pytest.approx(0.017)
-    labels = {"device": "GPU-x", "quota": "ns2/q", "container": "busy"}
+    busy = CoreOwner("ns2", "p2", "main", "q")
+    owners = {"idle": CoreOwner("ns1", "p1", "main", "q"), "busy": busy,
+              "unmeasured": CoreOwner("ns3", "p3", "main", "q")}
+    observe_core_shares("GPU-x", owners, report)
+    assert value("tessera_quota_core_lent_seconds_total", namespace="ns1", quota="q") \
+        - before[0] == pytest.approx(0.017)
+    assert value("tessera_quota_core_borrowed_seconds_total", namespace="ns2", quota="q") \
+        - before[1] == pytest.approx(0.017)
+    labels = {"namespace": "ns2", "pod": "p2", "container": "main", "gpu": "GPU-x"}
     assert value("tessera_container_core_share", **labels) == 0.8
-    assert value("tessera_container_core_budget", **labels) == 0.8
     assert value("tessera_container_core_busy_seconds_total", **labels) == pytest.approx(0.08)
+    assert value("tessera_container_core_budget_seconds_total", **labels) == \
+        pytest.approx(0.08)
     assert REGISTRY.get_sample_value("tessera_container_core_share", {
-        "device": "GPU-x", "quota": "", "container": "unmeasured"}) is None
+        "namespace": "ns3", "pod": "p3", "container": "main", "gpu": "GPU-x"}) is None
+    forget_core_container("GPU-x", busy)  # the container ended: its series go
+    assert REGISTRY.get_sample_value("tessera_container_core_share", labels) is None
+    assert value("tessera_quota_core_borrowed_seconds_total", namespace="ns2", quota="q") > 0

@@ -86,3 +86,44 @@ def test_a_daemon_writes_tessera_keys_on_its_own_node_only(chart: Any, tmp_path:
             chart.kubectl("delete", "pod", f"{DAEMON_SA}-{n}", "-n", OPERATOR_NS,
                           "--wait=false")
             chart.kubectl("delete", "node", n, "--wait=false")
+
+
+def test_a_daemon_answers_resizes_only_for_the_pods_on_its_node(
+    chart: Any, tmp_path: Path
+) -> None:
+    """The budget-protection policy: tessera.dev/budget-resize may be written by a node
+    daemon only on a pod bound to its own node (its pod-bound token's node name)."""
+    a, b = (f"nr-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    ns = f"nr-{uuid.uuid4().hex[:6]}"
+    chart.kubectl("create", "namespace", ns)
+    for n in (a, b):
+        create_node(chart.kubectl, n)
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns},
+               "spec": {"nodeName": a, "containers": [{"name": "main", "image": "busybox"}]}}
+        out = chart.kubectl("create", "-f", "-", input=json.dumps(pod))
+        assert out.returncode == 0, out.stderr
+        on_a, on_b = bound_token(chart.kubectl, a), bound_token(chart.kubectl, b)
+        outcome = json.dumps({"request": "r1", "state": "Applied"})
+        args = ("annotate", "pod", "p", "-n", ns, "--overwrite",
+                f"tessera.dev/budget-resize={outcome}")
+        out = as_token(chart, tmp_path, on_b, *args)
+        assert "answers a resize only for a pod bound to its own node" in out.stderr, out.stderr
+        unbound = chart.kubectl("create", "token", DAEMON_SA, "-n", OPERATOR_NS)
+        out = as_token(chart, tmp_path, unbound.stdout.strip(), *args)
+        assert "answers a resize only for a pod bound to its own node" in out.stderr, out.stderr
+        out = as_token(chart, tmp_path, on_a, *args)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(chart.kubectl("get", "pod", "p", "-n", ns, "-o", "json").stdout)
+        assert got["metadata"]["annotations"]["tessera.dev/budget-resize"] == outcome
+        # and not the budget itself, even on its own node
+        out = as_token(chart, tmp_path, on_a, "annotate", "pod", "p", "-n", ns,
+                       "tessera.dev/budget={}")
+        assert out.returncode != 0 and "tessera.dev/budget] is the budget" in out.stderr, \
+            out.stderr
+    finally:
+        chart.kubectl("delete", "namespace", ns, "--wait=false")
+        for n in (a, b):
+            chart.kubectl("delete", "pod", f"{DAEMON_SA}-{n}", "-n", OPERATOR_NS,
+                          "--wait=false")
+            chart.kubectl("delete", "node", n, "--wait=false")

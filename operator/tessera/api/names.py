@@ -96,3 +96,6 @@ ANNOTATION_RESIZE_GROWTH = f"{GROUP}/resize-growth"
 beyond its limits (``{"memoryMiB": …, "cores": …}``); ``hard`` is lowered by their sum."""
 QUOTA_REQUESTS_PREFIX = "requests."
 """What a ResourceQuota calls an extended resource it counts (``requests.tessera.dev/…``)."""
+ANNOTATION_CERT_STEP_AT = f"{GROUP}/certificate-step-at"
+"""On the webhook serving Secret: when the leader wrote the last step of a certificate
+renewal (seconds since the epoch)."""

@@ -16,6 +16,7 @@ def _run(args: argparse.Namespace) -> int:
     from tessera.controller.app import run
     from tessera.controller.settings import Options
     from tessera.kube.logs import setup_logging
+    from tessera.webhooks.rotation import Policy
 
     if args.webhook_url is not None:
         u = urlparse(args.webhook_url)
@@ -29,6 +30,12 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(f"--webhook-client-ca {args.webhook_client_ca!r} is not a file")
     if args.recount_interval <= 0:
         raise CLIError("--recount-interval must be positive")
+    policy = Policy(args.cert_lifetime, D.cert_renew_fraction, args.cert_step,
+                    args.cert_check_interval)
+    if args.webhook_certificate == "generate" and policy.problems():
+        raise CLIError("; ".join(policy.problems()))
+    if args.cert_check_interval <= 0:
+        raise CLIError("--cert-check-interval must be positive")
     opts = Options(
         kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
         webhook_port=args.webhook_port, webhook_url=args.webhook_url,
@@ -39,7 +46,9 @@ def _run(args: argparse.Namespace) -> int:
         webhook_client_names=tuple(args.webhook_client_name or ()),
         webhook_config_interval_s=args.webhook_config_interval,
         webhook_configurations=args.webhook_configurations,
-        stuck_after_s=args.stuck_after)
+        stuck_after_s=args.stuck_after, webhook_certificate=args.webhook_certificate,
+        cert_lifetime_s=args.cert_lifetime, cert_step_s=args.cert_step,
+        cert_check_interval_s=args.cert_check_interval)
     if args.identity:
         opts.identity = args.identity
     setup_logging(quiet=("kopf", "aiohttp.access"))
@@ -81,6 +90,18 @@ def register(subparsers: Any) -> None:
     r.add_argument("--webhook-config-interval", type=float,
                    default=D.webhook_config_interval_s,
                    help="seconds between re-applies of the webhook configurations")
+    r.add_argument("--webhook-certificate", choices=("generate", "external"),
+                   default=D.webhook_certificate,
+                   help="generate: the operator makes the serving certificate and renews it "
+                   "before it expires; external: another party (cert-manager) writes the "
+                   "Secret and the webhooks' caBundle, the operator only reads the Secret")
+    r.add_argument("--cert-lifetime", type=float, default=D.cert_lifetime_s,
+                   help="seconds each serving certificate the operator makes is valid; "
+                   f"renewed after {D.cert_renew_fraction:.2f} of it")
+    r.add_argument("--cert-step", type=float, default=D.cert_step_s,
+                   help="least seconds between the steps of a renewal")
+    r.add_argument("--cert-check-interval", type=float, default=D.cert_check_interval_s,
+                   help="seconds between reads of the serving Secret")
     r.add_argument("--stuck-after", type=float, default=D.stuck_after_s,
                    help="seconds a watch may fail before /healthz reports it")
     r.set_defaults(handler=_run)

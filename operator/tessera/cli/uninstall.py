@@ -19,7 +19,9 @@ def _run(args: argparse.Namespace) -> int:
         try:
             return await uninstall(kube, Targets(
                 namespace=args.namespace, deployment=args.deployment,
-                daemonset=args.daemonset, lease=D.lease_name, secret=D.secret_name),
+                daemonset=args.daemonset, lease=D.lease_name,
+                secrets=tuple(args.secret or (D.secret_name,)),
+                certificates=tuple(args.cert_manager_certificate or ())),
                 timeout_s=args.timeout)
         finally:
             await kube.close()
@@ -38,6 +40,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--namespace", default=D.namespace, help="the operator's namespace")
     p.add_argument("--deployment", required=True, help="the operator Deployment's name")
     p.add_argument("--daemonset", required=True, help="the node daemon DaemonSet's name")
+    p.add_argument("--secret", action="append", metavar="NAME",
+                   help=f"a Secret to delete (repeatable; default {D.secret_name})")
+    p.add_argument("--cert-manager-certificate", action="append", metavar="NAME",
+                   help="a cert-manager Certificate to delete before the Secrets (repeatable)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for their pods to be gone")
     p.set_defaults(handler=_run)

@@ -32,9 +32,17 @@ from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
-from tessera.webhooks.auth import reviewers, serving_context
-from tessera.webhooks.certs import ensure_secret
+from tessera.webhooks.auth import reviewers
 from tessera.webhooks.config import ClientConfig, apply_configurations, patch_ca_bundles
+from tessera.webhooks.rotation import Policy, Step
+from tessera.webhooks.serving import (
+    EXTERNAL,
+    SecretCerts,
+    Serving,
+    ensure_secret,
+    read_secret,
+)
+from tessera.webhooks.serving import step as serving_step
 
 log = logging.getLogger("tessera.operator")
 
@@ -79,15 +87,28 @@ def _plain(body: Any) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
+async def _first_secret(kube: Kube, opts: Options, hosts: list[str]) -> SecretCerts:
+    if opts.webhook_certificate != EXTERNAL:
+        return await ensure_secret(kube, opts.namespace, opts.secret_name, hosts,
+                                   opts.cert_lifetime_s)
+    while True:  # cert-manager may not have issued it yet: not serving until it has
+        found = await read_secret(kube, opts.namespace, opts.secret_name)
+        if found is not None:
+            return found
+        log.warning("waiting for the webhook certificate Secret (external certificate)",
+                    extra={"secret": opts.secret_name})
+        await asyncio.sleep(2)
+
+
 async def run(opts: Options) -> None:
     creds = load_credentials(opts.kubeconfig)
     kube = Kube(creds)
-    cert = await ensure_secret(kube, opts.namespace, opts.secret_name, [
-        *opts.cert_hosts, opts.service_name, f"{opts.service_name}.{opts.namespace}.svc",
-        f"{opts.service_name}.{opts.namespace}.svc.cluster.local"])
-    certdir = Path(tempfile.mkdtemp(prefix="tessera-webhook-"))
-    _, crt, key = cert.write(certdir)
-    tls = serving_context(crt, key, opts.webhook_client_ca)
+    hosts = [*opts.cert_hosts, opts.service_name, f"{opts.service_name}.{opts.namespace}.svc",
+             f"{opts.service_name}.{opts.namespace}.svc.cluster.local"]
+    policy = Policy(opts.cert_lifetime_s, opts.cert_renew_fraction, opts.cert_step_s,
+                    opts.cert_check_interval_s)
+    serving = Serving(await _first_secret(kube, opts, hosts),
+                      Path(tempfile.mkdtemp(prefix="tessera-webhook-")), opts.webhook_client_ca)
     senders = reviewers(opts.webhook_client_ca, opts.webhook_client_names)
     if senders is None:
         log.warning("admission reviews are not authenticated (no --webhook-client-ca): "
@@ -100,12 +121,16 @@ async def run(opts: Options) -> None:
     adm = Admission(kube, store)
     ctl = Controller(kube, store, opts.recount_interval_s, health=health)
     quota_metrics.register(store.snapshot)
-    cc = (ClientConfig(cert.ca_pem, url=opts.webhook_url) if opts.webhook_url else
-          ClientConfig(cert.ca_pem, service_name=opts.service_name,
-                       service_namespace=opts.namespace))
+
+    def client_config() -> ClientConfig:
+        ca = serving.current.ca_pem
+        return (ClientConfig(ca, url=opts.webhook_url) if opts.webhook_url else
+                ClientConfig(ca, service_name=opts.service_name,
+                             service_namespace=opts.namespace))
+
     runners = [
         await server.start(server.webhook_app(adm, senders), opts.webhook_host,
-                           opts.webhook_port, tls),
+                           opts.webhook_port, serving.tls),
         await serve.start(serve.health_app(
             health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
             opts.health_host, opts.health_port),
@@ -113,19 +138,48 @@ async def run(opts: Options) -> None:
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
 
+    def follow(sc: SecretCerts | None) -> None:
+        if sc is None:
+            log.warning("webhook certificate Secret is gone; serving the last one read",
+                        extra={"secret": opts.secret_name})
+        else:
+            serving.update(sc)
+
+    async def follow_certificate() -> None:
+        """Every replica: serve what the Secret holds now."""
+        while True:
+            await asyncio.sleep(opts.cert_check_interval_s)
+            follow(await read_secret(kube, opts.namespace, opts.secret_name))
+
+    async def publish_configurations() -> None:
+        if opts.webhook_configurations == "ca-bundle":
+            if opts.webhook_certificate == EXTERNAL:
+                return  # cert-manager's CA injector owns the caBundle
+            for url in await patch_ca_bundles(kube, client_config()):
+                log.error("webhook configuration missing: install it with the chart",
+                          extra={"configuration": url})
+        else:
+            await apply_configurations(kube, client_config())
+
     async def keep_configurations() -> None:
         while True:
-            if opts.webhook_configurations == "ca-bundle":
-                for url in await patch_ca_bundles(kube, cc):
-                    log.error("webhook configuration missing: install it with the chart",
-                              extra={"configuration": url})
-            else:
-                await apply_configurations(kube, cc)
+            await publish_configurations()
             await asyncio.sleep(opts.webhook_config_interval_s)
+
+    async def renew_certificate() -> None:
+        """The leader: the renewal step due now; a new CA bundle is published at once."""
+        while True:
+            if await serving_step(kube, opts.namespace, opts.secret_name, hosts,
+                                  policy) is not Step.KEEP:
+                follow(await read_secret(kube, opts.namespace, opts.secret_name))
+                await publish_configurations()
+            await asyncio.sleep(opts.cert_check_interval_s)
 
     leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,
                    "pods": ctl.watch_pods, "partitions": ctl.partition_loop,
                    "managed-quotas": ctl.watch_managed, "quotas": ctl.quota_loop}
+    if opts.webhook_certificate != EXTERNAL:
+        leader_work["certificate"] = renew_certificate
 
     async def lead() -> None:
         stop = asyncio.Event()
@@ -156,6 +210,8 @@ async def run(opts: Options) -> None:
     quota_watch = asyncio.create_task(supervise("quota-cache", store.watch, health),
                                       name="quota-cache")
     health.track("quota-cache", quota_watch)
+    cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
+                                                health), name="certificate-follow")
     main = asyncio.create_task(elector.run(lead))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)
@@ -163,9 +219,10 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await main
     finally:
-        quota_watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await quota_watch
+        for task in (quota_watch, cert_follow):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await elector.release()
         for r in runners:
             await r.cleanup()

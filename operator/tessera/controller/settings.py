@@ -26,6 +26,21 @@ class Options:
     service_name: str = "tessera-webhook"
     cert_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
     secret_name: str = "tessera-webhook-tls"
+    webhook_certificate: str = "generate"
+    """Who makes the serving certificate in Secret ``secret_name``: ``generate``, the
+    operator (it creates the Secret, renews the certificate before it expires and keeps the
+    configurations' caBundle current); ``external``, someone else (cert-manager, whose CA
+    injector sets the caBundle): the operator only reads the Secret and follows its changes."""
+    cert_lifetime_s: float = 365 * 86400.0
+    """Lifetime of each serving certificate the operator makes (``generate``)."""
+    cert_renew_fraction: float = 2 / 3
+    """A renewal starts when this fraction of the served certificate's lifetime has passed."""
+    cert_step_s: float = 180.0
+    """Least seconds between the steps of a renewal (new CA published, new certificate
+    served, old CA dropped): the API server and every replica catch up in between."""
+    cert_check_interval_s: float = 60.0
+    """How often every replica re-reads the serving Secret (and loads a changed
+    certificate), and the leader takes the renewal step due."""
     health_host: str = "0.0.0.0"
     health_port: int = 8080
     """/healthz and /metrics."""

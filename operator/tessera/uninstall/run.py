@@ -3,8 +3,9 @@
 Order matters: the webhook configurations go first (a ``failurePolicy: Fail`` pod webhook
 without its server would block every GPU pod create), then the operator Deployment and the
 node daemon DaemonSet (waiting until their pods are gone, so that nobody writes the Lease,
-the Secret or a Node label again), then the leader Lease, the serving Secret and the
-tessera labels and annotations on every Node. GPUs are not touched: a MIG layout stays as
+the Secret or a Node label again), then the leader Lease, the serving Secret (with
+cert-manager: its Certificates first, then their Secrets) and the tessera labels and
+annotations on every Node. GPUs are not touched: a MIG layout stays as
 it is unless a GPUPartition with ``deletionPolicy: Reset`` was deleted before.
 """
 
@@ -21,6 +22,7 @@ from tessera.webhooks.config import MUTATING_NAME, VALIDATING_NAME
 
 log = logging.getLogger("tessera.uninstall")
 ADMISSION = "admissionregistration.k8s.io"
+CERT_MANAGER = "cert-manager.io"
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,10 @@ class Targets:
     deployment: str
     daemonset: str
     lease: str
-    secret: str
+    secrets: tuple[str, ...]
+    certificates: tuple[str, ...] = ()
+    """cert-manager Certificates, deleted before the Secrets (else cert-manager issues a
+    deleted Secret again, and the Secret outlives the release)."""
 
 
 async def _delete(kube: Kube, url: str) -> bool:
@@ -71,8 +76,11 @@ async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[st
             done["workloads"] += 1
     for url in workloads:
         await _wait_gone(kube, url, timeout_s)  # foreground: gone once its pods are
+    for name in t.certificates:
+        done["runtimeObjects"] += await _delete(kube, path(
+            CERT_MANAGER, "v1", "certificates", t.namespace, name))
     for url in (path("coordination.k8s.io", "v1", "leases", t.namespace, t.lease),
-                path("", "v1", "secrets", t.namespace, t.secret)):
+                *(path("", "v1", "secrets", t.namespace, s) for s in t.secrets)):
         done["runtimeObjects"] += await _delete(kube, url)
     for node in (await kube.list(path("", "v1", "nodes"))).get("items", []):
         name = node["metadata"]["name"]

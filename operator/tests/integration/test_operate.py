@@ -15,7 +15,9 @@ and two tessera-node daemons on simulated GPU nodes, scraped by a real Prometheu
   a budget below what it holds, audited by the daemon's ``AuditRunner`` with that container
   registered (without a kubelet the daemon's device plugin registers none; the daemon
   process there audits only at start, before the process exists) and served on a port of
-  its own (job ``tessera-node-audit``); on each node a process outside any pod. "Container
+  its own (job ``tessera-node-audit``) with the daemon's core control for that container
+  (``CoreControl``: its lent/borrowed and share series); on each node a process outside
+  any pod. "Container
   over budget" fires for that container and "GPU process outside tessera" for both nodes.
 
 At the end the run's series for the dashboard's main panels (the daemon's stop included) are
@@ -40,7 +42,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from tessera.api.names import API_VERSION, VGPU_CORES, VGPU_MEMORY
+from tessera.api.budget import ContainerBudget
+from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.kube.client import Kube, load_credentials
 from tessera_e2e import dashboard
 from tessera_e2e.argocd import HEALTH_SCRIPT, ensure_argocd_health, evaluate
@@ -52,6 +55,8 @@ from tessera_node import metrics as node_metrics
 from tessera_node.audit.registry import StaticRegistry, TesseraContainer
 from tessera_node.audit.runner import AuditRunner
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
+from tessera_node.containers import SetUpContainer
+from tessera_node.core_control import CoreControl
 from tessera_node.device.nvml import NvmlReader
 from tessera_sim import BUILD_DIR
 
@@ -197,9 +202,28 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
                 await kube.close()
         auditor = threading.Thread(target=asyncio.run, args=(audit(),), daemon=True)
         auditor.start()
+        # the daemon's core control for that container: its lent/borrowed and share series
+        set_up = SetUpContainer(
+            key=state.name, pod_uid=uid, namespace=ns, pod=pod_name, container=container,
+            resource=VGPU, units=(gpu,), gpus=(gpu,),
+            budget=ContainerBudget(shares=1, memory_bytes=256 * MIB, cores=25), refused=None,
+            budget_file=str(state / "budget"), ledger_dir=str(state / "run"), quota="team")
+
+        def control() -> None:
+            reader = NvmlReader(str(BUILD_DIR))
+            cores = CoreControl(lambda: [set_up], lambda: {gpu: 1}, reader, 0.2)
+            try:
+                while not stop.wait(cores.interval_s):
+                    cores.step()
+            finally:
+                reader.close()
+        controller = threading.Thread(target=control, daemon=True)
+        controller.start()
         served = CollectorRegistry()
         for c in (node_metrics.CONTAINERS, node_metrics.AUDIT_RUNS, node_metrics.AUDIT_STOPS,
-                  node_metrics.AUDIT_FOREIGN, node_metrics.AUDIT_FOREIGN_BYTES):
+                  node_metrics.AUDIT_FOREIGN, node_metrics.AUDIT_FOREIGN_BYTES,
+                  node_metrics.CORE_LENT, node_metrics.CORE_BORROWED, node_metrics.CORE_BUSY,
+                  node_metrics.CORE_BUDGET, node_metrics.CORE_SHARE):
             served.register(c)
         port = free_port()
         server, _ = start_http_server(port, "127.0.0.1", served)
@@ -207,6 +231,7 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
         yield Audited(d.node, gpu, uid, foreign)
         stop.set()
         auditor.join(10)
+        controller.join(10)
     finally:
         stop.set()
         if server is not None:

@@ -13,16 +13,18 @@ from typing import Any
 
 import pytest
 
+from tessera_e2e.node_daemons import bound_token, create_node
 from tessera_e2e.operators import token_kubeconfig
 from tessera_node.deviceplugin.resize import decide
 
 from .conftest import Operators
-from .harness import OPERATOR_NS, kubectl_json, wait_until
+from .harness import kubectl_json, wait_until
 from .test_quota_admission import managed_rq, pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
+NODE = "resize-node"
 
 
 def annotations(cluster: Any, ns: str, name: str) -> dict[str, str]:
@@ -55,12 +57,18 @@ def budget_of(cluster: Any, ns: str, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def node_kubeconfig(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A token of the node daemon's ServiceAccount (the chart's RBAC and policies apply)."""
-    token = cluster.kubectl("create", "token", "tessera-node", "-n", OPERATOR_NS,
-                            "--duration", "1h")
-    assert token.returncode == 0, token.stderr
+    """The node daemon's credentials on NODE: a token of its ServiceAccount bound to its pod
+    there (the chart's RBAC and policies apply; a daemon answers resizes only on its node)."""
+    create_node(cluster.kubectl, NODE)
     return token_kubeconfig(cluster.kubeconfig, tmp_path_factory.mktemp("node-kc"),
-                            token.stdout.strip(), "node")
+                            bound_token(cluster.kubectl, NODE), "node")
+
+
+def pod_on_node(ns: str, name: str, limits: dict[str, str]) -> str:
+    """A budgeted pod bound to NODE, as the scheduler would have bound it."""
+    body = json.loads(pod(ns, name, limits))
+    body["spec"]["nodeName"] = NODE
+    return json.dumps(body)
 
 
 def node_answers(cluster: Any, kc: Path, ns: str, name: str, committed_elsewhere: int
@@ -88,7 +96,7 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
     setup_ns(cluster, ns, quota(ns, hard={"memory": "8Gi", "cores": 200, "pods": 10},
                                 max_={"memory": "6Gi", "cores": 100}))
     for name, mem in (("a", "2048"), ("b", "2048")):
-        out = cluster.kubectl("create", "-f", "-", input=pod(ns, name, {
+        out = cluster.kubectl("create", "-f", "-", input=pod_on_node(ns, name, {
             "tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": mem,
             "tessera.dev/vgpu-cores": "30"}))
         assert out.returncode == 0, out.stderr

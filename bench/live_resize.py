@@ -1,0 +1,159 @@
+"""Live resize through the whole chain, on the test bed's real nodes: one command, figures
+from one run.
+
+    python bench/live_resize.py [--rounds N]
+
+A local cluster with two real nodes (kubelet, containerd, runc over simulated GPUs), the
+operator (two replicas) and ``tessera-node`` on each node, as in the end-to-end tests. One
+budgeted pod on node-0 launches kernels (``cuda-spin``) the whole time. Each round writes a
+``tessera.dev/budget-request`` on it (alternately 2048 MiB / 40 % cores and 1024 MiB / 30 %)
+through the API, as ``tessera resize`` does, and measures, from the moment the API server
+accepted the request:
+
+1. the container's budget file rewritten on the node (polled every millisecond): from then
+   on the container obeys the new memory budget at its next allocation (libtessera reads
+   the file's generation on every call), and the core controller takes the new core budget
+   as its target from its next period (the core split's convergence after a rewrite is
+   ``bench/fairshare.py``'s "resize latency, node side");
+2. ``Applied`` visible on the pod through the API (what ``tessera resize`` waits for).
+
+Baseline, same run: the API round trip of an annotation write of the same size on the same
+pod (a write nothing acts on), so the figures can be read as so many round trips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "operator"),
+                str(REPO / "node-daemon")]
+
+from tessera.api.names import ANNOTATION_BUDGET_REQUEST, ANNOTATION_BUDGET_RESIZE  # noqa: E402
+from tessera.api.resize import ResizeStatus, digest  # noqa: E402
+from tessera.kube.client import Kube, load_credentials, path  # noqa: E402
+from tessera_e2e.build import ensure_built, ensure_containerd  # noqa: E402
+from tessera_e2e.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.gpu_bed import Bed, gpu_bed, gpu_pod, vgpu  # noqa: E402
+from tessera_e2e.operators import wait_until  # noqa: E402
+from tessera_node.budget.formats import read_budget  # noqa: E402
+
+NS = "bench-resize"
+POD = "spinner"
+SIZES = (("2048Mi", 40), ("1024Mi", 30))
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+def budget_generation(bed: Bed) -> int:
+    files = list(bed.daemons["node-0"].state_dir.glob("containers/*/budget"))
+    gens = [read_budget(f).generation for f in files if read_budget(f).state == "ready"]
+    if len(gens) != 1:
+        raise RuntimeError(f"expected one ready budget file on node-0, found {len(gens)}")
+    return gens[0]
+
+
+def watch_file(bed: Bed, since: int, out: list[float], stop: threading.Event) -> None:
+    """The monotonic time the budget file's generation first moves past ``since``."""
+    while not stop.is_set():
+        if budget_generation(bed) > since:
+            out.append(time.monotonic())
+            return
+        time.sleep(0.001)
+
+
+async def rounds(bed: Bed, n: int) -> dict[str, list[float]]:
+    kube = Kube(load_credentials(str(bed.cluster.kubeconfig)))
+    url = path("", "v1", "pods", NS, POD)
+    to_file: list[float] = []
+    to_applied: list[float] = []
+    baseline: list[float] = []
+    try:
+        for i in range(n):
+            memory, cores = SIZES[i % 2]
+            text = json.dumps({"main": {"memory": memory, "cores": cores}, "@id": str(i)})
+            # baseline: the same size of write on the same pod, which nothing acts on
+            t0 = time.monotonic()
+            await kube.merge_patch(url, {"metadata": {"annotations": {"bench/noop": text}}})
+            baseline.append(time.monotonic() - t0)
+            seen: list[float] = []
+            stop = threading.Event()
+            watcher = threading.Thread(target=watch_file,
+                                       args=(bed, budget_generation(bed), seen, stop))
+            watcher.start()
+            t0 = time.monotonic()
+            await kube.merge_patch(url, {"metadata": {"annotations": {
+                ANNOTATION_BUDGET_REQUEST: text}}})
+            accepted = time.monotonic()
+            while True:
+                pod = await kube.get(url)
+                status = ResizeStatus.parse(
+                    (pod["metadata"].get("annotations") or {}).get(ANNOTATION_BUDGET_RESIZE))
+                if status is not None and status.request == digest(text) and \
+                        status.state != "Approved":
+                    break
+                if time.monotonic() - t0 > 30:
+                    raise RuntimeError("no outcome in 30 s")
+                await asyncio.sleep(0.005)
+            applied = time.monotonic()
+            if status.state != "Applied":
+                raise RuntimeError(f"round {i}: {status.state}: {status.reason}")
+            watcher.join(10)
+            stop.set()
+            if not seen:
+                raise RuntimeError(f"round {i}: Applied but the budget file never changed")
+            to_file.append(seen[0] - accepted)
+            to_applied.append(applied - accepted)
+            await asyncio.sleep(0.2)
+    finally:
+        await kube.close()
+    return {"file": to_file, "applied": to_applied, "baseline": baseline}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=40)
+    args = ap.parse_args()
+    ensure_containerd()
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(ensure_built(), nodes=2) as cluster, \
+            gpu_bed(cluster, Path(tmp)) as bed:
+        out = cluster.kubectl("create", "namespace", NS)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr)
+        cluster.wait_for_service_account(NS)
+        bed.quota(NS)
+        bed.apply(NS, gpu_pod(POD, "cuda-spin 0 1000 1", vgpu(1024, cores=30)))
+        bed.wait_phase(NS, POD, {"Running"})
+        wait_until("the pod under a core controller",
+                   lambda: POD in bed.core_busy("node-0", NS), 60, 0.5)
+        got = asyncio.run(rounds(bed, args.rounds))
+    ms = {k: [1000 * x for x in v] for k, v in got.items()}
+    print(f"live resize through the chain, {args.rounds} requests (grow and shrink "
+          f"alternating), from the API server accepting the request:")
+    for key, what in (("file", "budget file rewritten on the node (memory obeyed from the "
+                               "next call)"),
+                      ("applied", "Applied visible on the pod (what `tessera resize` waits "
+                                  "for)"),
+                      ("baseline", "baseline, same run: one annotation write's round trip")):
+        v = ms[key]
+        print(f"  {what}: p50 {statistics.median(v):.0f} ms, p99 {pct(v, 99):.0f} ms, "
+              f"max {max(v):.0f} ms")
+    base = statistics.median(ms["baseline"])
+    print(f"  request -> file: {statistics.median(ms['file']) / base:.1f} round trips (p50)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

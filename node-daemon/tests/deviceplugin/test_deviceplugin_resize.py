@@ -1,0 +1,165 @@
+"""The node's part of a live resize, through the device plugin's manager: an approved request
+decided against what else is budgeted on the container's GPUs, the budget files rewritten
+(all of the pod's containers, or none), the commitments the daemon publishes on its Node;
+and which containers the core controllers run for (:func:`tessera_node.core_control.plan`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_deviceplugin_devices import G0, G1
+from test_deviceplugin_matching import Cycle, pod
+
+from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_BUDGET_RESIZE, VGPU
+from tessera.api.resize import ResizeStatus
+from tessera_node.core_control import plan
+from tessera_node.deviceplugin.devices import Unit, share_id
+from tessera_node.deviceplugin.manager import NodeState
+from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key, pod_view
+
+GIB = 1 << 30
+PREVIOUS = "{}"
+
+
+def budget(containers: dict[str, tuple[int, float]], weight: int = 1, lending: bool = True,
+           quota: str | None = "team") -> str:
+    return PodBudget(quota=quota, weight=weight, lending=lending, containers={
+        name: ContainerBudget(shares=1, memory_bytes=mem, cores=cores)
+        for name, (mem, cores) in containers.items()}).to_annotation()
+
+
+def approve(p: dict[str, object], containers: dict[str, tuple[int, float]]) -> None:
+    """What the operator writes when it approves: the new budget, status Approved."""
+    ann = p["metadata"]["annotations"]  # type: ignore[index]
+    ann[ANNOTATION_BUDGET] = budget(containers)
+    ann[ANNOTATION_BUDGET_RESIZE] = ResizeStatus(
+        "r1", "Approved", previous=PREVIOUS, grow={"memoryMiB": 1, "cores": 0}).to_annotation()
+
+
+def running(tmp: Path, pods: dict[str, dict[str, tuple[int, float]]]) -> Cycle:
+    """Pods (one share of G0 per container, in order) allocated, confirmed, running."""
+    c = Cycle(tmp, [pod(name, {k: {VGPU: 1} for k in cs}, budget=budget(cs))
+                    for name, cs in pods.items()])
+    held, i = [], 0
+    for name, cs in pods.items():
+        for k in cs:
+            c.m.allocate(VGPU, [share_id(G0, i)])
+            held.append(Held(ContainerRef("ns", name, k), VGPU, (share_id(G0, i),)))
+            i += 1
+    c.m.resolve(held)
+    for p in c.pods:
+        p["status"] = {"phase": "Running"}
+    return c
+
+
+def key(i: int) -> str:
+    return allocation_key(VGPU, [share_id(G0, i)])
+
+
+@pytest.mark.parametrize(("new", "state", "reason"), [
+    ({"main": (30 * GIB, 60)}, "Applied", ""),  # grow: 30 + 40 GiB fit 80
+    ({"main": (5 * GIB, 10)}, "Applied", ""),  # shrink
+    ({"main": (50 * GIB, 30)}, "Refused",  # 50 + 40 GiB do not
+     f"container main: on this node: memory budgets on {G0} would exceed its 81920 MiB "
+     "(40960 MiB budgeted, 51200 MiB asked)"),
+])
+def test_an_approved_resize_is_decided_against_the_other_budgets_on_the_gpu(
+    tmp_path: Path, new: dict[str, tuple[int, float]], state: str, reason: str
+) -> None:
+    c = running(tmp_path, {"a": {"main": (10 * GIB, 30)}, "b": {"main": (40 * GIB, 30)}})
+    rate_before = c.writer.read(key(0)).entries[0].rate
+    approve(c.pods[0], new)
+    out = c.m.resize(pod_view(c.pods[0]))
+    assert out is not None and out.status.state == state and out.status.reason == reason
+    after = c.writer.read(key(0)).entries[0]
+    if state == "Applied":
+        assert (after.memory, after.cores) == new["main"]
+        assert after.rate == rate_before  # the controller's rate is kept
+        assert out.status.previous is None  # nothing for the operator to roll back
+        (entry,) = [e for e in c.m.registry.snapshot() if e.pod == "a"]
+        assert entry.budget is not None and entry.budget.memory_bytes == new["main"][0]
+    else:
+        assert (after.memory, after.cores) == (10 * GIB, 30)  # untouched
+        assert out.status.previous == PREVIOUS  # the operator restores it and gives back
+
+
+def test_nothing_to_decide_until_approved_or_until_its_containers_are_set_up(
+    tmp_path: Path
+) -> None:
+    c = running(tmp_path, {"a": {"main": (10 * GIB, 30)}})
+    assert c.m.resize(pod_view(c.pods[0])) is None  # no request
+    c.pods.append(pod("later", {"main": {VGPU: 1}}, budget=budget({"main": (GIB, 10)})))
+    approve(c.pods[1], {"main": (2 * GIB, 10)})
+    assert c.m.resize(pod_view(c.pods[1])) is None  # not confirmed here yet: waits
+
+
+def test_a_pods_containers_are_all_applied_or_none(tmp_path: Path) -> None:
+    c = running(tmp_path, {"a": {"x": (10 * GIB, 20), "y": (10 * GIB, 20)},
+                           "b": {"main": (40 * GIB, 30)}})
+    approve(c.pods[0], {"x": (20 * GIB, 20), "y": (30 * GIB, 20)})  # 20+30+40 > 80
+    out = c.m.resize(pod_view(c.pods[0]))
+    assert out is not None and out.status.state == "Refused"
+    assert out.status.reason.startswith("container y: on this node: memory budgets on")
+    assert [c.writer.read(key(i)).entries[0].memory for i in (0, 1)] == [10 * GIB, 10 * GIB]
+    approve(c.pods[0], {"x": (20 * GIB, 20), "y": (20 * GIB, 20)})  # 20+20+40 = 80 fits
+    out = c.m.resize(pod_view(c.pods[0]))
+    assert out is not None and out.applied
+    assert [c.writer.read(key(i)).entries[0].memory for i in (0, 1)] == [20 * GIB, 20 * GIB]
+    committed = json.loads(c.m.commitments())
+    assert committed == {G0: {"memory": 80 * GIB, "committed": 80 * GIB, "containers": 3}}
+
+
+def test_core_controllers_run_for_units_with_a_core_budget_below_the_whole(
+    tmp_path: Path
+) -> None:
+    c = Cycle(tmp_path, [
+        pod("a", {"main": {VGPU: 1}}, budget=budget({"main": (10 * GIB, 20)}, weight=3,
+                                                    quota="gold")),
+        pod("b", {"main": {VGPU: 1}}, budget=budget({"main": (10 * GIB, 100)},
+                                                    lending=False)),
+        pod("c", {"main": {VGPU: 1}}, budget=budget({"main": (10 * GIB, 100)})),
+    ])
+    c.m.update(NodeState(units=[Unit(G0, G0, 0, None, 80 * GIB, True),
+                                Unit(G1, G1, 1, None, 80 * GIB, True)]))
+    for i, (_name, gpu) in enumerate((("a", G0), ("b", G0), ("c", G1))):
+        c.m.allocate(VGPU, [share_id(gpu, i)])
+    c.m.resolve([Held(ContainerRef("ns", n, "main"), VGPU, (share_id(g, i),))
+                 for i, (n, g) in enumerate((("a", G0), ("b", G0), ("c", G1)))])
+    got = plan(c.m.registry.snapshot(), {G0: 0, G1: 1})
+    assert list(got) == [G0]  # G1 holds only a container with the whole GPU's cores
+    a, b = sorted(got[G0], key=lambda t: t.owner.pod)
+    assert (a.owner.namespace, a.owner.pod, a.owner.quota, a.weight, a.lend, a.entry) == \
+        ("ns", "a", "gold", 3.0, True, 0)
+    assert a.ledger.endswith("/run/ledger") and a.budget_file.endswith("/budget")
+    assert (b.owner.pod, b.lend) == ("b", False)  # in the split, as a hard cap
+    assert plan(c.m.registry.snapshot(), {G1: 1}) == {}  # G0 gone from the node
+
+
+def test_a_controlled_container_has_its_series_before_any_period_measures(
+    tmp_path: Path
+) -> None:
+    """An idle GPU gives NVML nothing to sample, so no period reports: the container's
+    series and its quota's lent/borrowed counters exist at 0 from the moment it is
+    controlled (a dashboard shows 0, not 'no data')."""
+    from prometheus_client import REGISTRY
+
+    from tessera_node.core_control import CoreControl
+
+    c = running(tmp_path, {"idle": {"main": (10 * GIB, 20)}})
+
+    class NoSamples:
+        def process_utilization(self, index: int, since_us: int
+                                ) -> tuple[dict[int, float], int] | None:
+            return {}, since_us
+
+    cores = CoreControl(c.m.registry.snapshot, {G0: 0}.copy, NoSamples(), 0.1)
+    cores.step()
+    labels = {"namespace": "ns", "pod": "idle", "container": "main", "gpu": G0}
+    assert REGISTRY.get_sample_value("tessera_container_core_busy_seconds_total",
+                                     labels) == 0.0
+    assert REGISTRY.get_sample_value("tessera_quota_core_lent_seconds_total",
+                                     {"namespace": "ns", "quota": "team"}) is not None
+    assert list(cores.controllers) == [G0]
