@@ -361,7 +361,9 @@ def test_milli_memory_is_a_limit_not_no_limit(cluster: Any, namespace: str,
     assert ("exceeded GPUQuota \"team\": tessera.dev/vgpu-memory requested 100000Mi, used 0Mi, "
             "hard 9537Mi") in out.stderr, out.stderr
     assert _create(cluster, pod(ns, "fits", {"tessera.dev/vgpu-memory": "9537"})).returncode == 0
-    assert _status(cluster, ns)["summary"]["memory"] == "9537Mi/9537Mi"
+    # the count is debounced: wait for it, then it must be the whole limit (never "no limit")
+    wait_until("counted", lambda: _status(cluster, ns).get("summary", {}).get("memory")
+               == "9537Mi/9537Mi", 10, 0.2)
 
 
 def test_a_limit_the_operator_cannot_read_refuses_pods_and_says_which(
