@@ -5,10 +5,18 @@ policy (defaults, max) and tessera's own check of ``hard`` against ``status.used
 gives the clear refusal.  That check may see a count a moment old; the race-free count is
 the API server's, against the ResourceQuota each GPUQuota manages
 (:mod:`tessera.quota.managed`).
+
+Admission reads the cache from its own thread (:mod:`tessera.webhooks.server`) while the
+watch updates it in the main loop's: the watch publishes each namespace's quotas as a new
+tuple (:meth:`QuotaCache.known` is one dictionary read), and never changes a container a
+reader iterates; a read before the watch has synced is handed to the watch's loop, whose
+API client it needs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +25,7 @@ from typing import Any
 from tessera.api.names import GPUQUOTAS, GROUP, VERSION
 from tessera.kube.client import Kube, Obj, path
 from tessera.kube.health import Health
+from tessera.kube.loops import on_loop
 from tessera.quota.arith import QuotaView
 from tessera.quota.objects import view_of
 
@@ -39,13 +48,35 @@ class QuotaCache:
     _synced: bool = False
     _listener: Listener | None = None
     _views: dict[tuple[str, str], tuple[str, QuotaView]] = field(default_factory=dict)
+    _by_ns: dict[str, tuple[Obj, ...]] = field(default_factory=dict)
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def __post_init__(self) -> None:
+        if self._loop is None:  # the loop whose API client this cache reads with
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
+
+    def known(self, ns: str) -> list[Obj] | None:
+        """The namespace's GPUQuotas from this replica's watch; None until it has synced.
+        Safe from any thread."""
+        if not self._synced:
+            return None
+        return list(self._by_ns.get(ns, ()))
 
     async def quotas(self, ns: str) -> list[Obj]:
         """The namespace's GPUQuotas: from this replica's watch (or, until it has synced,
         the API server's watch cache)."""
-        if not self._synced:
-            return (await self.kube.list(quota_url(ns), cached=True)).get("items") or []
-        return [q for key, q in self._cache.items() if key[0] == ns]
+        known = self.known(ns)
+        if known is not None:
+            return known
+        home = self._loop
+        if home is not None and home is not asyncio.get_running_loop():
+            listed: list[Obj] = await on_loop(home)(self._list(ns))
+            return listed
+        return await self._list(ns)
+
+    async def _list(self, ns: str) -> list[Obj]:
+        return (await self.kube.list(quota_url(ns), cached=True)).get("items") or []
 
     def snapshot(self) -> list[Obj]:
         """Every GPUQuota this replica's watch knows."""
@@ -75,18 +106,27 @@ class QuotaCache:
 
     async def watch(self) -> None:
         """Keep the GPUQuotas in memory: admission reads them without a LIST per pod."""
+        self._loop = asyncio.get_running_loop()
         try:
             async for typ, obj in self.kube.watch(quota_url(), name="quota-cache",
                                                   health=self.health):
                 if typ == "SYNC":
                     self._cache = {_key(q): q for q in obj.get("items") or []}
-                    self._views = {k: v for k, v in self._views.items() if k in self._cache}
+                    for k in [k for k in list(self._views) if k not in self._cache]:
+                        self._views.pop(k, None)
+                    by_ns: dict[str, list[Obj]] = {}
+                    for (ns, _), q in self._cache.items():
+                        by_ns.setdefault(ns, []).append(q)
+                    self._by_ns = {ns: tuple(qs) for ns, qs in by_ns.items()}
                     self._synced = True
-                elif typ == "DELETED":
-                    self._cache.pop(_key(obj), None)
-                    self._views.pop(_key(obj), None)
                 else:
-                    self._cache[_key(obj)] = obj
+                    key = _key(obj)
+                    if typ == "DELETED":
+                        self._cache.pop(key, None)
+                        self._views.pop(key, None)
+                    else:
+                        self._cache[key] = obj
+                    self._publish(key[0])
                 if self._listener is not None:
                     try:
                         self._listener(typ, obj)
@@ -94,6 +134,14 @@ class QuotaCache:
                         log.exception("quota listener failed", extra={"event": typ})
         finally:
             self._synced = False
+
+    def _publish(self, ns: str) -> None:
+        """A namespace's quotas changed: hand readers a new tuple (one assignment)."""
+        qs = tuple(q for (n, _), q in self._cache.items() if n == ns)
+        if qs:
+            self._by_ns[ns] = qs
+        else:
+            self._by_ns.pop(ns, None)
 
     @property
     def synced(self) -> bool:

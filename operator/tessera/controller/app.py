@@ -16,8 +16,9 @@ import contextlib
 import logging
 import signal
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
@@ -30,6 +31,7 @@ from tessera.controller.settings import Options
 from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
+from tessera.kube.loops import LoopThread, Runner, on_loop
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import reviewers
@@ -45,6 +47,7 @@ from tessera.webhooks.serving import (
 from tessera.webhooks.serving import step as serving_step
 
 log = logging.getLogger("tessera.operator")
+T = TypeVar("T")
 
 
 def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
@@ -100,6 +103,10 @@ async def _first_secret(kube: Kube, opts: Options, hosts: list[str]) -> SecretCe
         await asyncio.sleep(2)
 
 
+async def _here(coro: Coroutine[Any, Any, T]) -> T:
+    return await coro
+
+
 async def run(opts: Options) -> None:
     creds = load_credentials(opts.kubeconfig)
     kube = Kube(creds)
@@ -128,28 +135,34 @@ async def run(opts: Options) -> None:
                 ClientConfig(ca, service_name=opts.service_name,
                              service_namespace=opts.namespace))
 
-    runners = [
-        await server.start(server.webhook_app(adm, senders), opts.webhook_host,
-                           opts.webhook_port, serving.tls),
-        await serve.start(serve.health_app(
-            health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
-            opts.health_host, opts.health_port),
-    ]
+    # admission on a loop of its own (tessera.webhooks.server says why), or on this one
+    webhooks = (LoopThread("admission").start(opts.switch_interval_s)
+                if opts.admission_loop == "thread" else None)
+    on_webhooks: Runner = webhooks.call if webhooks is not None else _here
+    webhook_runner = await on_webhooks(server.start(
+        server.webhook_app(adm, senders, None if webhooks is None else
+                           on_loop(asyncio.get_running_loop())),
+        opts.webhook_host, opts.webhook_port, serving.tls))
+    runners = [await serve.start(serve.health_app(
+        health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
+        opts.health_host, opts.health_port)]
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
 
-    def follow(sc: SecretCerts | None) -> None:
+    async def follow(sc: SecretCerts | None) -> None:
         if sc is None:
             log.warning("webhook certificate Secret is gone; serving the last one read",
                         extra={"secret": opts.secret_name})
-        else:
-            serving.update(sc)
+        else:  # on the loop whose handshakes use the TLS context
+            async def update() -> bool:
+                return serving.update(sc)
+            await on_webhooks(update())
 
     async def follow_certificate() -> None:
         """Every replica: serve what the Secret holds now."""
         while True:
             await asyncio.sleep(opts.cert_check_interval_s)
-            follow(await read_secret(kube, opts.namespace, opts.secret_name))
+            await follow(await read_secret(kube, opts.namespace, opts.secret_name))
 
     async def publish_configurations() -> None:
         if opts.webhook_configurations == "ca-bundle":
@@ -171,7 +184,7 @@ async def run(opts: Options) -> None:
         while True:
             if await serving_step(kube, opts.namespace, opts.secret_name, hosts,
                                   policy) is not Step.KEEP:
-                follow(await read_secret(kube, opts.namespace, opts.secret_name))
+                await follow(await read_secret(kube, opts.namespace, opts.secret_name))
                 await publish_configurations()
             await asyncio.sleep(opts.cert_check_interval_s)
 
@@ -224,6 +237,9 @@ async def run(opts: Options) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await elector.release()
+        await on_webhooks(webhook_runner.cleanup())
+        if webhooks is not None:
+            await webhooks.stop()
         for r in runners:
             await r.cleanup()
         await kube.close()

@@ -62,6 +62,13 @@ class Options:
     leader only keeps their ``caBundle`` equal to the serving certificate's CA."""
     webhook_config_interval_s: float = 60.0
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
+    admission_loop: str = "thread"
+    """Where admission reviews are answered: ``thread``, on an event loop in a thread of its
+    own, so a review never waits behind the main loop's watches, writes and kopf; ``main``,
+    on the main loop with everything else (for comparison)."""
+    switch_interval_s: float = 0.001
+    """With ``admission_loop=thread``: how long one Python thread may run while another
+    waits for the interpreter (CPython's default, 5 ms, is several admission answers)."""
     stuck_after_s: float = 60.0
     """A watch that cannot follow its objects this long makes /healthz fail (restart)."""
 
