@@ -16,7 +16,8 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.Kernel
    ``bench/fairshare.py``'s and ``hook/tests/test_hook_resize.py``'s: the next call).
 
 Environment: REPLICAS=1 runs one replica; ONLY=admission, ONLY=partition or ONLY=resize runs
-one part;
+one part; with ONLY=admission, ADMISSION_LOOPS=thread,main measures the replicas started
+with each ``--admission-loop`` in turn, in the same run (default: thread only);
 CONTROLLERS=1 also runs kube-scheduler and kube-controller-manager.  They are off by default
 because the operator needs neither, and with no kubelet and no GPU capacity every benchmark
 pod is unschedulable: the scheduler's retries and FailedScheduling events (two more writes per
@@ -332,7 +333,8 @@ async def resize_trials(kube: Kube, ns: str, n: int) -> list[float]:
 
 
 async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
-                     rq: tuple[list[float], int] | None = None) -> None:
+                     rq: tuple[list[float], int] | None = None, adm_ns: str = "bench-adm",
+                     proxy: KernelService | None = None) -> None:
     kube = Kube(load_credentials(str(cluster.kubeconfig)), "bench")
     try:
         if os.environ.get("ONLY") in ("resize", None):
@@ -354,16 +356,24 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
                   [round(x * 1000) for x in answers0])
             return
         # 1. admission at 50 pods/s, contended: 500 creates, quota fits 250
-        await create_ns(kube, "bench-adm", {"cores": 2500, "memory": "1000Gi"})
-        await paced_creates(kube, "bench-adm", 20, 50, 100, 10)  # warm connections
-        await kube.request("DELETE", path("", "v1", "pods", "bench-adm"))
-        await quota_controller(kube, "bench-adm")
+        await create_ns(kube, adm_ns, {"cores": 2500, "memory": "1000Gi"})
+        await paced_creates(kube, adm_ns, 20, 50, 100, 10)  # warm connections
+        await kube.request("DELETE", path("", "v1", "pods", adm_ns))
+        await quota_controller(kube, adm_ns)
         await asyncio.sleep(3)
-        base, _ = await paced_creates(kube, "bench-adm", 500, 50, 0, 0)  # the baseline
-        await kube.request("DELETE", path("", "v1", "pods", "bench-adm"))
-        await quota_controller(kube, "bench-adm")
+        base, _ = await paced_creates(kube, adm_ns, 500, 50, 0, 0)  # the baseline
+        await kube.request("DELETE", path("", "v1", "pods", adm_ns))
+        await quota_controller(kube, adm_ns)
         await asyncio.sleep(3)
-        lat, admitted = await paced_creates(kube, "bench-adm", 500, 50, 100, 10)
+        ports = {o.webhook_port for o in ops.values()}
+        conns_before = sum(v for k, v in (proxy.connections if proxy else {}).items()
+                           if k in ports)
+        load_before = os.getloadavg()[0]
+        lat, admitted = await paced_creates(kube, adm_ns, 500, 50, 100, 10)
+        conns = sum(v for k, v in (proxy.connections if proxy else {}).items()
+                    if k in ports) - conns_before
+        print(f"  load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}; new TLS "
+              f"connections to the webhook during the 500 creates: {conns}")
         lat_ms = [x * 1000 for x in lat]
         base_ms = [x * 1000 for x in base]
         scraped = {n: r.metrics() for n, r in ops.items()}
@@ -418,7 +428,8 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
               f"{pct(ans, 99):.0f} ms; last report -> Ready, the operator's share: p50 "
               f"{pct(own, 50):.0f} ms, p99 {pct(own, 99):.0f} ms)")
         # 3. memory with 200 nodes and 1,000 pods watched
-        leader = ops[lease_holder(cluster.kubectl)]
+        holder = lease_holder(cluster.kubectl)
+        leader = next(o for o in ops.values() if o.name == holder)
         assert leader.proc is not None
         before = rss_mib(leader.proc.pid)
         more = [f"bench-m{i:03d}" for i in range(150)]
@@ -451,17 +462,26 @@ def main() -> int:
               else asyncio.run(resourcequota_baseline(cluster)))
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
-        for name in ("op-a", "op-b")[:int(os.environ.get("REPLICAS", "2"))]:
-            # production timings (the test harness shortens them)
-            assert cluster.pki is not None
-            ops[name] = OperatorProcess(kc, proxy, logdir, name, extra=[
-                "--lease-duration", "15", "--lease-renew", "5",
-                "--webhook-config-interval", "60", "--stuck-after", "60",
-                "--webhook-client-ca", str(cluster.pki.webhook_client_ca)]).start()
-        wait_until("leader", lambda: lease_holder(cluster.kubectl) in ops, 30)
-        wait_until("webhook config", lambda: cluster.kubectl(
-            "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
-        asyncio.run(main_async(cluster, ops, rq))
+        loops = (os.environ.get("ADMISSION_LOOPS", "thread").split(",")
+                 if os.environ.get("ONLY") == "admission" else ["thread"])
+        for loop in loops:
+            for r in ops.values():
+                r.stop()
+            ops = {}
+            for name in ("op-a", "op-b")[:int(os.environ.get("REPLICAS", "2"))]:
+                # production timings (the test harness shortens them)
+                assert cluster.pki is not None
+                ops[name] = OperatorProcess(kc, proxy, logdir, f"{name}-{loop}", extra=[
+                    "--lease-duration", "15", "--lease-renew", "5",
+                    "--webhook-config-interval", "60", "--stuck-after", "60",
+                    "--admission-loop", loop,
+                    "--webhook-client-ca", str(cluster.pki.webhook_client_ca)]).start()
+            names = {o.name for o in ops.values()}
+            wait_until("leader", lambda: lease_holder(cluster.kubectl) in names, 60)  # noqa: B023
+            wait_until("webhook config", lambda: cluster.kubectl(
+                "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
+            print(f"-- replicas answering admission on --admission-loop={loop}")
+            asyncio.run(main_async(cluster, ops, rq, f"bench-adm-{loop}", proxy))
         print(json.dumps({"proxyConnections": proxy.connections}))
     finally:
         for r in ops.values():

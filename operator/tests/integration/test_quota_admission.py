@@ -81,7 +81,9 @@ def test_defaults_filled_budget_written_and_over_quota_denied(
     assert budget["containers"]["main"]["memoryBytes"] == 2 * 2**30
     assert budget["quota"] == "team"
     assert p["metadata"]["labels"]["tessera.dev/budgeted"] == "true"
-    assert used(cluster, ns) == {"memory": "2Gi", "cores": 30, "pods": 1, "migInstances": {}}
+    # the count is the leader's, from the pods (debounced): wait for it
+    wait_until("counted", lambda: used(cluster, ns) == {
+        "memory": "2Gi", "cores": 30, "pods": 1, "migInstances": {}}, 10, 0.1)
 
     # over the per-pod max
     out = cluster.kubectl("create", "-f", "-", input=pod(ns, "big", {
@@ -135,7 +137,8 @@ def test_used_is_exact_after_deletes_and_finished_pods(
         out = cluster.kubectl("create", "-f", "-", input=pod(ns, f"p{i}", {
             "tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}))
         assert out.returncode == 0, out.stderr
-    assert used(cluster, ns) == {"memory": "4Gi", "cores": 40, "pods": 4, "migInstances": {}}
+    wait_until("counted", lambda: used(cluster, ns) == {
+        "memory": "4Gi", "cores": 40, "pods": 4, "migInstances": {}}, 10, 0.1)
     assert cluster.kubectl("delete", "pod", "p0", "p1", "-n", ns).returncode == 0
     # p2 finishes (what the kubelet would write)
     out = cluster.kubectl("patch", "pod", "p2", "-n", ns, "--subresource=status", "--type=merge",

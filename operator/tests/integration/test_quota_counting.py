@@ -122,7 +122,7 @@ def test_creates_the_api_server_refuses_hold_no_quota(
         assert out.returncode != 0 and says in out.stderr, out.stderr
         assert "pydantic" not in out.stderr and "validation error" not in out.stderr
     # nothing is held for any of them: the quota has room for exactly two more, right now
-    assert used(cluster, ns)["pods"] == 1
+    wait_until("counted", lambda: used(cluster, ns).get("pods") == 1, 10, 0.1)
     assert [_create(cluster, pod(ns, n, GPU)).returncode for n in ("b", "c", "d")] == [0, 0, 1]
 
 

@@ -46,7 +46,7 @@ def test_a_huge_gpu_pod_is_followed_and_released_and_no_replica_dies(
     out = cluster.kubectl("create", "-f", "-", input=pod(ns, "small", {
         "tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}))
     assert out.returncode == 0, out.stderr
-    assert used(cluster, ns)["pods"] == 2
+    wait_until("both counted", lambda: used(cluster, ns).get("pods") == 2, 10, 0.1)
     time.sleep(2)  # the pod watch has seen the huge pod (and, before the fix, died of it)
     _alive(ops)
     # its deletion event is as large; releasing it proves the watch read it
