@@ -122,9 +122,10 @@ async def quota_controller(kube: Kube, ns: str, name: str = "team") -> None:
 
 async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, cores: int
                         ) -> tuple[list[float], int]:
-    lat: list[float] = []
     admitted = 0
     errors: list[str] = []
+
+    lat = [0.0] * n
 
     async def one(i: int) -> None:
         nonlocal admitted
@@ -135,10 +136,10 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
             admitted += 1
         except ApiError as exc:
             if exc.status != 403:
-                errors.append(exc.message[:120])
+                errors.append(exc.message[:400])
         except TimeoutError:
             errors.append("client timeout")
-        lat.append(time.perf_counter() - t0)
+        lat[i] = time.perf_counter() - t0
 
     tasks = []
     start = time.perf_counter()
@@ -148,6 +149,10 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
     await asyncio.gather(*tasks)
     if errors:
         print(f"  {len(errors)} creates failed otherwise, e.g. {errors[0]}")
+    if os.environ.get("SLOWEST"):  # when the slow creates were: one stall, or spread out
+        slow = sorted(range(n), key=lambda i: -lat[i])[:int(os.environ["SLOWEST"])]
+        print(f"  slowest in {ns} (s after the first create: ms): " + ", ".join(
+            f"{i / rate:.1f}: {lat[i] * 1000:.0f}" for i in sorted(slow)))
     return lat, admitted
 
 
@@ -267,7 +272,8 @@ def rss_mib(pid: int) -> float:
 RQ_NS = "bench-rq"
 
 
-async def resourcequota_baseline(cluster: LocalCluster) -> tuple[list[float], int]:
+async def resourcequota_baseline(cluster: LocalCluster, ns: str = RQ_NS
+                                 ) -> tuple[list[float], int]:
     """500 GPU pods at 50/s against a ResourceQuota fitting 250, as tessera's run does.
 
     Runs before tessera's webhooks are configured, so nothing of tessera is in the path.
@@ -277,30 +283,30 @@ async def resourcequota_baseline(cluster: LocalCluster) -> tuple[list[float], in
     """
     kube = Kube(load_credentials(str(cluster.kubeconfig)), "bench")
     try:
-        await kube.create(path("", "v1", "namespaces"), {"metadata": {"name": RQ_NS}})
+        await kube.create(path("", "v1", "namespaces"), {"metadata": {"name": ns}})
         hard = {"requests.tessera.dev/vgpu-memory": "50000",
                 "requests.tessera.dev/vgpu-cores": "2500"}
-        await kube.create(path("", "v1", "resourcequotas", RQ_NS), {
+        await kube.create(path("", "v1", "resourcequotas", ns), {
             "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "team", "namespace": RQ_NS}, "spec": {"hard": hard}})
+            "metadata": {"name": "team", "namespace": ns}, "spec": {"hard": hard}})
         for _ in range(50):
-            rq = await kube.get(path("", "v1", "resourcequotas", RQ_NS, "team"))
+            rq = await kube.get(path("", "v1", "resourcequotas", ns, "team"))
             if (rq.get("status") or {}).get("hard"):
                 break
             try:
-                await kube.replace(path("", "v1", "resourcequotas", RQ_NS, "team") + "/status",
+                await kube.replace(path("", "v1", "resourcequotas", ns, "team") + "/status",
                                    {**rq, "status": {"hard": hard,
                                                      "used": {k: "0" for k in hard}}})
                 break
             except ApiError:
                 await asyncio.sleep(0.1)
-        await paced_creates(kube, RQ_NS, 20, 50, 100, 10)  # warm connections
-        await kube.request("DELETE", path("", "v1", "pods", RQ_NS))
-        rq = await kube.get(path("", "v1", "resourcequotas", RQ_NS, "team"))
-        await kube.replace(path("", "v1", "resourcequotas", RQ_NS, "team") + "/status",
+        await paced_creates(kube, ns, 20, 50, 100, 10)  # warm connections
+        await kube.request("DELETE", path("", "v1", "pods", ns))
+        rq = await kube.get(path("", "v1", "resourcequotas", ns, "team"))
+        await kube.replace(path("", "v1", "resourcequotas", ns, "team") + "/status",
                            {**rq, "status": {"hard": hard, "used": {k: "0" for k in hard}}})
         await asyncio.sleep(3)
-        return await paced_creates(kube, RQ_NS, 500, 50, 100, 10)
+        return await paced_creates(kube, ns, 500, 50, 100, 10)
     finally:
         await kube.close()
 
@@ -483,6 +489,17 @@ def main() -> int:
             print(f"-- replicas answering admission on --admission-loop={loop}")
             asyncio.run(main_async(cluster, ops, rq, f"bench-adm-{loop}", proxy))
         print(json.dumps({"proxyConnections": proxy.connections}))
+        if os.environ.get("ONLY") == "admission":
+            # the baseline once more, after: how much the machine moved during the run
+            for r in ops.values():
+                r.stop()
+            for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+                cluster.kubectl("delete", kind, "--all")
+            again = [x * 1000 for x in asyncio.run(resourcequota_baseline(
+                cluster, RQ_NS + "-after"))[0]]
+            print(f"  ResourceQuota baseline again, after tessera's runs: p50 "
+                  f"{pct(again, 50):.1f} ms, p99 {pct(again, 99):.1f} ms; load average "
+                  f"{os.getloadavg()[0]:.2f}")
     finally:
         for r in ops.values():
             r.stop()
