@@ -17,7 +17,8 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.Kernel
 
 Environment: REPLICAS=1 runs one replica; ONLY=admission, ONLY=partition or ONLY=resize runs
 one part; with ONLY=admission, ADMISSION_LOOPS=thread,main measures the replicas started
-with each ``--admission-loop`` in turn, in the same run (default: thread only);
+with each ``--admission-loop`` in turn, in the same run (default: thread only; an entry may
+add flags after colons: ``thread:--switch-interval=0.005``);
 CONTROLLERS=1 also runs kube-scheduler and kube-controller-manager.  They are off by default
 because the operator needs neither, and with no kubelet and no GPU capacity every benchmark
 pod is unschedulable: the scheduler's retries and FailedScheduling events (two more writes per
@@ -470,24 +471,27 @@ def main() -> int:
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
         loops = (os.environ.get("ADMISSION_LOOPS", "thread").split(",")
                  if os.environ.get("ONLY") == "admission" else ["thread"])
-        for loop in loops:
+        for k, variant in enumerate(loops):
+            loop, *flags = variant.split(":")
             for r in ops.values():
                 r.stop()
             ops = {}
             for name in ("op-a", "op-b")[:int(os.environ.get("REPLICAS", "2"))]:
                 # production timings (the test harness shortens them)
                 assert cluster.pki is not None
-                ops[name] = OperatorProcess(kc, proxy, logdir, f"{name}-{loop}", extra=[
+                ops[name] = OperatorProcess(kc, proxy, logdir, f"{name}-{k}", extra=[
                     "--lease-duration", "15", "--lease-renew", "5",
                     "--webhook-config-interval", "60", "--stuck-after", "60",
-                    "--admission-loop", loop,
+                    "--admission-loop", loop, *flags,
                     "--webhook-client-ca", str(cluster.pki.webhook_client_ca)]).start()
             names = {o.name for o in ops.values()}
             wait_until("leader", lambda: lease_holder(cluster.kubectl) in names, 60)  # noqa: B023
             wait_until("webhook config", lambda: cluster.kubectl(
                 "get", "mutatingwebhookconfiguration", "tessera-pods").returncode == 0, 30)
-            print(f"-- replicas answering admission on --admission-loop={loop}")
-            asyncio.run(main_async(cluster, ops, rq, f"bench-adm-{loop}", proxy))
+            print(f"-- replicas answering admission: --admission-loop={loop} "
+                  f"{' '.join(flags)}")
+            tag = "".join(c if c.isalnum() else "-" for c in variant).strip("-")
+            asyncio.run(main_async(cluster, ops, rq, f"bench-adm-{tag}"[:63], proxy))
         print(json.dumps({"proxyConnections": proxy.connections}))
         if os.environ.get("ONLY") == "admission":
             # the baseline once more, after: how much the machine moved during the run
