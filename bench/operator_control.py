@@ -398,6 +398,13 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
               f"p99 {pct(lat_ms, 99):.1f} ms, max {max(lat_ms):.1f} ms; the webhook's own "
               f"answer time ({len(scraped)} replicas together) {hook}; GPUQuota status "
               f"writes (the count from the pods, off the admission path) {others}")
+        lags = []
+        for loop in ("main", "admission"):
+            having = 'loop="' + loop + '"'
+            lags.append(f"{loop} loop p99 "
+                        f"{ms(histogram_q(both, 'tessera_event_loop_lag_seconds', 0.99, having))}")
+        print(f"  the replicas' event loops, woken late by (whole run, sampled every 50 ms): "
+              f"{'; '.join(lags)}")
         print(f"  baseline, same run: 500 plain pods @50/s (no tessera resource, no webhook): "
               f"p50 {pct(base_ms, 50):.1f} ms, p99 {pct(base_ms, 99):.1f} ms; tessera adds at "
               f"p50 {pct(lat_ms, 50) - pct(base_ms, 50):.1f} ms, p99 "

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import kopf
 
+from tessera import metrics
 from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
 from tessera.cache.quotas import QuotaCache
 from tessera.controller import quota_metrics
@@ -31,7 +32,7 @@ from tessera.controller.settings import Options
 from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
-from tessera.kube.loops import LoopThread, Runner, on_loop
+from tessera.kube.loops import LoopThread, Runner, measure_lag, on_loop
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import reviewers
@@ -143,6 +144,10 @@ async def run(opts: Options) -> None:
         server.webhook_app(adm, senders, None if webhooks is None else
                            on_loop(asyncio.get_running_loop())),
         opts.webhook_host, opts.webhook_port, serving.tls))
+    lag = [asyncio.create_task(measure_lag(metrics.LOOP_LAG_SECONDS.labels("main").observe))]
+    if webhooks is not None:
+        lag.append(asyncio.create_task(webhooks.call(measure_lag(
+            metrics.LOOP_LAG_SECONDS.labels("admission").observe))))
     runners = [await serve.start(serve.health_app(
         health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
         opts.health_host, opts.health_port)]
@@ -232,7 +237,7 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await main
     finally:
-        for task in (quota_watch, cert_follow):
+        for task in (quota_watch, cert_follow, *lag):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -64,3 +64,13 @@ class LoopThread:
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             await asyncio.to_thread(self._thread.join, timeout_s)
+
+
+async def measure_lag(observe: Callable[[float], None], interval_s: float = 0.05) -> None:
+    """Observe, every ``interval_s``, how late this loop woke: how long work already on it
+    would keep a new arrival (an admission review) waiting."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval_s
+        await asyncio.sleep(interval_s)
+        observe(max(0.0, loop.time() - due))
