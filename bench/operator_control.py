@@ -17,7 +17,7 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.Kernel
 
 Environment: REPLICAS=1 runs one replica; ONLY=admission, ONLY=partition or ONLY=resize runs
 one part; with ONLY=admission, ADMISSION_LOOPS=thread,main measures the replicas started
-with each ``--admission-loop`` in turn, in the same run (default: thread only; an entry may
+with each ``--admission-loop`` in turn, in the same run (default: main only; an entry may
 add flags after colons: ``thread:--switch-interval=0.005``);
 CONTROLLERS=1 also runs kube-scheduler and kube-controller-manager.  They are off by default
 because the operator needs neither, and with no kubelet and no GPU capacity every benchmark
@@ -143,6 +143,7 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
         lat[i] = time.perf_counter() - t0
 
     tasks = []
+    t_first = time.time()
     start = time.perf_counter()
     for i in range(n):
         await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
@@ -152,7 +153,7 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
         print(f"  {len(errors)} creates failed otherwise, e.g. {errors[0]}")
     if os.environ.get("SLOWEST"):  # when the slow creates were: one stall, or spread out
         slow = sorted(range(n), key=lambda i: -lat[i])[:int(os.environ["SLOWEST"])]
-        print(f"  slowest in {ns} (s after the first create: ms): " + ", ".join(
+        print(f"  slowest in {ns} (s after the first create at {t_first:.3f}: ms): " + ", ".join(
             f"{i / rate:.1f}: {lat[i] * 1000:.0f}" for i in sorted(slow)))
     return lat, admitted
 
@@ -176,6 +177,22 @@ def histogram_q(metrics: str, name: str, q: float, having: str = "") -> float | 
             return lo + (le - lo) * (q * total - below) / max(cum[le] - below, 1e-9)
         lo, below = le, cum[le]
     return None
+
+
+def minus(after: str, before: str) -> str:
+    """Prometheus text ``after`` less ``before``, series by series (what happened between
+    the two scrapes; comments dropped)."""
+    was = {}
+    for line in before.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            was[key] = float(value)
+    out = []
+    for line in after.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out.append(f"{key} {float(value) - was.get(key, 0.0)}")
+    return "\n".join(out)
 
 
 def ms(x: float | None) -> str:
@@ -376,6 +393,7 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
         conns_before = sum(v for k, v in (proxy.connections if proxy else {}).items()
                            if k in ports)
         load_before = os.getloadavg()[0]
+        api_before = cluster.kubectl("get", "--raw", "/metrics").stdout  # an earlier variant's
         lat, admitted = await paced_creates(kube, adm_ns, 500, 50, 100, 10)
         conns = sum(v for k, v in (proxy.connections if proxy else {}).items()
                     if k in ports) - conns_before
@@ -393,6 +411,9 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
                 f"{q('tessera_admission_seconds', 'allowed')}")
         others = {n: counter(m, 'tessera_status_writes_total{kind="gpuquota"')
                   for n, m in scraped.items()}
+        rq_writes = {n: counter(m, 'tessera_managed_quota_writes_total')
+                     for n, m in scraped.items()}
+        print(f"  writes to the managed ResourceQuota (whole run): {rq_writes}")
         print(f"admission @50 pods/s, 500 creates on one GPUQuota ({admitted} admitted, "
               f"{500 - admitted} refused at hard): end-to-end p50 {pct(lat_ms, 50):.1f} ms, "
               f"p99 {pct(lat_ms, 99):.1f} ms, max {max(lat_ms):.1f} ms; the webhook's own "
@@ -401,15 +422,20 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
         lags = []
         for loop in ("main", "admission"):
             having = 'loop="' + loop + '"'
+            late = sum(float(line.rsplit(" ", 1)[1]) * (1 if 'le="+Inf"' in line else -1)
+                       for line in both.splitlines()
+                       if line.startswith("tessera_event_loop_lag_seconds_bucket")
+                       and having in line and ('le="+Inf"' in line or 'le="0.1"' in line))
             lags.append(f"{loop} loop p99 "
-                        f"{ms(histogram_q(both, 'tessera_event_loop_lag_seconds', 0.99, having))}")
+                        f"{ms(histogram_q(both, 'tessera_event_loop_lag_seconds', 0.99, having))}"
+                        f" ({late:.0f} samples over 100 ms)")
         print(f"  the replicas' event loops, woken late by (whole run, sampled every 50 ms): "
               f"{'; '.join(lags)}")
         print(f"  baseline, same run: 500 plain pods @50/s (no tessera resource, no webhook): "
               f"p50 {pct(base_ms, 50):.1f} ms, p99 {pct(base_ms, 99):.1f} ms; tessera adds at "
               f"p50 {pct(lat_ms, 50) - pct(base_ms, 50):.1f} ms, p99 "
               f"{pct(lat_ms, 99) - pct(base_ms, 99):.1f} ms end to end")
-        api = cluster.kubectl("get", "--raw", "/metrics").stdout
+        api = minus(cluster.kubectl("get", "--raw", "/metrics").stdout, api_before)
 
         def wh(typ: str) -> str:
             name = "apiserver_admission_webhook_admission_duration_seconds"
@@ -476,8 +502,8 @@ def main() -> int:
               else asyncio.run(resourcequota_baseline(cluster)))
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)
-        loops = (os.environ.get("ADMISSION_LOOPS", "thread").split(",")
-                 if os.environ.get("ONLY") == "admission" else ["thread"])
+        loops = (os.environ.get("ADMISSION_LOOPS", "main").split(",")
+                 if os.environ.get("ONLY") == "admission" else ["main"])
         for k, variant in enumerate(loops):
             loop, *flags = variant.split(":")
             for r in ops.values():

@@ -6,8 +6,8 @@ gives the clear refusal.  That check may see a count a moment old; the race-free
 the API server's, against the ResourceQuota each GPUQuota manages
 (:mod:`tessera.quota.managed`).
 
-Admission reads the cache from its own thread (:mod:`tessera.webhooks.server`) while the
-watch updates it in the main loop's: the watch publishes each namespace's quotas as a new
+Admission may read the cache from its own thread (``--admission-loop=thread``,
+:mod:`tessera.webhooks.server`) while the watch updates it in the main loop's: the watch publishes each namespace's quotas as a new
 tuple (:meth:`QuotaCache.known` is one dictionary read), and never changes a container a
 reader iterates; a read before the watch has synced is handed to the watch's loop, whose
 API client it needs.

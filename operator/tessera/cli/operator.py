@@ -106,8 +106,8 @@ def register(subparsers: Any) -> None:
     r.add_argument("--cert-check-interval", type=float, default=D.cert_check_interval_s,
                    help="seconds between reads of the serving Secret")
     r.add_argument("--admission-loop", choices=("thread", "main"), default=D.admission_loop,
-                   help="thread: answer admission reviews on an event loop in a thread of "
-                   "its own; main: on the main loop with the watches and kopf")
+                   help="main: answer admission reviews on the main loop with the watches "
+                   "and kopf; thread: on an event loop in a thread of its own")
     r.add_argument("--switch-interval", type=float, default=D.switch_interval_s,
                    help="seconds one Python thread may run while another waits "
                    "(--admission-loop=thread)")

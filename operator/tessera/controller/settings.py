@@ -62,10 +62,11 @@ class Options:
     leader only keeps their ``caBundle`` equal to the serving certificate's CA."""
     webhook_config_interval_s: float = 60.0
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
-    admission_loop: str = "thread"
-    """Where admission reviews are answered: ``thread``, on an event loop in a thread of its
-    own, so a review never waits behind the main loop's watches, writes and kopf; ``main``,
-    on the main loop with everything else (for comparison)."""
+    admission_loop: str = "main"
+    """Where admission reviews are answered: ``main``, on the main loop with the watches,
+    status writes and kopf; ``thread``, on an event loop in a thread of its own, so a review
+    never waits behind them (measured against ``main`` in docs/operator.md: no difference
+    the benchmark could show on a loaded 2-core machine, so not the default)."""
     switch_interval_s: float = 0.001
     """With ``admission_loop=thread``: how long one Python thread may run while another
     waits for the interpreter (CPython's default, 5 ms, is several admission answers)."""

@@ -1,7 +1,8 @@
 """Event loops in threads of their own, and handing a coroutine to another thread's loop.
 
-The operator answers admission reviews on a loop of its own (:mod:`tessera.webhooks.server`):
-in the main loop a review would wait behind whatever runs there.  An API client
+The operator can answer admission reviews on a loop of its own
+(``--admission-loop=thread``, :mod:`tessera.webhooks.server`), so that a review does not wait
+behind whatever runs on the main loop.  An API client
 (:class:`tessera.kube.client.Kube`) belongs to the loop that made it; work for it from
 another loop is handed over with :func:`on_loop`.
 """

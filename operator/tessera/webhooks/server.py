@@ -1,11 +1,11 @@
 """HTTPS server for the admission webhooks (/healthz and /metrics: :mod:`tessera.kube.serve`).
 
-The operator runs it on an event loop of its own, in a thread of its own
-(:class:`tessera.kube.loops.LoopThread`): the API server counts every millisecond of the
-webhook call in the pod's create, and in the operator's main loop a review would wait behind
-the leader's watches, status writes and kopf.  A pod review reads only the quota cache and
-is answered on the server's loop; the GPUPartition and GPUQuota reviews use the API client,
-which belongs to the main loop, and are handed to it (``main``).
+With ``--admission-loop=thread`` the operator runs it on an event loop of its own, in a
+thread of its own (:class:`tessera.kube.loops.LoopThread`), so that a review never waits
+behind the leader's watches, status writes and kopf on the main loop.  A pod review reads
+only the quota cache and is answered on the server's loop; the GPUPartition and GPUQuota
+reviews use the API client, which belongs to the main loop, and are handed to it
+(``main``).  By default it runs on the main loop.
 """
 
 from __future__ import annotations
