@@ -7,10 +7,10 @@ the API server's, against the ResourceQuota each GPUQuota manages
 (:mod:`tessera.quota.managed`).
 
 Admission may read the cache from its own thread (``--admission-loop=thread``,
-:mod:`tessera.webhooks.server`) while the watch updates it in the main loop's: the watch publishes each namespace's quotas as a new
-tuple (:meth:`QuotaCache.known` is one dictionary read), and never changes a container a
-reader iterates; a read before the watch has synced is handed to the watch's loop, whose
-API client it needs.
+:mod:`tessera.webhooks.server`) while the watch updates it in the main loop's: the watch
+publishes each namespace's quotas as a new tuple (:meth:`QuotaCache.known` is one
+dictionary read), and never changes a container a reader iterates; a read before the watch
+has synced is handed to the watch's loop, whose API client it needs.
 """
 
 from __future__ import annotations
