@@ -277,7 +277,8 @@ class Controller:
             observations[t.name] = Observation(
                 busy=busy, tokens=max(0.0, b - a), seconds=window[1] - window[0]
             )
-            samples[t.name] = Sample(use=busy, throttled=t.waited_since(window[0]))
+            samples[t.name] = Sample(use=busy, throttled=t.waited_since(window[0]),
+                                     launched=b - a > 0)
         gpu = sum(busy_by_pid.values())
         grants = self.fair.step(claims, samples, saturated=gpu >= self.law.saturated_at)
         for name, g in grants.items():
@@ -301,7 +302,8 @@ class Controller:
                                                 t.waited_since(self.last))
         wanting = self.tokens.observe(token_samples)
         uses = self.tokens.uses(token_samples)
-        samples = {n: Sample(use=uses[n], throttled=n in wanting) for n in token_samples}
+        samples = {n: Sample(use=uses[n], throttled=n in wanting,
+                             launched=token_samples[n].tokens > 0) for n in token_samples}
         grants = self.fair.step(claims, samples)
         rates = self.tokens.rates({n: g.share for n, g in grants.items()})
         spent = {n: s.tokens for n, s in token_samples.items()}
