@@ -32,20 +32,7 @@ from tessera_node.budget.ledger import LedgerReader, LedgerView
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
 from tessera_node.metrics import CoreOwner, observe_core_shares
-
-
-def proc_identity(pid: int) -> tuple[int, int] | None:
-    """(PID inside the process's own namespace, start ticks) of a host PID, from /proc."""
-    try:
-        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        inner = pid
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                inner = int(line.split()[-1])
-        return inner, start
-    except (OSError, ValueError, IndexError):
-        return None
-
+from tessera_node.procfs import identity as proc_identity
 
 IDENTITY_TTL_S = 1.0
 RATE_STEP = 0.005
