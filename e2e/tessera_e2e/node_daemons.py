@@ -233,11 +233,25 @@ class KubeletNodeDaemon(NodeDaemonProcess):
         self.podres.stop()
 
     def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """nvidia-smi on the node (the simulator's), as an administrator would run it."""
-        return subprocess.run([*self.real.nsenter("-m"), "env",
-                               f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
-                               f"{GPU_DIR}/bin/nvidia-smi", *args],
-                              capture_output=True, text=True, timeout=60)
+        return node_smi(self.real, *args)
+
+    def restart(self) -> None:
+        """Stop ``tessera-node`` (its PodResources proxy stays) and start it again; returns
+        once it is ready."""
+        super().stop()
+        self.start()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        wait_until(f"{self.node} daemon ready", lambda: self.get("/readyz")[0] == 200, 60)
+
+
+def node_smi(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    """nvidia-smi on a real node of the test bed (the simulator's, in its driver root), as an
+    administrator would run it: its output is NVML's view."""
+    return subprocess.run([*node.nsenter("-m"), "env", f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
+                           f"{GPU_DIR}/bin/nvidia-smi", *args],
+                          capture_output=True, text=True, timeout=60)
 
 
 class HoldableUnixProxy:
