@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tessera.api.names import API_VERSION, MIG_PREFIX, PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera_e2e.admission_probe import DryRunCreates
 from tessera_e2e.cache import Layout, default_layout
 from tessera_e2e.chart_bed import (
     LIBTESSERA_BUILD,
@@ -219,15 +220,19 @@ def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
     assert "allocated 2000" in lines and "allocated 2100" not in lines, lines
 
 
-def _create_gpu_pod(bed: Installed, name: str, command: str, memory_mib: int) -> None:
-    bed.kubectl("create", "-f", "-", input=json.dumps({
+def _gpu_pod(name: str, command: str, memory_mib: int) -> str:
+    return json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": TEAM},
         "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
                                  "imagePullPolicy": "Never", "command": ["sh", "-c", command],
                                  "resources": {"limits": {
                                      VGPU: "1", VGPU_MEMORY: str(memory_mib),
                                      VGPU_CORES: "50"}}}],
-                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1}}))
+                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1}})
+
+
+def _create_gpu_pod(bed: Installed, name: str, command: str, memory_mib: int) -> None:
+    bed.kubectl("create", "-f", "-", input=_gpu_pod(name, command, memory_mib))
 
 
 def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
@@ -235,6 +240,7 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
     before = _quota_used(bed)
     assert before.get("pods") == 1, before
     old_daemons = {p["metadata"]["uid"] for p in daemon_pods(bed.cluster)}
+    old_operators = {p["metadata"]["uid"] for p in operator_pods(bed.cluster)}
     # The live GPUQuota CRD as an older release left it (no printer columns): Helm never
     # upgrades crds/, the documented `kubectl apply --server-side` of the chart's does.
     bed.kubectl("patch", "crd", "gpuquotas.tessera.dev", "--type=json", "-p",
@@ -243,12 +249,23 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
     values["image"]["tag"] = NEW_TAG
     values["operator"]["leaseDurationSeconds"] = 20
     started = time.monotonic()
-    out = bed.helm.upgrade(NS, values)
-    say(f"helm upgrade to Ready: {time.monotonic() - started:.1f}s")
-    assert out.returncode == 0, out.stderr + out.stdout
-    assert deployment_ready(bed.cluster)
-    wait_daemons_ready(bed.cluster, lambda p: p["metadata"]["uid"] not in old_daemons
-                       and p["spec"]["containers"][0]["image"].endswith(NEW_TAG))
+    # GPU pods are created all through the rollout (server-side dry runs through both
+    # webhooks, failurePolicy Fail): a replica going away must not fail one
+    with DryRunCreates(bed.cluster.kubectl, lambda i: _gpu_pod(f"probe-{i}", "true", 1024)
+                       ) as creates:
+        out = bed.helm.upgrade(NS, values)
+        say(f"helm upgrade to Ready: {time.monotonic() - started:.1f}s")
+        assert out.returncode == 0, out.stderr + out.stdout
+        assert deployment_ready(bed.cluster)
+        wait_daemons_ready(bed.cluster, lambda p: p["metadata"]["uid"] not in old_daemons
+                           and p["spec"]["containers"][0]["image"].endswith(NEW_TAG))
+        wait_until("the old operator pods gone", lambda: not {
+            p["metadata"]["uid"] for p in operator_pods(bed.cluster)} & old_operators, 120, 1)
+        seen = creates.ok
+        wait_until("creates after the rollout", lambda: creates.ok >= seen + 5, 30)
+    say(f"dry-run GPU pod creates during the upgrade: {creates.ok} admitted, "
+        f"{len(creates.failed)} failed")
+    assert creates.failed == [], creates.failed
     operators = get_json(bed.cluster, "deployment", "tessera-operator", "-n", NS)
     container = operators["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].endswith(f":{NEW_TAG}")
