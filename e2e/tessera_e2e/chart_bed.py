@@ -97,7 +97,7 @@ def _kubectl(cluster: LocalCluster, *args: str, input: str | None = None
     return out
 
 
-def testbed_values(cluster: LocalCluster, tag: str = TAG) -> dict[str, Any]:
+def release_values(cluster: LocalCluster, tag: str = TAG) -> dict[str, Any]:
     """The release namespace prepared and the values that run the chart on the test bed:
     the nodes carry GPU feature discovery's label, the namespace states the PodSecurity level
     the daemon needs (privileged, hostPID), and the operator takes admission reviews only
@@ -244,5 +244,5 @@ def chart_bed(bin_dir: Path, workdir: Path, keep_logs: Callable[[], bool] = lamb
     Ready; the GPU test bed on it."""
     with chart_cluster(bin_dir, workdir / "helm", {TAG: LIBTESSERA_BUILD},
                        keep_logs) as (cluster, helm):
-        install(cluster, helm, testbed_values(cluster))
+        install(cluster, helm, release_values(cluster))
         yield Bed(cluster, {node.name: ChartDaemon(cluster, node) for node in cluster.nodes})

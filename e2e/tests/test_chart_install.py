@@ -39,8 +39,8 @@ from tessera_e2e.chart_bed import (
     install,
     operator_pods,
     ready,
+    release_values,
     say,
-    testbed_values,
     wait_daemons_ready,
 )
 from tessera_e2e.cluster import LocalCluster
@@ -102,7 +102,7 @@ def bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory,
 def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) -> None:
     cluster = bed.cluster
     names = [node.name for node in cluster.nodes]
-    bed.values = testbed_values(cluster)
+    bed.values = release_values(cluster)
     install(cluster, bed.helm, bed.values)
     assert deployment_ready(cluster)
     operators = operator_pods(cluster)

@@ -29,6 +29,7 @@ from tessera.controller.settings import Options
 from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
+from tessera.kube.shutdown import Drain
 from tessera.reservations.forwarding import Forwarder
 from tessera.reservations.store import QuotaStore
 from tessera.webhooks import server
@@ -133,12 +134,18 @@ async def run(opts: Options) -> None:
                 ClientConfig(ca, service_name=opts.service_name,
                              service_namespace=opts.namespace))
 
+    drain = Drain(opts.shutdown_drain_s)
+
+    def not_ready() -> list[str]:
+        return ((["not synced yet"] if not store.synced else [])
+                + (["stopping"] if drain.draining else []))
+
     runners = [
-        await server.start(server.webhook_app(adm, serving.tokens, senders), opts.webhook_host,
-                           opts.webhook_port, serving.tls),
-        await serve.start(serve.health_app(
-            health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
-            opts.health_host, opts.health_port),
+        await server.start(server.webhook_app(adm, serving.tokens, senders,
+                                              closing=lambda: drain.draining),
+                           opts.webhook_host, opts.webhook_port, serving.tls),
+        await serve.start(serve.health_app(health, not_ready=not_ready),
+                          opts.health_host, opts.health_port),
     ]
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
@@ -219,7 +226,7 @@ async def run(opts: Options) -> None:
                                                 health), name="certificate-follow")
     main = asyncio.create_task(elector.run(lead))
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, main.cancel)
+        loop.add_signal_handler(sig, drain.stop, lambda: main.cancel())
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await main
