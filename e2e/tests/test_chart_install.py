@@ -5,11 +5,12 @@ per node, webhooks patched with the operator's CA, libtessera installed by each 
 host under ``<state dir>/lib/<content digest>``), a MIG GPUPartition enacted by the chart's
 daemon (through the simulator's nvidia-smi in its driver root) and reset, a budgeted
 ``tessera.dev/vgpu`` pod admitted, scheduled, allocated by the chart's daemon and run under
-its budget, upgrade to a new image
-(with a libtessera build that differs) and a changed value (the reservation, the running
+its budget, upgrade to a new image (with a libtessera build that differs) and a changed
+value (GPU pod creates all through the rollout are all admitted; the reservation, the running
 pod's budget and the old libtessera survive; a new pod runs under the new daemon), uninstall
 (only the CRDs stay; no webhook, Lease, Secret or tessera Node key is left). Timings go to
-stdout (`pytest -s`) for e2e/README.md.
+stderr (`pytest -s`) for e2e/README.md. The whole chain against the chart-installed tessera
+is test_whole_chain.py and test_core_sharing.py (the ``chart_bed`` fixture).
 """
 
 from __future__ import annotations
