@@ -13,8 +13,6 @@ builds, and the node daemons are reached as a user reaches them (their pods' met
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +27,7 @@ from tessera_e2e.gpu_bed import Bed
 from tessera_e2e.helm import Helm, get_json, import_into_nodes, label_gpu_nodes, values_for_testbed
 from tessera_e2e.images import Image
 from tessera_e2e.node import Node
-from tessera_e2e.node_daemons import node_smi
+from tessera_e2e.node_daemons import http_get, json_records, node_smi
 from tessera_e2e.operators import OPERATOR_NS, REPO, wait_until
 from tessera_e2e.tessera_images import ensure_tessera_images
 from tessera_node.settings import DEFAULTS
@@ -189,31 +187,13 @@ class ChartDaemon:
     def get(self, url: str) -> tuple[int, str]:
         """(HTTP status, body) of a GET on the daemon pod's metrics port; (0, why) when it
         does not answer."""
-        try:
-            with socket.create_connection((self.pod()["status"]["podIP"], self.port),
-                                          timeout=5) as s:
-                s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
-                chunks = []
-                while data := s.recv(65536):
-                    chunks.append(data)
-        except OSError as exc:
-            return 0, str(exc)
-        head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-        return int(head.split()[1]), body.decode()
+        return http_get(self.pod()["status"]["podIP"], self.port, url)
 
     def log_records(self, since: float = 0.0) -> list[dict[str, Any]]:
         """The daemon pod's JSON log lines logged at or after ``since`` (``[]`` while the
         kubelet cannot be asked, e.g. right after it restarted)."""
         out = self.cluster.kubectl("logs", "-n", NS, self.pod()["metadata"]["name"])
-        records = []
-        for line in out.stdout.splitlines() if out.returncode == 0 else []:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("ts", 0) >= since:
-                records.append(rec)
-        return records
+        return json_records(out.stdout if out.returncode == 0 else "", since)
 
     def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
         return node_smi(self.real, *args)

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,20 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
         ctl.on_partition(type, _plain(body))
 
     return reg
+
+
+async def run_kopf(registry: kopf.OperatorRegistry, stop: asyncio.Event,
+                   take_signals: Callable[[], None]) -> None:
+    """kopf until ``stop`` is set: what ``kopf.operator`` does (spawn its tasks, run them),
+    with the process's own signal handlers put back in between. kopf, started in the main
+    thread, installs SIGTERM/SIGINT handlers that stop it at once: the leader, the one
+    replica running kopf, stopped without draining its webhook connections (a create in
+    flight got EOF) and, once it had led, ignored SIGTERM after losing the lead."""
+    existing = asyncio.all_tasks()
+    tasks = await kopf.spawn_tasks(registry=registry, clusterwide=True, standalone=True,
+                                   stop_flag=stop)
+    take_signals()
+    await kopf.run_tasks(tasks, ignored=existing)
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -195,9 +210,8 @@ async def run(opts: Options) -> None:
 
     async def lead() -> None:
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(kopf.operator(registry=kopf_registry(ctl, creds),
-                                                   clusterwide=True, standalone=True,
-                                                   stop_flag=stop), name="kopf")]
+        tasks = [asyncio.create_task(run_kopf(kopf_registry(ctl, creds), stop, take_signals),
+                                     name="kopf")]
         for name, work in leader_work.items():
             task = asyncio.create_task(supervise(name, work, health), name=name)
             health.track(name, task)
@@ -213,6 +227,7 @@ async def run(opts: Options) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            take_signals()  # kopf leaves its handlers behind, on a future that is done
             health.forget(*leader_work, "nodes", "pods")
             ctl.partitions.clear()
             ctl.quotas.clear()
@@ -225,8 +240,13 @@ async def run(opts: Options) -> None:
     cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
                                                 health), name="certificate-follow")
     main = asyncio.create_task(elector.run(lead))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, drain.stop, lambda: main.cancel())
+
+    def take_signals() -> None:
+        """SIGTERM and SIGINT start the drain (again after kopf replaced the handlers)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, drain.stop, lambda: main.cancel())
+
+    take_signals()
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await main
@@ -237,6 +257,7 @@ async def run(opts: Options) -> None:
                 await task
         await elector.release()
         await forwarder.close()
+        log.info("closing the webhook and health servers")
         for r in runners:
             await r.cleanup()
         await kube.close()

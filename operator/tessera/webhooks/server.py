@@ -84,6 +84,9 @@ def webhook_app(adm: Admission, tokens: Tokens | None = None,
         response = await handler(request)
         if closing():
             response.force_close()
+            log.info("stopping: this connection closes after its answer", extra={
+                "peer": request.transport.get_extra_info("peername") if request.transport
+                else None, "path": request.path})
         return response
 
     app = web.Application(middlewares=[close_connections])
