@@ -97,7 +97,9 @@ struct tl_header {
     uint32_t header_size;  /*  16 TL_HEADER_SIZE */
     uint32_t slot_size;    /*  20 sizeof(struct tl_slot) */
     uint32_t hwm;          /*  24 slots [0, hwm) have been used */
-    uint32_t reserved0;    /*  28 */
+    uint32_t slot_changes; /*  28 bumped after every join and every reclaim (0: a library
+                                  older than the counter): readers that keep the slot table
+                                  decoded scan it again only when it moves */
     uint64_t reserved1[4]; /*  32 */
     uint64_t lock;         /*  64 0: free, else (owner slot + 1) << 32 | owner slot gen;
                                   guards used[] and slot bytes; stolen from a dead owner */

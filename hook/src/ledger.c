@@ -218,6 +218,7 @@ static int reclaim(struct tl *l, struct tl_slot *s)
     s->launches = 0;
     s->wait_ns = 0;
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&l->h->slot_changes, 1, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -269,6 +270,7 @@ int tl_join(struct tl *l, const char **why)
         s->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         s->start_ticks = start_ticks();
         __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&l->h->slot_changes, 1, __ATOMIC_RELEASE);
         uint32_t hwm = __atomic_load_n(&l->h->hwm, __ATOMIC_RELAXED);
         while (hwm < (uint32_t)i + 1 &&
                !__atomic_compare_exchange_n(&l->h->hwm, &hwm, (uint32_t)i + 1, 1,

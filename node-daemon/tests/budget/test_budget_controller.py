@@ -109,6 +109,32 @@ def test_attribution_by_start_time_across_pid_namespaces() -> None:
     assert attribute(LedgerView((), (stale,)), {os.getpid(): 0.25}) == 0.0
 
 
+def test_identities_are_read_again_unless_they_name_a_live_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PID's identity names a live slot: it is that process still (start ticks are unique),
+    so /proc is not read again; one that names no live slot is read again after the TTL, since
+    the PID may belong to another process by then."""
+    import tessera_node.budget.controller as ctl_mod
+
+    reads: list[int] = []
+    owners = {100: (7, 1000), 200: (9, 2000)}
+    monkeypatch.setattr(ctl_mod, "proc_identity", lambda pid: reads.append(pid) or owners[pid])
+    clock = [0.0]
+    monkeypatch.setattr(ctl_mod.time, "monotonic", lambda: clock[0])
+    ids = ctl_mod.Identities()
+    live = {(7, 1000)}
+    assert ids(100, live) == (7, 1000) and ids(200, live) == (9, 2000)
+    for step in range(1, 30):  # three seconds of periods
+        clock[0] = step * 0.1
+        ids(100, live)
+        ids(200, live)
+    assert reads.count(100) == 1 and 2 <= reads.count(200) <= 4
+    owners[100] = (3, 5000)  # the slot's process died, its PID went to another process
+    clock[0] += 2 * ctl_mod.IDENTITY_TTL_S
+    assert ids(100, set()) == (3, 5000)
+
+
 def test_metrics_lent_borrowed_and_achieved_share() -> None:
     from prometheus_client import REGISTRY
 

@@ -73,10 +73,12 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
 
     @kopf.on.login(registry=reg)
     def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf logs in again after a 401: the service account token is read afresh then
+        token = creds.current_token(0)
         return kopf.ConnectionInfo(server=creds.server, ca_path=creds.ca_path,
-                                   token=creds.token, certificate_path=creds.cert_path,
+                                   token=token, certificate_path=creds.cert_path,
                                    private_key_path=creds.key_path, scheme="Bearer"
-                                   if creds.token else None)
+                                   if token else None)
 
     @kopf.on.event(GROUP, VERSION, GPUPARTITIONS, registry=reg)
     async def partition_event(type: str | None, body: Any, **_: Any) -> None:

@@ -25,3 +25,23 @@ def test_the_pod_token_is_sent_as_one_bearer_token(tmp_path: Path,
     assert creds.headers["Authorization"] == "Bearer eyJhbGciOi.payload.sig"
     assert creds.token == "eyJhbGciOi.payload.sig"
     assert creds.server == "https://10.0.0.1:443"
+
+
+def test_the_pod_token_is_read_again_once_a_minute_old(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet renews the projected token in place; the client follows within a minute
+    (and at once after a 401: tests/integration/test_token_renewal.py)."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("first")
+    ca.write_bytes(make_serving_cert(["10.0.0.1"], days=1).ca_pem)
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    creds = load_credentials(None)
+    assert creds.token_file == str(token) and creds.current_token() == "first"
+    token.write_text("renewed\n")
+    assert creds.current_token() == "first"  # read less than a minute ago
+    assert creds.current_token(max_age_s=0) == "renewed"
+    token.unlink()  # unreadable: the last token read stays (the API server judges it)
+    assert creds.current_token(max_age_s=0) == "renewed"
