@@ -20,8 +20,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tessera_e2e.build import ensure_containerd, ensure_helm
 from tessera_e2e.cache import default_layout
+from tessera_e2e.chart import CHART
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.gpu_bed import Bed
 from tessera_e2e.helm import Helm, get_json, import_into_nodes, label_gpu_nodes, values_for_testbed
@@ -30,7 +33,6 @@ from tessera_e2e.node import Node
 from tessera_e2e.node_daemons import http_get, json_records, node_smi
 from tessera_e2e.operators import OPERATOR_NS, REPO, wait_until
 from tessera_e2e.tessera_images import ensure_tessera_images
-from tessera_node.settings import DEFAULTS
 
 NS = OPERATOR_NS  # the release namespace
 TAG = "0.1.0"
@@ -39,6 +41,8 @@ WEBHOOK_CLIENT_CONFIGMAP = "tessera-webhook-client"
 DAEMON_SELECTOR = "app.kubernetes.io/component=node-daemon"
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
 READY_TIMEOUT_S = 240
+DAEMON_VALUES = yaml.safe_load((CHART / "values.yaml").read_text())["nodeDaemon"]
+"""The chart's defaults for the node daemon (its state directory, metrics port)."""
 
 
 def say(line: str) -> None:
@@ -169,8 +173,8 @@ class ChartDaemon:
         self.cluster = cluster
         self.node = node.name
         self.real = node
-        self.state_dir = node.host_path(DEFAULTS.state_dir)
-        self.port = DEFAULTS.metrics_port
+        self.state_dir = node.host_path(DAEMON_VALUES["stateDir"])
+        self.port = int(DAEMON_VALUES["metricsPort"])
         self._pod: dict[str, Any] | None = None
 
     def pod(self) -> dict[str, Any]:
