@@ -225,7 +225,9 @@ class OperatorProcess:
                      "--advertise-url", f"https://127.0.0.1:{self.webhook_port}",
                      "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
                      "--lease-duration", "6", "--lease-renew", "2",
-                     "--webhook-config-interval", "2", "--stuck-after", "10", *(extra or [])]
+                     "--webhook-config-interval", "2", "--stuck-after", "10",
+                     # stopped at once: the proxy stops routing to a replica before it stops
+                     "--shutdown-drain", "0", *(extra or [])]
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(

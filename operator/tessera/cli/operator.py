@@ -45,6 +45,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError("; ".join(policy.problems()))
     if args.cert_check_interval <= 0:
         raise CLIError("--cert-check-interval must be positive")
+    if args.shutdown_drain < 0:
+        raise CLIError("--shutdown-drain must be 0 or more")
     opts = Options(
         kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
         webhook_port=args.webhook_port, webhook_url=args.webhook_url,
@@ -58,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
         webhook_configurations=args.webhook_configurations,
         stuck_after_s=args.stuck_after, webhook_certificate=args.webhook_certificate,
         cert_lifetime_s=args.cert_lifetime, cert_step_s=args.cert_step,
-        cert_check_interval_s=args.cert_check_interval)
+        cert_check_interval_s=args.cert_check_interval, shutdown_drain_s=args.shutdown_drain)
     if args.identity:
         opts.identity = args.identity
     setup_logging(quiet=("kopf", "aiohttp.access"))
@@ -120,6 +122,10 @@ def register(subparsers: Any) -> None:
                    help="seconds between reads of the serving Secret")
     r.add_argument("--stuck-after", type=float, default=D.stuck_after_s,
                    help="seconds a watch may fail before /healthz reports it")
+    r.add_argument("--shutdown-drain", type=float, default=D.shutdown_drain_s,
+                   help="seconds the replica goes on serving after SIGTERM, not ready and "
+                   "closing each webhook connection after its answer, before it stops (a "
+                   "second signal stops it at once)")
     r.set_defaults(handler=_run)
 
 

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from tessera.controller.settings import Options
 from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
+from tessera.kube.shutdown import Drain
 from tessera.reservations.forwarding import Forwarder
 from tessera.reservations.store import QuotaStore
 from tessera.webhooks import server
@@ -85,6 +87,20 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
     return reg
 
 
+async def run_kopf(registry: kopf.OperatorRegistry, stop: asyncio.Event,
+                   take_signals: Callable[[], None]) -> None:
+    """kopf until ``stop`` is set: what ``kopf.operator`` does (spawn its tasks, run them),
+    with the process's own signal handlers put back in between. kopf, started in the main
+    thread, installs SIGTERM/SIGINT handlers that stop it at once: the leader, the one
+    replica running kopf, stopped without draining its webhook connections (a create in
+    flight got EOF) and, once it had led, ignored SIGTERM after losing the lead."""
+    existing = asyncio.all_tasks()
+    tasks = await kopf.spawn_tasks(registry=registry, clusterwide=True, standalone=True,
+                                   stop_flag=stop)
+    take_signals()
+    await kopf.run_tasks(tasks, ignored=existing)
+
+
 def _plain(body: Any) -> dict[str, Any]:
     import copy
     return copy.deepcopy(dict(body))
@@ -135,12 +151,18 @@ async def run(opts: Options) -> None:
                 ClientConfig(ca, service_name=opts.service_name,
                              service_namespace=opts.namespace))
 
+    drain = Drain(opts.shutdown_drain_s)
+
+    def not_ready() -> list[str]:
+        return ((["not synced yet"] if not store.synced else [])
+                + (["stopping"] if drain.draining else []))
+
     runners = [
-        await server.start(server.webhook_app(adm, serving.tokens, senders), opts.webhook_host,
-                           opts.webhook_port, serving.tls),
-        await serve.start(serve.health_app(
-            health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
-            opts.health_host, opts.health_port),
+        await server.start(server.webhook_app(adm, serving.tokens, senders,
+                                              closing=lambda: drain.draining),
+                           opts.webhook_host, opts.webhook_port, serving.tls),
+        await serve.start(serve.health_app(health, not_ready=not_ready),
+                          opts.health_host, opts.health_port),
     ]
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
@@ -190,9 +212,8 @@ async def run(opts: Options) -> None:
 
     async def lead() -> None:
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(kopf.operator(registry=kopf_registry(ctl, creds),
-                                                   clusterwide=True, standalone=True,
-                                                   stop_flag=stop), name="kopf")]
+        tasks = [asyncio.create_task(run_kopf(kopf_registry(ctl, creds), stop, take_signals),
+                                     name="kopf")]
         for name, work in leader_work.items():
             task = asyncio.create_task(supervise(name, work, health), name=name)
             health.track(name, task)
@@ -208,6 +229,7 @@ async def run(opts: Options) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            take_signals()  # kopf leaves its handlers behind, on a future that is done
             health.forget(*leader_work, "nodes", "pods")
             ctl.partitions.clear()
             ctl.quotas.clear()
@@ -220,8 +242,13 @@ async def run(opts: Options) -> None:
     cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
                                                 health), name="certificate-follow")
     main = asyncio.create_task(elector.run(lead))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, main.cancel)
+
+    def take_signals() -> None:
+        """SIGTERM and SIGINT start the drain (again after kopf replaced the handlers)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, drain.stop, lambda: main.cancel())
+
+    take_signals()
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await main
@@ -232,6 +259,7 @@ async def run(opts: Options) -> None:
                 await task
         await elector.release()
         await forwarder.close()
+        log.info("closing the webhook and health servers")
         for r in runners:
             await r.cleanup()
         await kube.close()

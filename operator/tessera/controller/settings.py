@@ -68,6 +68,11 @@ class Options:
     """A watch that cannot follow its objects this long makes /healthz fail (restart)."""
     advertise_url: str | None = None
     """Where the other replicas reach this one to hand it reservations while it leads."""
+    shutdown_drain_s: float = 5.0
+    """After SIGTERM, how long the replica goes on serving, not ready, every webhook answer
+    closing its connection, before it stops: the API server's kept-alive connections to it
+    are closed after an answer, never under a request (a create would fail with EOF). Longer
+    than the Service's endpoints take to drop a terminating pod."""
 
 
 DEFAULTS = Options(identity="")

@@ -23,6 +23,7 @@ from tessera.webhooks.config import PARTITION_PATH, POD_PATH, POD_QUOTA_PATH, QU
 log = logging.getLogger("tessera.webhooks")
 
 Review = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _endpoint(review: Review, what: str, senders: Reviewers | None
@@ -71,10 +72,24 @@ def _reservations(adm: Admission, tokens: Tokens
 
 
 def webhook_app(adm: Admission, tokens: Tokens | None = None,
-                senders: Reviewers | None = None) -> web.Application:
+                senders: Reviewers | None = None,
+                closing: Callable[[], bool] = lambda: False) -> web.Application:
     """The admission endpoints (only for ``senders`` when given: see
-    :mod:`tessera.webhooks.auth`), and the reservation endpoint when replica tokens are set."""
-    app = web.Application()
+    :mod:`tessera.webhooks.auth`), and the reservation endpoint when replica tokens are set.
+    While ``closing()`` (the replica drains before it stops: :mod:`tessera.kube.shutdown`),
+    every answer closes its connection."""
+
+    @web.middleware
+    async def close_connections(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if closing():
+            response.force_close()
+            log.info("stopping: this connection closes after its answer", extra={
+                "peer": request.transport.get_extra_info("peername") if request.transport
+                else None, "path": request.path})
+        return response
+
+    app = web.Application(middlewares=[close_connections])
     if tokens is not None:
         app.router.add_post(RESERVE_PATH, _reservations(adm, tokens))
     for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
