@@ -119,7 +119,10 @@ struct tl_slot {                 /* 256 bytes */
     uint64_t wait_ns;            /* 152 */
     uint64_t start_ticks;        /* 160 /proc/self/stat starttime: the same in every PID
                                     namespace, so the host can find this process */
-    uint64_t reserved1[11];      /* 168 */
+    uint64_t pidns;              /* 168 inode of /proc/self/ns/pid (0: unknown): two
+                                    containers' PID 1 may start in the same clock tick, so
+                                    pid and start time alone can name two processes */
+    uint64_t reserved1[10];      /* 176 */
 };
 
 _Static_assert(sizeof(struct tl_header) <= TL_HEADER_SIZE, "ledger header fits");

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import signal
@@ -356,10 +357,11 @@ def test_a_reader_kept_open_sees_every_join_death_and_reap(container: Container)
     assert container.probe("alloc", "alloc", str(MIB))["err"] == 0  # creates the ledger
     kept = LedgerReader(container.ledger)
 
-    def slots() -> list[tuple[int, int, bool, int]]:
-        mine = [(s.index, s.pid, s.alive, s.start_ticks) for s in kept.read(only=0).slots]
+    def slots() -> list[tuple[int, int, bool, int, int]]:
+        mine = [(s.index, s.pid, s.alive, s.start_ticks, s.pidns)
+                for s in kept.read(only=0).slots]
         fresh = read_ledger(container.ledger, only=0).slots
-        assert mine == [(s.index, s.pid, s.alive, s.start_ticks) for s in fresh]
+        assert mine == [(s.index, s.pid, s.alive, s.start_ticks, s.pidns) for s in fresh]
         return mine
 
     before = slots()
@@ -368,6 +370,8 @@ def test_a_reader_kept_open_sees_every_join_death_and_reap(container: Container)
         assert (p.stdout.readline() if p.stdout else "").startswith("joined")
         joined = [s for s in slots() if s[1] == p.pid]
         assert len(joined) == 1 and joined[0][2] and joined[0][3] > 0
+        # the PID namespace it recorded is the one the host sees it in
+        assert joined[0][4] == os.stat(f"/proc/{p.pid}/ns/pid").st_ino
     finally:
         p.kill()
         p.wait()

@@ -38,8 +38,20 @@ IDENTITY_TTL_S = 1.0
 RATE_STEP = 0.005
 """Relative rate change below which the budget file is not rewritten."""
 
-Identity = tuple[int, int]
-"""(PID inside the process's own namespace, start ticks): one process, in any namespace."""
+Identity = tuple[int, int, int]
+"""(PID inside the process's own namespace, start ticks, that namespace's inode): one
+process, in any namespace (``tessera_node.procfs``)."""
+
+
+def live_identities(led: LedgerView) -> set[Identity]:
+    """The identities of a ledger's live processes (a slot written by a library that did not
+    record its namespace carries 0 there)."""
+    return {s.identity for s in led.slots if s.alive and s.start_ticks}
+
+
+def named(ident: Identity | None, ids: set[Identity] | frozenset[Identity]) -> bool:
+    """Whether a process's identity is one of ``ids`` (namespace unknown: 0 in ``ids``)."""
+    return ident is not None and (ident in ids or (ident[0], ident[1], 0) in ids)
 
 
 class Identities:
@@ -55,7 +67,7 @@ class Identities:
                  ) -> Identity | None:
         now = time.monotonic()
         hit = self._seen.get(pid)
-        if hit is not None and (hit[1] in live or hit[0] > now):
+        if hit is not None and (named(hit[1], live) or hit[0] > now):
             return hit[1]
         ident = proc_identity(pid)
         self._seen[pid] = (now + IDENTITY_TTL_S, ident)
@@ -67,17 +79,16 @@ class Identities:
 def attribute(
     led: LedgerView,
     busy_by_pid: dict[int, float],
-    identity: Callable[[int], tuple[int, int] | None] = proc_identity,
+    identity: Callable[[int], Identity | None] = proc_identity,
 ) -> float:
     """Busy share of a container's processes. NVML reports host PIDs; the ledger holds PIDs
-    as the container sees them plus their start time, which names the same process in every
-    PID namespace."""
-    ids = {(s.pid, s.start_ticks) for s in led.slots if s.alive and s.start_ticks}
+    as the container sees them, their start time and their PID namespace, which together
+    name the same process from every namespace."""
+    ids = live_identities(led)
     plain = {s.pid for s in led.slots if s.alive and not s.start_ticks}
     total = 0.0
     for pid, busy in busy_by_pid.items():
-        ident = identity(pid)
-        if (ident is not None and ident in ids) or pid in plain:
+        if named(identity(pid), ids) or pid in plain:
             total += busy
     return total
 
@@ -248,8 +259,7 @@ class Controller:
             return {}  # nothing measured: rates stay as they are
         observations: dict[str, Observation] = {}
         samples: dict[str, Sample] = {}
-        live = {(s.pid, s.start_ticks) for v in self.views.values() for s in v.slots
-                if s.alive and s.start_ticks}
+        live = set().union(*(live_identities(v) for v in self.views.values()))
         idents = {pid: self.identities(pid, live) for pid in busy_by_pid}  # once per period
         for t in self.tenants:
             if t.name not in claims:

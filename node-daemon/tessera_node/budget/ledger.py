@@ -32,8 +32,8 @@ HWM_OFFSET = 24  # u32: slots [0, hwm) have been used
 SLOT_CHANGES_OFFSET = 28  # u32: bumped after every join and reclaim (0: an older library)
 SLOT_HEAD = struct.Struct("<iIQ")  # pid (as the container sees it), owner generation, joined
 SLOT_BYTES_OFFSET = 16  # u64[MAX_DEV]: device bytes this slot holds
-SLOT_TAIL_OFFSET = 144  # launches, wait_ns, start_ticks (u64 each)
-SLOT_TAIL = struct.Struct("<3Q")
+SLOT_TAIL_OFFSET = 144  # launches, wait_ns, start_ticks, pidns (u64 each)
+SLOT_TAIL = struct.Struct("<4Q")
 F_OFD_GETLK = 36
 FLOCK = struct.Struct("hhqqi4x")  # l_type, l_whence, l_start, l_len, l_pid (x86_64)
 
@@ -68,6 +68,12 @@ class LedgerSlot:
     bytes: tuple[int, ...]
     wait_s: float
     start_ticks: int = 0  # /proc/<pid>/stat starttime, the same in every PID namespace
+    pidns: int = 0  # inode of its PID namespace (0: written by a library without it)
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """(pid in its namespace, start ticks, namespace inode): one process on the host."""
+        return self.pid, self.start_ticks, self.pidns
 
 
 @dataclass(frozen=True)
@@ -165,11 +171,11 @@ class _SlotCache:
 
     def __init__(self) -> None:
         self.key: tuple[int, int] = (0, 0)
-        self.heads: list[tuple[int, int, int]] = []  # (index, pid, start ticks)
+        self.heads: list[tuple[int, int, int, int]] = []  # (index, pid, start, pidns)
 
 
-def _slot_heads(raw: bytes | mmap.mmap, n: int) -> list[tuple[int, int, int]]:
-    """(index, pid, start ticks) of every slot below ``n`` with a pid."""
+def _slot_heads(raw: bytes | mmap.mmap, n: int) -> list[tuple[int, int, int, int]]:
+    """(index, pid, start ticks, PID namespace) of every slot below ``n`` with a pid."""
     with memoryview(raw) as mv:
         pids = mv[HEADER_SIZE: HEADER_SIZE + n * SLOT_SIZE].cast("i")[:: SLOT_SIZE // 4].tobytes()
     # joining processes take slots anywhere below the high-water mark, so most of [0, hwm)
@@ -179,7 +185,8 @@ def _slot_heads(raw: bytes | mmap.mmap, n: int) -> list[tuple[int, int, int]]:
         off = HEADER_SIZE + i * SLOT_SIZE
         pid = SLOT_HEAD.unpack_from(raw, off)[0]
         if pid != 0:
-            heads.append((i, pid, SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)[2]))
+            _launches, _wait, start, pidns = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
+            heads.append((i, pid, start, pidns))
     return heads
 
 
@@ -215,10 +222,11 @@ def _parse(raw: bytes | mmap.mmap, fd: int, only: int | None,
         if cache is not None:
             cache.key, cache.heads = (n, changes), heads
     slots = []
-    for i, pid, start in heads:
+    for i, pid, start, pidns in heads:
         off = HEADER_SIZE + i * SLOT_SIZE
         held = (_NO_BYTES if only is not None
                 else struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET))
         wait_ns = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)[1]
-        slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
+        slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start,
+                                pidns))
     return LedgerView(tuple(devices), tuple(slots))

@@ -50,7 +50,7 @@ int main(void)
     O(tl_dev, used); O(tl_dev, tat_ns); O(tl_dev, tokens_milli); O(tl_dev, launches);
     O(tl_dev, wait_ns); O(tl_dev, waits); O(tl_dev, oom);
     O(tl_slot, pid); O(tl_slot, gen); O(tl_slot, joined_ns); O(tl_slot, bytes);
-    O(tl_slot, launches); O(tl_slot, wait_ns); O(tl_slot, start_ticks);
+    O(tl_slot, launches); O(tl_slot, wait_ns); O(tl_slot, start_ticks); O(tl_slot, pidns);
     printf("\"wait_hist buckets\": %zu\n}\n",
            sizeof(((struct tl_header *)0)->wait_hist[0]) / sizeof(uint32_t));
     return 0;
@@ -134,7 +134,7 @@ def test_ledger_matches_the_header(tmp_path: Path) -> None:
     assert c["wait_hist buckets"] == led.WAIT_BUCKETS
     assert offsets(led.SLOT_HEAD) == [c[f"tl_slot.{f}"] for f in ("pid", "gen", "joined_ns")]
     assert c["tl_slot.bytes"] == led.SLOT_BYTES_OFFSET
-    tail = ["launches", "wait_ns", "start_ticks"]
+    tail = ["launches", "wait_ns", "start_ticks", "pidns"]
     assert [led.SLOT_TAIL_OFFSET + o for o in offsets(led.SLOT_TAIL)] == [
         c[f"tl_slot.{f}"] for f in tail
     ]
