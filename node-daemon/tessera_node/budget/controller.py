@@ -56,9 +56,9 @@ def named(ident: Identity | None, ids: set[Identity] | frozenset[Identity]) -> b
 
 class Identities:
     """``proc_identity`` per host PID, read from /proc once and kept while it names a live
-    ledger slot (start ticks are unique, and a slot is live only while its process is, so
-    that PID is still that process); an identity that names no live slot is read again once
-    it is ``IDENTITY_TTL_S`` old (the PID may be another process's now)."""
+    ledger slot (an identity names one process, and a slot is live only while its process
+    is, so that PID is still that process); an identity that names no live slot is read
+    again once it is ``IDENTITY_TTL_S`` old (the PID may be another process's now)."""
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[float, Identity | None]] = {}
