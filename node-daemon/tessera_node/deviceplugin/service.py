@@ -41,7 +41,8 @@ from tessera_node.deviceplugin.devices import (
     units,
     vgpu_capacity,
 )
-from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
+from tessera_node.deviceplugin.listgate import AllocationGate
+from tessera_node.deviceplugin.manager import ENDED, Manager, NodeState, PluginConfig
 from tessera_node.deviceplugin.matcher import Held, PodView, pod_view
 from tessera_node.deviceplugin.podresources import PodResourcesClient
 from tessera_node.deviceplugin.resize import awaiting, resized_message
@@ -81,10 +82,15 @@ class _Resource:
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int
                   ) -> list[str]:
-        return self.service.require_manager().resource(self.name).preferred(
-            available, must_include, size)
+        with self.service.gate.answering(then_allocate=True):
+            return self.service.require_manager().resource(self.name).preferred(
+                available, must_include, size)
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
+        with self.service.gate.answering(then_allocate=False):
+            return self._allocate(device_ids)
+
+    def _allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
         started = time.monotonic()
         deadline = started + ALLOCATE_WAIT_S
         while True:
@@ -122,7 +128,8 @@ class DevicePluginService:
         self.health = health
         self.node = node
         self.registry = registry or ContainerRegistry()
-        self.podres = PodResourcesClient(opts.pod_resources_socket)
+        self.gate = AllocationGate()
+        self.podres = PodResourcesClient(opts.pod_resources_socket, gate=self.gate)
         self.manager: Manager | None = None
         self.servers: dict[str, PluginServer] = {}
         self.unregistered: dict[str, str] = {}
@@ -207,8 +214,13 @@ class DevicePluginService:
         return out
 
     def _list_held(self) -> list[Held]:
+        """What the pods on this node that ask for tessera's resources and have not ended
+        hold, as the kubelet says."""
+        asking = [(p.namespace, p.name) for p in self.pods()
+                  if p.phase not in ENDED
+                  and any(r.startswith(PREFIX) for lim in p.limits.values() for r in lim)]
         try:
-            return self.podres.list_held()
+            return self.podres.held(asking)
         except grpc.RpcError as exc:
             raise OSError(f"kubelet PodResources at {self.opts.pod_resources_socket}: "
                           f"{exc.code().name}") from None
