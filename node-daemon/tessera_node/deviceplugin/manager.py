@@ -335,6 +335,12 @@ class Manager:
                 continue
         return min(needs) if needs else None
 
+    def unconfirmed_units(self) -> set[str]:
+        """Units of allocations the kubelet's PodResources has not shown held yet."""
+        with self._lock:
+            return {u for r in self.writer.records() if r.key not in self._matched
+                    for u in r.units}
+
     def pending(self) -> bool:
         with self._lock:
             return any(r.key not in self._matched for r in self.writer.records())

@@ -60,6 +60,7 @@ log = logging.getLogger("tessera_node.deviceplugin")
 
 POD_WATCH = "pods"
 REFUSED_REASON = "GPUBudgetRefused"
+UNCONFIRMED = "(a container allocated, its pod not confirmed yet)"
 
 
 @dataclass
@@ -205,17 +206,26 @@ class DevicePluginService:
     # -- PodResources (which pods hold which devices; any thread) --------------------------
 
     def holders(self) -> Mapping[str, Sequence[str]]:
+        """Unit -> pods holding it, as the kubelet says, and units of allocations not
+        confirmed yet (their pod may not be in the watch yet; the kubelet is asked only
+        about pods the watch knows)."""
         out: dict[str, list[str]] = {}
         for h in self._list_held():
             if not h.resource.startswith(PREFIX):
                 continue
             for d in h.device_ids:
                 out.setdefault(unit_of(d), []).append(f"{h.ref.namespace}/{h.ref.pod}")
+        if self.manager is not None:
+            for unit in self.manager.unconfirmed_units():
+                out.setdefault(unit, []).append(UNCONFIRMED)
         return out
 
     def _list_held(self) -> list[Held]:
         """What the pods on this node that ask for tessera's resources and have not ended
         hold, as the kubelet says."""
+        if not self.health.synced(POD_WATCH):
+            raise OSError("the node's pods are not listed yet: which pods hold devices is "
+                          "unknown")
         asking = [(p.namespace, p.name) for p in self.pods()
                   if p.phase not in ENDED
                   and any(r.startswith(PREFIX) for lim in p.limits.values() for r in lim)]
