@@ -73,10 +73,13 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
         bed.core_busy("node-0", ns)) == 2, 60, 1)
     time.sleep(3)  # the controller learns the kernels' cost
 
-    got, _ = bed.busy_window("node-0", ns, 10)
+    got, wall = bed.busy_window("node-0", ns, 10)
     total = sum(got.values())
     shares = {p: round(100 * v / total, 2) for p, v in got.items()}
-    print(f"achieved shares over 10 s: {shares}, GPU busy {total / 10:.3f}")
+    print(f"achieved shares over 10 s: {shares}, GPU busy {total / wall:.3f}")
+    # one GPU is busy at most all the time: more means a process's busy time was credited
+    # to two containers (the window's edges may add one 0.1 s control period)
+    assert total <= 1.03 * wall, (got, wall)
     assert abs(shares["thirty"] - 30) <= 2 and abs(shares["seventy"] - 70) <= 2, shares
 
     lent0 = counter(bed, "node-0", "tessera_quota_core_lent_seconds_total", ns)
