@@ -47,8 +47,6 @@ class PodResourcesClient:
         self.list_wait_s = list_wait_s
         self.method: str | None = None
         """``Get`` or ``List``: what ``held`` used last (None before its first call)."""
-        self.calls = {"Get": 0, "List": 0}
-        """Calls made, by method (the daemon exports them)."""
 
     def _channel(self) -> grpc.Channel:
         """One connection per question (a kubelet restarted meanwhile has a new socket)."""
@@ -82,7 +80,6 @@ class PodResourcesClient:
     def list_held(self) -> list[Held]:
         """Every pod's containers (the kubelet's List, through the gate)."""
         with self.gate.listing(self.list_wait_s), self._channel() as ch:
-            self.calls["List"] += 1
             metrics.PODRESOURCES_CALLS.labels("List").inc()
             resp = podresources_pb2_grpc.PodResourcesListerStub(ch).List(
                 podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout)
@@ -90,7 +87,6 @@ class PodResourcesClient:
 
     def _get(self, stub: Any, namespace: str, name: str) -> list[Held]:
         """One pod (the kubelet's ``Get``); [] when the kubelet does not know the pod."""
-        self.calls["Get"] += 1
         metrics.PODRESOURCES_CALLS.labels("Get").inc()
         try:
             resp = stub.Get(
