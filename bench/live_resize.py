@@ -56,21 +56,34 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
-def budget_generation(bed: Bed) -> int:
+def budget_now(bed: Bed) -> tuple[int | None, float | None] | None:
+    """(memory, cores) of node-0's one ready budget file, or None while it is being rewritten
+    (a torn read: the generation is odd or moved under the reader)."""
     files = list(bed.daemons["node-0"].state_dir.glob("containers/*/budget"))
-    gens = [read_budget(f).generation for f in files if read_budget(f).state == "ready"]
-    if len(gens) != 1:
-        raise RuntimeError(f"expected one ready budget file on node-0, found {len(gens)}")
-    return gens[0]
+    try:
+        budgets = [read_budget(f) for f in files]
+    except (OSError, ValueError):
+        return None
+    ready = [b for b in budgets if b.state == "ready"]
+    if len(ready) != 1:
+        raise RuntimeError(f"expected one ready budget file on node-0, found {len(ready)}")
+    e = ready[0].entries[0]
+    return e.memory, e.cores
 
 
-def watch_file(bed: Bed, since: int, out: list[float], stop: threading.Event) -> None:
-    """The monotonic time the budget file's generation first moves past ``since``."""
-    while not stop.is_set():
-        if budget_generation(bed) > since:
-            out.append(time.monotonic())
-            return
-        time.sleep(0.001)
+def watch_file(bed: Bed, want: tuple[int, float], out: list[float],
+               stop: threading.Event) -> None:
+    """The monotonic time the budget file first holds ``want`` (memory, cores). The core
+    controller rewrites the file's rate ten times a second, so the generation alone says
+    nothing about a resize."""
+    try:
+        while not stop.is_set():
+            if budget_now(bed) == want:
+                out.append(time.monotonic())
+                return
+            time.sleep(0.001)
+    except Exception as exc:  # the round reports a file that never changed
+        print(f"watching the budget file: {exc}", file=sys.stderr)
 
 
 async def rounds(bed: Bed, n: int) -> dict[str, list[float]]:
@@ -89,8 +102,8 @@ async def rounds(bed: Bed, n: int) -> dict[str, list[float]]:
             baseline.append(time.monotonic() - t0)
             seen: list[float] = []
             stop = threading.Event()
-            watcher = threading.Thread(target=watch_file,
-                                       args=(bed, budget_generation(bed), seen, stop))
+            want = (int(memory.removesuffix("Mi")) << 20, float(cores))
+            watcher = threading.Thread(target=watch_file, args=(bed, want, seen, stop))
             watcher.start()
             t0 = time.monotonic()
             await kube.merge_patch(url, {"metadata": {"annotations": {

@@ -1,16 +1,20 @@
-"""The GPU test bed: the test bed's real nodes with the operator and ``tessera-node`` running
-(each daemon in its node's namespaces, as a DaemonSet pod would be), and the small helpers
-the tests that run GPU pods on them share: apply, wait for a pod's phase, read its logs, a
-node's allocatable resources, a GPUQuota, a GPU pod's manifest."""
+"""The GPU test bed: the test bed's real nodes with the operator and ``tessera-node`` running,
+and the small helpers the tests that run GPU pods on them share: apply, wait for a pod's
+phase, read its logs, a node's allocatable resources, a GPUQuota, a GPU pod's manifest.
+
+``Bed`` works with either way of running tessera: ``gpu_bed`` here runs the operator and each
+daemon as host processes (each daemon in its node's namespaces, as a DaemonSet pod would be;
+a test can hold its PodResources connection), ``chart_bed.chart_bed`` installs the chart."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from subprocess import CompletedProcess
+from typing import Any, Generic, Protocol, TypeVar
 
 from tessera.api.names import API_VERSION, MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera_e2e.cluster import LocalCluster
@@ -25,11 +29,33 @@ ANCHOR = {"name": "daemon", "image": WORKLOAD, "imagePullPolicy": "Never",
 """The container of the pod each daemon's token is bound to."""
 
 
-class Bed:
-    def __init__(self, cluster: LocalCluster, ops: LocalOperators,
-                 daemons: dict[str, KubeletNodeDaemon]) -> None:
+class NodeDaemon(Protocol):
+    """``tessera-node`` on one real node, however it runs."""
+
+    state_dir: Path
+    """Its state directory as seen from the host (budget files under ``containers/``)."""
+
+    def get(self, url: str) -> tuple[int, str]:
+        """(HTTP status, body) of a GET on its metrics port; (0, why) when it is not up."""
+        ...
+
+    def log_records(self, since: float = 0.0) -> list[dict[str, Any]]: ...
+
+    def smi(self, *args: str) -> CompletedProcess[str]:
+        """nvidia-smi on its node, as an administrator would run it."""
+        ...
+
+    def restart(self) -> None:
+        """Stop it and start it again; returns once it is ready."""
+        ...
+
+
+D = TypeVar("D", bound=NodeDaemon)
+
+
+class Bed(Generic[D]):
+    def __init__(self, cluster: LocalCluster, daemons: Mapping[str, D]) -> None:
         self.cluster = cluster
-        self.ops = ops
         self.daemons = daemons
 
     def kubectl(self, *args: str, input: str | None = None) -> Any:
@@ -124,16 +150,9 @@ class Bed:
             node).get(VGPU) == str(SHARES), 60, 1)
 
     def restart_daemon(self, node: str) -> None:
-        """Stop ``tessera-node`` on the node (its PodResources proxy stays) and start it
-        again; returns once it is ready."""
-        d = self.daemons[node]
-        super(KubeletNodeDaemon, d).stop()
-        d.start()
-        _wait_ready(d)
-
-
-def _wait_ready(d: KubeletNodeDaemon) -> None:
-    wait_until(f"{d.node} daemon ready", lambda: d.get("/readyz")[0] == 200, 60)
+        """Stop ``tessera-node`` on the node and start it again; returns once it is
+        ready."""
+        self.daemons[node].restart()
 
 
 def gpu_pod(name: str, command: str, limits: dict[str, str], node: str | None = "node-0",
@@ -155,7 +174,7 @@ def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
 
 @contextlib.contextmanager
 def gpu_bed(cluster: LocalCluster, logdir: Path,
-            operators: tuple[str, ...] = ("op-a", "op-b")) -> Iterator[Bed]:
+            operators: tuple[str, ...] = ("op-a", "op-b")) -> Iterator[Bed[KubeletNodeDaemon]]:
     """The operator (replicas named ``operators``) and one ready ``tessera-node`` per real
     node; all stopped on exit."""
     assert cluster.pki is not None
@@ -172,8 +191,8 @@ def gpu_bed(cluster: LocalCluster, logdir: Path,
             daemons[node.name] = d
             d.start()
         for d in daemons.values():
-            _wait_ready(d)
-        yield Bed(cluster, ops, daemons)
+            d.wait_ready()
+        yield Bed(cluster, daemons)
     finally:
         for d in daemons.values():
             d.stop()

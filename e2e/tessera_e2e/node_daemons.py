@@ -140,16 +140,7 @@ class NodeDaemonProcess:
         """(HTTP status, body) of a GET on the daemon's port; (0, why) when it is not up."""
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"{self.node} daemon exited: {self.log.read_text()[-3000:]}")
-        try:
-            with socket.create_connection((self.host, self.port), timeout=5) as s:
-                s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
-                chunks = []
-                while data := s.recv(65536):
-                    chunks.append(data)
-        except OSError as exc:
-            return 0, str(exc)
-        head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-        return int(head.split()[1]), body.decode()
+        return http_get(self.host, self.port, url)
 
     def metric(self, name: str, **labels: str) -> float | None:
         """The value of one sample of /metrics (None when absent)."""
@@ -164,18 +155,39 @@ class NodeDaemonProcess:
 
     def log_records(self, since: float = 0.0) -> list[dict[str, Any]]:
         """The daemon's JSON log lines (all its runs) logged at or after ``since``."""
-        out = []
-        for line in self.log.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("ts", 0) >= since:
-                out.append(rec)
-        return out
+        return json_records(self.log.read_text(), since)
 
     def stop(self) -> None:
         terminate(self.proc)
+
+
+def http_get(host: str, port: int, url: str) -> tuple[int, str]:
+    """(HTTP status, body) of a GET on a daemon's metrics port; (0, why) when it does not
+    answer."""
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(f"GET {url} HTTP/1.0\r\n\r\n".encode())
+            chunks = []
+            while data := s.recv(65536):
+                chunks.append(data)
+    except OSError as exc:
+        return 0, str(exc)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+def json_records(log: str, since: float = 0.0) -> list[dict[str, Any]]:
+    """The JSON lines of a daemon's log (other lines skipped) logged at or after ``since``
+    (their ``ts``)."""
+    out = []
+    for line in log.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("ts", 0) >= since:
+            out.append(rec)
+    return out
 
 
 def daemon_pythonpath() -> str:
@@ -233,11 +245,25 @@ class KubeletNodeDaemon(NodeDaemonProcess):
         self.podres.stop()
 
     def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """nvidia-smi on the node (the simulator's), as an administrator would run it."""
-        return subprocess.run([*self.real.nsenter("-m"), "env",
-                               f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
-                               f"{GPU_DIR}/bin/nvidia-smi", *args],
-                              capture_output=True, text=True, timeout=60)
+        return node_smi(self.real, *args)
+
+    def restart(self) -> None:
+        """Stop ``tessera-node`` (its PodResources proxy stays) and start it again; returns
+        once it is ready."""
+        super().stop()
+        self.start()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        wait_until(f"{self.node} daemon ready", lambda: self.get("/readyz")[0] == 200, 60)
+
+
+def node_smi(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    """nvidia-smi on a real node of the test bed (the simulator's, in its driver root), as an
+    administrator would run it: its output is NVML's view."""
+    return subprocess.run([*node.nsenter("-m"), "env", f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
+                           f"{GPU_DIR}/bin/nvidia-smi", *args],
+                          capture_output=True, text=True, timeout=60)
 
 
 class HoldableUnixProxy:

@@ -224,7 +224,11 @@ class OperatorProcess:
                      "--webhook-url", f"https://127.0.0.1:{proxy.port}",
                      "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
                      "--lease-duration", "6", "--lease-renew", "2",
-                     "--webhook-config-interval", "2", "--stuck-after", "10", *(extra or [])]
+                     "--webhook-config-interval", "2", "--stuck-after", "10",
+                     # the proxy stops routing to a replica before it stops, so a short
+                     # drain: only for the leader's work in flight (a pod event it has read,
+                     # its debounced count write) to land, as it does in a cluster
+                     "--shutdown-drain", "0.5", *(extra or [])]
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(

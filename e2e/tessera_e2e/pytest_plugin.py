@@ -6,6 +6,9 @@
 - `node_cluster` (session): a second LocalCluster with DEFAULT_NODES real nodes (kubelet,
   containerd, runc, kube-proxy); `node_namespace` (per test) is a fresh namespace in it.
   Started only when a test asks for it.
+- `chart_bed` (module): a two-node cluster of the module's own with tessera installed by
+  `helm install` of charts/tessera (the operator Deployment, the node DaemonSet, the images the
+  test bed builds), as a `gpu_bed.Bed`; `chart_namespace` (per test) is a fresh namespace in it.
 - `parse_quantity_reference` (session): the path of the built `parse-quantity` program,
   apimachinery's own quantity parser, to test tessera's against.
 
@@ -21,6 +24,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -29,10 +33,14 @@ from tessera_e2e.cache import BINARIES, default_layout
 from tessera_e2e.cluster import DEFAULT_NODES, LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 
+if TYPE_CHECKING:  # imported when used: they need sim/ and node-daemon/ on the path
+    from tessera_e2e.chart_bed import ChartDaemon
+    from tessera_e2e.gpu_bed import Bed
+
 _kept_logs: list[str] = []
 
 
-BUILT_FIXTURES = ("cluster", "node_cluster", "parse_quantity_reference")
+BUILT_FIXTURES = ("cluster", "node_cluster", "chart_bed", "parse_quantity_reference")
 """Fixtures that need the control plane build (`make controlplane`)."""
 
 
@@ -87,6 +95,25 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def node_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     yield from _session_cluster(request, nodes=DEFAULT_NODES)
+
+
+@pytest.fixture(scope="module")
+def chart_bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+              request: pytest.FixtureRequest) -> Iterator[Bed[ChartDaemon]]:
+    from tessera_e2e.chart_bed import chart_bed as installed_chart
+
+    try:
+        with installed_chart(bin_dir, tmp_path_factory.mktemp("chart-bed"),
+                             keep_logs=lambda: request.session.testsfailed > 0) as bed:
+            yield bed
+    except ControlPlaneError as error:
+        pytest.fail(f"chart-installed cluster: {error}", pytrace=False)
+
+
+@pytest.fixture
+def chart_namespace(chart_bed: Bed[ChartDaemon], request: pytest.FixtureRequest
+                    ) -> Iterator[str]:
+    yield from _namespace(chart_bed.cluster, request)
 
 
 @pytest.fixture

@@ -5,11 +5,12 @@ per node, webhooks patched with the operator's CA, libtessera installed by each 
 host under ``<state dir>/lib/<content digest>``), a MIG GPUPartition enacted by the chart's
 daemon (through the simulator's nvidia-smi in its driver root) and reset, a budgeted
 ``tessera.dev/vgpu`` pod admitted, scheduled, allocated by the chart's daemon and run under
-its budget, upgrade to a new image
-(with a libtessera build that differs) and a changed value (the reservation, the running
+its budget, upgrade to a new image (with a libtessera build that differs) and a changed
+value (GPU pod creates all through the rollout are all admitted; the quota's count, the running
 pod's budget and the old libtessera survive; a new pod runs under the new daemon), uninstall
 (only the CRDs stay; no webhook, Lease, Secret or tessera Node key is left). Timings go to
-stdout (`pytest -s`) for e2e/README.md.
+stderr (`pytest -s`) for e2e/README.md. The whole chain against the chart-installed tessera
+is test_whole_chain.py and test_core_sharing.py (the ``chart_bed`` fixture).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import functools
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,18 +28,26 @@ import pytest
 import yaml
 
 from tessera.api.names import API_VERSION, MIG_PREFIX, PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
-from tessera_e2e.build import ensure_containerd, ensure_helm
+from tessera_e2e.admission_probe import DryRunCreates
 from tessera_e2e.cache import Layout, default_layout
+from tessera_e2e.chart_bed import (
+    LIBTESSERA_BUILD,
+    NS,
+    TAG,
+    chart_cluster,
+    daemon_pods,
+    deployment_ready,
+    install,
+    operator_pods,
+    ready,
+    release_values,
+    say,
+    wait_daemons_ready,
+)
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.helm import (
-    Helm,
-    get_json,
-    import_into_nodes,
-    label_gpu_nodes,
-    values_for_testbed,
-)
-from tessera_e2e.node import GPU_DIR
+from tessera_e2e.helm import Helm, get_json
+from tessera_e2e.node_daemons import node_smi
 from tessera_e2e.operators import wait_until
 from tessera_e2e.tessera_images import ensure_tessera_images
 from tessera_node.deviceplugin.library import version_of
@@ -49,10 +57,9 @@ from tessera_node.settings import DEFAULTS, LIB_DIR
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-NS = "tessera-system"
-TAG, NEW_TAG = "0.1.0", "0.1.0-upgrade"
+NEW_TAG = "0.1.0-upgrade"
 TEAM = "team-a"
-LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
+LIBTESSERA = LIBTESSERA_BUILD / "libtessera.so"
 
 
 def _rebuilt_libtessera(into: Path, tag: str) -> Path:
@@ -67,16 +74,12 @@ def _rebuilt_libtessera(into: Path, tag: str) -> Path:
     return into
 
 
-def _say(line: str) -> None:
-    print(f"[chart] {line}", file=sys.stderr, flush=True)
-
-
 class Installed:
     def __init__(self, cluster: LocalCluster, helm: Helm, new_lib: Path) -> None:
         self.cluster = cluster
         self.helm = helm
         self.new_lib = new_lib  # the libtessera of the NEW_TAG image
-        self.values = values_for_testbed(TAG)
+        self.values: dict[str, Any] = {}
 
     def kubectl(self, *args: str, input: str | None = None) -> Any:
         out = self.cluster.kubectl(*args, input=input)
@@ -85,80 +88,32 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    started = time.monotonic()
+def bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Installed]:
+    hook_builds = {TAG: LIBTESSERA_BUILD,
+                   NEW_TAG: _rebuilt_libtessera(tmp_path_factory.mktemp("lib"), NEW_TAG)}
     try:
-        helm_binary = ensure_helm()
-        ensure_containerd()
+        with chart_cluster(bin_dir, tmp_path_factory.mktemp("helm"), hook_builds,
+                           lambda: request.session.testsfailed > 0) as (cluster, helm):
+            yield Installed(cluster, helm, hook_builds[NEW_TAG] / "libtessera.so")
     except ControlPlaneError as error:
         pytest.fail(str(error), pytrace=False)
-    _say(f"helm ready in {time.monotonic() - started:.1f}s")
-    python = REPO / ".venv" / "bin" / "python"
-    images: dict[str, Any] = {}
-    hook_builds = {TAG: LIBTESSERA.parent,
-                   NEW_TAG: _rebuilt_libtessera(tmp_path_factory.mktemp("lib"), NEW_TAG)}
-    for tag, hook_build in hook_builds.items():
-        began = time.monotonic()
-        built = ensure_tessera_images(default_layout(), python, hook_build, tag)
-        images.update({ref: b.image for ref, b in built.items()})
-        _say(f"images {tag}: " + ", ".join(f"{ref} {b.size_bytes / 2**20:.0f} MiB "
-                                           f"({b.seconds:.0f}s)" for ref, b in built.items())
-             + f"; {time.monotonic() - began:.1f}s")
-    with LocalCluster(bin_dir, nodes=2, report=_say) as cluster:
-        began = time.monotonic()
-        import_into_nodes(cluster, images)
-        _say(f"images imported into {len(cluster.nodes)} nodes in "
-             f"{time.monotonic() - began:.1f}s")
-        yield Installed(cluster, Helm(helm_binary, cluster, tmp_path_factory.mktemp("helm")),
-                        hook_builds[NEW_TAG] / "libtessera.so")
-
-
-def _deployment_ready(bed: Installed) -> bool:
-    d = get_json(bed.cluster, "deployment", "tessera-operator", "-n", NS)
-    s = d.get("status") or {}
-    return bool(s.get("readyReplicas") == 2 and s.get("updatedReplicas") == 2
-                and s.get("replicas") == 2 and s.get("observedGeneration") ==
-                d["metadata"]["generation"])
-
-
-def _daemon_pods(bed: Installed) -> list[dict[str, Any]]:
-    pods = get_json(bed.cluster, "pods", "-n", NS, "-l",
-                    "app.kubernetes.io/component=node-daemon")["items"]
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True"
-               for c in (pod.get("status") or {}).get("conditions", []))
 
 
 def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) -> None:
     cluster = bed.cluster
     names = [node.name for node in cluster.nodes]
-    label_gpu_nodes(cluster, names)  # what GPU feature discovery does on a GPU node
-    # The namespace states the PodSecurity level the daemon needs (privileged, hostPID).
-    bed.kubectl("create", "namespace", NS)
-    bed.kubectl("label", "namespace", NS, "pod-security.kubernetes.io/enforce=privileged")
-    assert cluster.pki is not None
-    bed.kubectl("create", "configmap", "tessera-webhook-client", "-n", NS,
-                f"--from-file=ca.crt={cluster.pki.webhook_client_ca}")
-    bed.values["operator"] = {"webhookClient": {"caConfigMap": "tessera-webhook-client"}}
-    started = time.monotonic()
-    out = bed.helm.install(NS, bed.values)
-    assert out.returncode == 0, out.stderr + out.stdout
-    _say(f"helm install --wait returned: {time.monotonic() - started:.1f}s")
-    # helm's --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for all
-    wait_until("a Ready daemon on every node", lambda: (lambda pods: len(pods) == len(names)
-               and all(_ready(p) for p in pods))(_daemon_pods(bed)), 180, 1)
-    ready_s = time.monotonic() - started
-    _say(f"helm install to Ready (operator 2/2, daemons on {len(names)} nodes): {ready_s:.1f}s")
-    assert _deployment_ready(bed)
-    operators = get_json(cluster, "pods", "-n", NS, "-l",
-                         "app.kubernetes.io/component=operator")["items"]
-    assert len(operators) == 2 and all(_ready(p) for p in operators)
-    daemons = _daemon_pods(bed)
+    bed.values = release_values(cluster)
+    install(cluster, bed.helm, bed.values)
+    assert deployment_ready(cluster)
+    operators = operator_pods(cluster)
+    assert len(operators) == 2 and all(ready(p) for p in operators)
+    daemons = daemon_pods(cluster)
     assert sorted(p["spec"]["nodeName"] for p in daemons) == sorted(names)
-    assert all(_ready(p) for p in daemons), [p["status"] for p in daemons]
+    assert all(ready(p) for p in daemons), [p["status"] for p in daemons]
+    # the namespace states the PodSecurity level the daemon needs (privileged, hostPID)
+    assert get_json(cluster, "namespace", NS)["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] == "privileged"
     # the operator set the chart's webhook configurations' CA to its serving certificate's
     secret = get_json(cluster, "secret", "tessera-webhook-tls", "-n", NS)
 
@@ -186,12 +141,7 @@ def test_install_brings_up_the_operator_and_a_daemon_per_node(bed: Installed) ->
 
 
 def _smi(bed: Installed, node: int, *args: str) -> str:
-    """The simulator's nvidia-smi on a node's host, as an administrator would run it (its
-    output is NVML's view: it formats NVML calls)."""
-    real = bed.cluster.nodes[node]
-    out = subprocess.run([*real.nsenter("-m"), "env", f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
-                          f"{GPU_DIR}/bin/nvidia-smi", *args],
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = node_smi(bed.cluster.nodes[node], *args)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -217,7 +167,7 @@ def test_a_mig_partition_is_enacted_by_the_installed_daemon_and_reset(bed: Insta
         # NAME SELECTED READY LAYOUT AGE
         wait_until("the partition Ready", lambda: _gpart_row(bed, name)[1:4] == [
             "1", "1", "7x1g.10gb"], 180, 1)
-        _say(f"MIG partition enacted by the chart's daemon: {time.monotonic() - started:.1f}s")
+        say(f"MIG partition enacted by the chart's daemon: {time.monotonic() - started:.1f}s")
         assert _smi(bed, 0, "mig", "-lgi").count("MIG 1g.10gb") == 7
         assert _smi(bed, 0, "--query-gpu=mig.mode.current",
                     "--format=csv,noheader").split() == ["Enabled"]
@@ -235,7 +185,7 @@ def test_a_mig_partition_is_enacted_by_the_installed_daemon_and_reset(bed: Insta
     wait_until("node-0 advertising whole-GPU shares again", lambda: get_json(
         bed.cluster, "node", "node-0")["status"].get("allocatable", {}).get(VGPU) == str(
         DEFAULTS.shares_per_unit), 60, 1)
-    _say(f"MIG partition enacted and reset: {time.monotonic() - started:.1f}s")
+    say(f"MIG partition enacted and reset: {time.monotonic() - started:.1f}s")
 
 
 def _quota_used(bed: Installed) -> dict[str, Any]:
@@ -244,7 +194,7 @@ def _quota_used(bed: Installed) -> dict[str, Any]:
     return used
 
 
-def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
+def test_a_gpu_pod_is_admitted_and_counted_through_the_installed_webhooks(
         bed: Installed) -> None:
     bed.kubectl("create", "namespace", TEAM)
     bed.cluster.wait_for_service_account(TEAM)
@@ -262,7 +212,7 @@ def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
     wait_until("the pod counted", lambda: _quota_used(bed).get("pods") == 1, 60)
     wait_until("the pod running", lambda: get_json(bed.cluster, "pod", "gpu", "-n", TEAM)[
         "status"].get("phase") == "Running", 120, 0.5)
-    _say(f"budgeted vgpu pod create to Running: {time.monotonic() - started:.1f}s")
+    say(f"budgeted vgpu pod create to Running: {time.monotonic() - started:.1f}s")
     lines = wait_until("the pod's CUDA programs done", lambda: (
         out if "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in (
             out := bed.kubectl("logs", "-n", TEAM, "gpu").stdout.splitlines()) else None), 60)
@@ -271,22 +221,27 @@ def test_a_gpu_pod_is_admitted_and_reserved_through_the_installed_webhooks(
     assert "allocated 2000" in lines and "allocated 2100" not in lines, lines
 
 
-def _create_gpu_pod(bed: Installed, name: str, command: str, memory_mib: int) -> None:
-    bed.kubectl("create", "-f", "-", input=json.dumps({
+def _gpu_pod(name: str, command: str, memory_mib: int) -> str:
+    return json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": TEAM},
         "spec": {"containers": [{"name": "main", "image": "tessera.local/workload:1",
                                  "imagePullPolicy": "Never", "command": ["sh", "-c", command],
                                  "resources": {"limits": {
                                      VGPU: "1", VGPU_MEMORY: str(memory_mib),
                                      VGPU_CORES: "50"}}}],
-                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1}}))
+                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1}})
 
 
-def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
+def _create_gpu_pod(bed: Installed, name: str, command: str, memory_mib: int) -> None:
+    bed.kubectl("create", "-f", "-", input=_gpu_pod(name, command, memory_mib))
+
+
+def test_upgrade_to_a_new_image_and_value_keeps_the_count_and_old_libtessera(
         bed: Installed) -> None:
     before = _quota_used(bed)
     assert before.get("pods") == 1, before
-    old_daemons = {p["metadata"]["uid"] for p in _daemon_pods(bed)}
+    old_daemons = {p["metadata"]["uid"] for p in daemon_pods(bed.cluster)}
+    old_operators = {p["metadata"]["uid"] for p in operator_pods(bed.cluster)}
     # The live GPUQuota CRD as an older release left it (no printer columns): Helm never
     # upgrades crds/, the documented `kubectl apply --server-side` of the chart's does.
     bed.kubectl("patch", "crd", "gpuquotas.tessera.dev", "--type=json", "-p",
@@ -295,14 +250,23 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
     values["image"]["tag"] = NEW_TAG
     values["operator"]["leaseDurationSeconds"] = 20
     started = time.monotonic()
-    out = bed.helm.upgrade(NS, values)
-    _say(f"helm upgrade to Ready: {time.monotonic() - started:.1f}s")
-    assert out.returncode == 0, out.stderr + out.stdout
-    assert _deployment_ready(bed)
-    wait_until("new daemons Ready", lambda: (lambda pods: len(pods) == 2 and all(
-        _ready(p) and p["metadata"]["uid"] not in old_daemons
-        and p["spec"]["containers"][0]["image"].endswith(NEW_TAG) for p in pods))(
-        _daemon_pods(bed)), 240, 1)
+    # GPU pods are created all through the rollout (server-side dry runs through the pod
+    # webhook, failurePolicy Fail): a replica going away must not fail one
+    with DryRunCreates(bed.cluster.kubectl, lambda i: _gpu_pod(f"probe-{i}", "true", 1024)
+                       ) as creates:
+        out = bed.helm.upgrade(NS, values)
+        say(f"helm upgrade to Ready: {time.monotonic() - started:.1f}s")
+        assert out.returncode == 0, out.stderr + out.stdout
+        assert deployment_ready(bed.cluster)
+        wait_daemons_ready(bed.cluster, lambda p: p["metadata"]["uid"] not in old_daemons
+                           and p["spec"]["containers"][0]["image"].endswith(NEW_TAG))
+        wait_until("the old operator pods gone", lambda: not {
+            p["metadata"]["uid"] for p in operator_pods(bed.cluster)} & old_operators, 120, 1)
+        seen = creates.ok
+        wait_until("creates after the rollout", lambda: creates.ok >= seen + 5, 30)
+    say(f"dry-run GPU pod creates during the upgrade: {creates.ok} admitted, "
+        f"{len(creates.failed)} failed")
+    assert creates.failed == [], creates.failed
     operators = get_json(bed.cluster, "deployment", "tessera-operator", "-n", NS)
     container = operators["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].endswith(f":{NEW_TAG}")
@@ -315,7 +279,7 @@ def test_upgrade_to_a_new_image_and_value_keeps_reservations_and_old_libtessera(
     shipped = yaml.safe_load((REPO / "crds" / "gpuquotas.tessera.dev.yaml").read_text())
     assert crd["spec"]["versions"][0]["additionalPrinterColumns"] == shipped["spec"][
         "versions"][0]["additionalPrinterColumns"]
-    # the reservation survived the operators' rollout (the recount finds the pod again)
+    # the count survived the operators' rollout (the recount finds the pod again)
     wait_until("quota recounted by the new operators", lambda: _quota_used(bed) == before, 60)
     # both versions of libtessera, each under its content digest: a running container keeps
     # the one it mapped, new containers get the new one
@@ -342,7 +306,7 @@ def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:
     bed.kubectl("delete", "namespace", TEAM, "--wait=false")
     started = time.monotonic()
     out = bed.helm.uninstall(NS)
-    _say(f"helm uninstall: {time.monotonic() - started:.1f}s")
+    say(f"helm uninstall: {time.monotonic() - started:.1f}s")
     assert out.returncode == 0, out.stderr + out.stdout
     for kind, name in (("mutatingwebhookconfiguration", "tessera-pods"),
                        ("validatingwebhookconfiguration", "tessera-resources"),

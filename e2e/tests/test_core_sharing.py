@@ -1,6 +1,7 @@
 """Core time shared by budget, lent while idle, and budgets resized while pods run: through
-real pods on the test bed's real nodes (node-0: one simulated H100-80GB, node-1: one
-A100-40GB), with the operator and ``tessera-node`` running its core controllers.
+real pods on two real nodes (node-0: one simulated H100-80GB, node-1: one A100-40GB) with
+tessera installed by ``helm install`` of charts/tessera (the ``chart_bed`` fixture): the
+operator Deployment, and the ``tessera-node`` DaemonSet running its core controllers.
 
 The achieved shares are the daemon's own per-container counters
 (``tessera_container_core_busy_seconds_total``: NVML's per-process busy time, attributed to
@@ -12,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,8 +24,8 @@ from tessera.api.names import (
     ANNOTATION_GPU_COMMITMENTS,
     REASON_RESIZED,
 )
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.gpu_bed import Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.chart_bed import ChartDaemon
+from tessera_e2e.gpu_bed import Bed, gpu_pod, vgpu
 from tessera_e2e.operators import wait_until
 from tessera_node.budget.formats import read_budget
 
@@ -37,10 +37,9 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[Bed]:
-    with gpu_bed(node_cluster, tmp_path_factory.mktemp("tessera-cores")) as b:
-        yield b
+def bed(chart_bed: Bed[ChartDaemon]) -> Bed[ChartDaemon]:
+    """tessera as `helm install` of charts/tessera put it on this module's two nodes."""
+    return chart_bed
 
 
 def spinner(name: str, cores: int, seed: int, node: str = "node-0") -> dict[str, Any]:
@@ -57,13 +56,13 @@ def exec_sh(bed: Bed, namespace: str, pod: str, script: str) -> None:
 
 
 def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
-    bed: Bed, node_namespace: str
+    bed: Bed, chart_namespace: str
 ) -> None:
     """Two pods with core budgets 30 and 70 saturate node-0's GPU: each gets its budget's
     share of the busy time (±2 points over 10 s). One goes idle: the other absorbs the GPU
     (lending counted on the quota). It comes back: it regains its budget. Both are resized
     live to 50 % (`tessera resize`): they obey without a restart."""
-    ns = node_namespace
+    ns = chart_namespace
     bed.cluster.wait_for_service_account(ns)
     bed.quota(ns)
     bed.apply(ns, spinner("thirty", 30, 1))
@@ -74,10 +73,13 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
         bed.core_busy("node-0", ns)) == 2, 60, 1)
     time.sleep(3)  # the controller learns the kernels' cost
 
-    got, _ = bed.busy_window("node-0", ns, 10)
+    got, wall = bed.busy_window("node-0", ns, 10)
     total = sum(got.values())
     shares = {p: round(100 * v / total, 2) for p, v in got.items()}
-    print(f"achieved shares over 10 s: {shares}, GPU busy {total / 10:.3f}")
+    print(f"achieved shares over 10 s: {shares}, GPU busy {total / wall:.3f}")
+    # one GPU is busy at most all the time: more means a process's busy time was credited
+    # to two containers (the window's edges may add one 0.1 s control period)
+    assert total <= 1.03 * wall, (got, wall)
     assert abs(shares["thirty"] - 30) <= 2 and abs(shares["seventy"] - 70) <= 2, shares
 
     lent0 = counter(bed, "node-0", "tessera_quota_core_lent_seconds_total", ns)
@@ -127,14 +129,14 @@ def budget_files(bed: Bed, node: str) -> list[tuple[int, float]]:
 
 
 def test_a_running_pods_budget_is_resized_and_a_resize_the_gpu_cannot_hold_is_refused(
-    bed: Bed, node_namespace: str
+    bed: Bed, chart_namespace: str
 ) -> None:
     """On node-1 (40960 MiB): a pod with 1024 MiB cannot allocate 1500 MiB; resized to 2 GiB
     and 40 % cores while it runs (`tessera resize`), the same process allocates it: status
     Applied, an Event, the budget file, the Node's commitments. The 30000 MiB pod's
     resize to 39000 MiB, within the quota but beyond what the GPU has beside grower's
     2 GiB, is refused by the node, and the operator restores its budget."""
-    ns = node_namespace
+    ns = chart_namespace
     bed.cluster.wait_for_service_account(ns)
     bed.quota(ns, {"memory": "64Gi", "cores": 400, "pods": 10}, {"memory": "40Gi", "cores": 100})
     bed.apply(ns, gpu_pod("big", "cuda-alloc 100 600", vgpu(30000, cores=30), "node-1"))

@@ -97,7 +97,9 @@ struct tl_header {
     uint32_t header_size;  /*  16 TL_HEADER_SIZE */
     uint32_t slot_size;    /*  20 sizeof(struct tl_slot) */
     uint32_t hwm;          /*  24 slots [0, hwm) have been used */
-    uint32_t reserved0;    /*  28 */
+    uint32_t slot_changes; /*  28 bumped after every join and every reclaim (0: a library
+                                  older than the counter): readers that keep the slot table
+                                  decoded scan it again only when it moves */
     uint64_t reserved1[4]; /*  32 */
     uint64_t lock;         /*  64 0: free, else (owner slot + 1) << 32 | owner slot gen;
                                   guards used[] and slot bytes; stolen from a dead owner */
@@ -117,7 +119,10 @@ struct tl_slot {                 /* 256 bytes */
     uint64_t wait_ns;            /* 152 */
     uint64_t start_ticks;        /* 160 /proc/self/stat starttime: the same in every PID
                                     namespace, so the host can find this process */
-    uint64_t reserved1[11];      /* 168 */
+    uint64_t pidns;              /* 168 inode of /proc/self/ns/pid (0: unknown): two
+                                    containers' PID 1 may start in the same clock tick, so
+                                    pid and start time alone can name two processes */
+    uint64_t reserved1[10];      /* 176 */
 };
 
 _Static_assert(sizeof(struct tl_header) <= TL_HEADER_SIZE, "ledger header fits");

@@ -218,7 +218,15 @@ static int reclaim(struct tl *l, struct tl_slot *s)
     s->launches = 0;
     s->wait_ns = 0;
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&l->h->slot_changes, 1, __ATOMIC_RELEASE);
     return 0;
+}
+
+/* The inode of this process's PID namespace (what the host sees at /proc/<pid>/ns/pid). */
+static uint64_t pid_namespace(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 /* Field 22 of /proc/self/stat (process start time in clock ticks since boot). */
@@ -268,7 +276,9 @@ int tl_join(struct tl *l, const char **why)
         clock_gettime(CLOCK_REALTIME, &ts);
         s->joined_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         s->start_ticks = start_ticks();
+        s->pidns = pid_namespace();
         __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&l->h->slot_changes, 1, __ATOMIC_RELEASE);
         uint32_t hwm = __atomic_load_n(&l->h->hwm, __ATOMIC_RELAXED);
         while (hwm < (uint32_t)i + 1 &&
                !__atomic_compare_exchange_n(&l->h->hwm, &hwm, (uint32_t)i + 1, 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import signal
@@ -23,6 +24,7 @@ from tessera_hook_harness import (
 )
 
 from tessera_node.budget.formats import BudgetEntry
+from tessera_node.budget.ledger import LedgerReader, read_ledger
 from tessera_sim.node import GPUSpec, node_description
 
 PATHS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"]
@@ -345,6 +347,38 @@ def test_holder_killed_inside_the_ledger_lock(container: Container) -> None:
     assert r["got"] == GIB  # lock taken over, used recounted, dead slot reaped
     led = container.read_ledger()
     assert led.devices[0].used == 0 and not [s for s in led.slots if s.bytes[0]]
+
+
+def test_a_reader_kept_open_sees_every_join_death_and_reap(container: Container) -> None:
+    """The core controller keeps one LedgerReader per container and decodes the slot table
+    again only when the library's slot-change counter moves: a process joining, dying and
+    being reaped shows in it exactly as in a fresh read of the file."""
+    tjoin = str(PROBE.parent / "tjoin")
+    assert container.probe("alloc", "alloc", str(MIB))["err"] == 0  # creates the ledger
+    kept = LedgerReader(container.ledger)
+
+    def slots() -> list[tuple[int, int, bool, int, int]]:
+        mine = [(s.index, s.pid, s.alive, s.start_ticks, s.pidns)
+                for s in kept.read(only=0).slots]
+        fresh = read_ledger(container.ledger, only=0).slots
+        assert mine == [(s.index, s.pid, s.alive, s.start_ticks, s.pidns) for s in fresh]
+        return mine
+
+    before = slots()
+    p = container.popen([tjoin, "/run/tessera/ledger", "30"])
+    try:
+        assert (p.stdout.readline() if p.stdout else "").startswith("joined")
+        joined = [s for s in slots() if s[1] == p.pid]
+        assert len(joined) == 1 and joined[0][2] and joined[0][3] > 0
+        # the PID namespace it recorded is the one the host sees it in
+        assert joined[0][4] == os.stat(f"/proc/{p.pid}/ns/pid").st_ino
+    finally:
+        p.kill()
+        p.wait()
+    assert next(s for s in slots() if s[1] == p.pid)[2] is False  # dead, not yet reaped
+    assert container.probe("fill", "alloc", str(64 * MIB), timeout=30)["got"] == GIB  # reaps
+    after = slots()
+    assert p.pid not in [s[1] for s in after] and len(after) <= len(before) + 1
 
 
 @pytest.mark.parametrize("round_", range(3))

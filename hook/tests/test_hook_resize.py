@@ -16,7 +16,7 @@ from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_BUDGET_RESIZE
 from tessera.api.resize import ResizeStatus
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.deviceplugin.budgets import container_budget, entries
-from tessera_node.deviceplugin.resize import apply, commitments, decide
+from tessera_node.deviceplugin.resize import commitments, decide
 
 CLIENT = Path(__file__).with_name("resize_client.py")
 GPU_MEMORY = 80 * GIB
@@ -66,9 +66,9 @@ def test_grow_shrink_and_refused_for_gpu_memory(hook_built: None, tmp_path: Path
         others = {GPU_UUID: [40 * GIB]}
         out = decide(annotations(2048, 40), "main", units, writer.read("main").entries,
                      {GPU_UUID: GPU_MEMORY}, others)
-        assert out is not None and out.applied, out
+        assert out is not None and out.applied and out.entries is not None, out
         t0 = time.monotonic()
-        apply(writer, "main", out)
+        writer.ready("main", list(out.entries))  # what the daemon does on Applied
         assert client.ask("alloc 512") == "ok"
         obeyed = time.monotonic() - t0
         assert obeyed < 1.0, obeyed  # one round trip to the process; no restart, no poll
@@ -84,7 +84,7 @@ def test_grow_shrink_and_refused_for_gpu_memory(hook_built: None, tmp_path: Path
         assert out is not None and out.applied
         assert out.entries is not None and out.entries[0].rate == 1234.0
         # shrink to 512 MiB below the 1,280 MiB held: allocations kept, new ones refused
-        apply(writer, "main", out)
+        writer.ready("main", list(out.entries))
         assert c.read_ledger().live_bytes(0) == 1280 * MIB  # kept
         assert client.ask("used") == f"used {512 * MIB}"  # the view clamps used to the budget
         assert client.ask("alloc 1") == "err 2"
@@ -93,7 +93,8 @@ def test_grow_shrink_and_refused_for_gpu_memory(hook_built: None, tmp_path: Path
         assert client.ask("free") == "ok"  # nothing held: under again
         assert client.ask("alloc 256") == "ok"
 
-        # refused for GPU memory: 48 GiB beside 40 GiB on an 80 GiB GPU; the file is untouched
+        # refused for GPU memory: 48 GiB beside 40 GiB on an 80 GiB GPU (the daemon writes
+        # nothing then: tests/deviceplugin/test_deviceplugin_resize.py)
         before = writer.read("main")
         out = decide(annotations(48 * 1024, 40), "main", units, before.entries,
                      {GPU_UUID: GPU_MEMORY}, others)
@@ -101,8 +102,7 @@ def test_grow_shrink_and_refused_for_gpu_memory(hook_built: None, tmp_path: Path
         assert out.status.state == "Refused"
         assert out.status.reason.startswith(f"on this node: memory budgets on {GPU_UUID} "
                                             "would exceed its 81920 MiB"), out.status.reason
-        apply(writer, "main", out)
-        assert writer.read("main").generation == before.generation
+        assert out.entries is None
         assert client.ask("alloc 300") == "err 2"  # still the 512 MiB budget
     finally:
         client.close()

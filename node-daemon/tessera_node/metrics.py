@@ -68,10 +68,15 @@ ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate 
 ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one successful "
                              "Allocate (waiting for the pod watch included).", ["resource"],
                              buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
+PODRESOURCES_CALLS = Counter("tessera_node_podresources_calls_total", "Calls to the kubelet's "
+                             "PodResources API, by method (Get; List only where the kubelet "
+                             "has no Get).", ["method"])
 # Counters with known label values start at 0, so that increase() sees the first audit
 # failure and the first stop (a series that appears at 1 has no increase to show).
 for _result in ("ok", "nvml_error", "api_error"):
     AUDIT_RUNS.labels(_result)
+for _method in ("Get", "List"):
+    PODRESOURCES_CALLS.labels(_method)
 for _kind in ("over_budget", "foreign"):
     for _result in ("ok", "failed"):
         AUDIT_STOPS.labels(_kind, _result)

@@ -11,8 +11,8 @@ ADMISSION_SECONDS = Histogram(
              2.5))
 LOOP_LAG_SECONDS = Histogram(
     "tessera_event_loop_lag_seconds",
-    "How late the event loop woke a task (sampled every 50 ms): what a review arriving "
-    "then would wait. loop: main (watches, status writes, kopf) or admission.", ["loop"],
+    "How late the event loop woke a task (sampled every 50 ms): what an admission review "
+    "arriving then would wait behind the watches, status writes and kopf.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 IS_LEADER = Gauge("tessera_leader", "1 while this replica holds the leader Lease.")
 STATUS_WRITES = Counter("tessera_status_writes_total", "Status patches the operator sent.",

@@ -47,6 +47,7 @@ def test_installed_entry_point_exits_2_on_bad_input() -> None:
     (["--cert-step", "10", "--cert-check-interval", "60"], "at least twice the check interval"),
     (["--webhook-certificate", "external", "--cert-check-interval", "0"],
      "--cert-check-interval must be positive"),
+    (["--shutdown-drain", "-1"], "--shutdown-drain must be 0 or more"),
 ])
 def test_operator_run_refuses_bad_flags_before_starting(
         args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:

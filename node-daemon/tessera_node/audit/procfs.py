@@ -8,6 +8,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from tessera_node import procfs
 from tessera_node.audit.cgroups import CgroupOwner, ConflictingCgroups, cgroup_owner
 
 
@@ -21,19 +22,10 @@ class ProcInfo:
     """Why the owner is unknown (no such process here, conflicting cgroups)."""
 
 
-def _stat(pid: int, proc: Path) -> tuple[int, int]:
-    """(ppid, start ticks) from /proc/<pid>/stat (the name may hold spaces and parens)."""
-    fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[1]), int(fields[19])
-
-
-def read_proc(pid: int, proc: Path = Path("/proc")) -> ProcInfo:
+def read_proc(pid: int, proc: Path = procfs.PROC) -> ProcInfo:
     try:
-        ppid, start = _stat(pid, proc)
-        inner = pid
-        for line in (proc / str(pid) / "status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                inner = int(line.split()[-1])
+        ppid, start = procfs.stat(pid, proc)
+        inner = procfs.inner_pid(pid, proc)
         text = (proc / str(pid) / "cgroup").read_text()
     except (OSError, ValueError, IndexError) as exc:
         return ProcInfo(unreadable=f"/proc/{pid}: {exc.__class__.__name__}")
@@ -44,7 +36,7 @@ def read_proc(pid: int, proc: Path = Path("/proc")) -> ProcInfo:
     return ProcInfo(start, inner, ppid, owner)
 
 
-def stop(pid: int, start_ticks: int, proc: Path = Path("/proc")) -> str | None:
+def stop(pid: int, start_ticks: int, proc: Path = procfs.PROC) -> str | None:
     """SIGKILL the host process ``pid`` if it is still the one that started at
     ``start_ticks`` (a pidfd pins it, so a PID reused meanwhile is never hit). None when
     killed, else why not."""
@@ -54,7 +46,7 @@ def stop(pid: int, start_ticks: int, proc: Path = Path("/proc")) -> str | None:
         return f"pid {pid}: {exc.strerror}"
     try:
         try:
-            if _stat(pid, proc)[1] != start_ticks:
+            if procfs.stat(pid, proc)[1] != start_ticks:
                 return f"pid {pid}: another process now"
         except (OSError, ValueError, IndexError):
             return f"pid {pid}: gone"

@@ -32,37 +32,42 @@ from tessera_node.budget.ledger import LedgerReader, LedgerView
 from tessera_node.budget.ratelaw import Observation, RateLaw
 from tessera_node.budget.tokenlaw import TokenLaw, TokenSample
 from tessera_node.metrics import CoreOwner, observe_core_shares
-
-
-def proc_identity(pid: int) -> tuple[int, int] | None:
-    """(PID inside the process's own namespace, start ticks) of a host PID, from /proc."""
-    try:
-        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        inner = pid
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                inner = int(line.split()[-1])
-        return inner, start
-    except (OSError, ValueError, IndexError):
-        return None
-
+from tessera_node.procfs import identity as proc_identity
 
 IDENTITY_TTL_S = 1.0
 RATE_STEP = 0.005
 """Relative rate change below which the budget file is not rewritten."""
 
+Identity = tuple[int, int, int]
+"""(PID inside the process's own namespace, start ticks, that namespace's inode): one
+process, in any namespace (``tessera_node.procfs``)."""
+
+
+def live_identities(led: LedgerView) -> set[Identity]:
+    """The identities of a ledger's live processes (a slot written by a library that did not
+    record its namespace carries 0 there)."""
+    return {s.identity for s in led.slots if s.alive and s.start_ticks}
+
+
+def named(ident: Identity | None, ids: set[Identity] | frozenset[Identity]) -> bool:
+    """Whether a process's identity is one of ``ids`` (namespace unknown: 0 in ``ids``)."""
+    return ident is not None and (ident in ids or (ident[0], ident[1], 0) in ids)
+
 
 class Identities:
-    """``proc_identity`` per host PID, remembered for ``IDENTITY_TTL_S`` (a PID reused within
-    that second is attributed to its former owner for the rest of it)."""
+    """``proc_identity`` per host PID, read from /proc once and kept while it names a live
+    ledger slot (an identity names one process, and a slot is live only while its process
+    is, so that PID is still that process); an identity that names no live slot is read
+    again once it is ``IDENTITY_TTL_S`` old (the PID may be another process's now)."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[float, tuple[int, int] | None]] = {}
+        self._seen: dict[int, tuple[float, Identity | None]] = {}
 
-    def __call__(self, pid: int) -> tuple[int, int] | None:
+    def __call__(self, pid: int, live: frozenset[Identity] | set[Identity] = frozenset()
+                 ) -> Identity | None:
         now = time.monotonic()
         hit = self._seen.get(pid)
-        if hit is not None and hit[0] > now:
+        if hit is not None and (named(hit[1], live) or hit[0] > now):
             return hit[1]
         ident = proc_identity(pid)
         self._seen[pid] = (now + IDENTITY_TTL_S, ident)
@@ -74,17 +79,16 @@ class Identities:
 def attribute(
     led: LedgerView,
     busy_by_pid: dict[int, float],
-    identity: Callable[[int], tuple[int, int] | None] = proc_identity,
+    identity: Callable[[int], Identity | None] = proc_identity,
 ) -> float:
     """Busy share of a container's processes. NVML reports host PIDs; the ledger holds PIDs
-    as the container sees them plus their start time, which names the same process in every
-    PID namespace."""
-    ids = {(s.pid, s.start_ticks) for s in led.slots if s.alive and s.start_ticks}
+    as the container sees them, their start time and their PID namespace, which together
+    name the same process from every namespace."""
+    ids = live_identities(led)
     plain = {s.pid for s in led.slots if s.alive and not s.start_ticks}
     total = 0.0
     for pid, busy in busy_by_pid.items():
-        ident = identity(pid)
-        if (ident is not None and ident in ids) or pid in plain:
+        if named(identity(pid), ids) or pid in plain:
             total += busy
     return total
 
@@ -173,11 +177,12 @@ class Tenant:
         return self._reader
 
     def entries(self) -> list[BudgetEntry]:
-        """The budget file's entries now (parsed again only when its generation moved)."""
+        """The budget file's entries now (parsed again only when its generation moved); the
+        list is shared: copy it before changing it."""
         gen = self.budget.generation
         if self._parsed is None or self._parsed[0] != gen:
             self._parsed = (gen, self.budget.read().entries)
-        return list(self._parsed[1])
+        return self._parsed[1]
 
     def tokens_at(self, t: float) -> float | None:
         """Tokens taken by wall time t, interpolated between readings."""
@@ -254,6 +259,8 @@ class Controller:
             return {}  # nothing measured: rates stay as they are
         observations: dict[str, Observation] = {}
         samples: dict[str, Sample] = {}
+        live = set().union(*(live_identities(v) for v in self.views.values()))
+        idents = {pid: self.identities(pid, live) for pid in busy_by_pid}  # once per period
         for t in self.tenants:
             if t.name not in claims:
                 continue
@@ -263,11 +270,12 @@ class Controller:
             a, b = t.tokens_at(window[0]), t.tokens_at(window[1])
             if a is None or b is None:
                 continue
-            busy = attribute(led, busy_by_pid, self.identities)
+            busy = attribute(led, busy_by_pid, idents.get)
             observations[t.name] = Observation(
                 busy=busy, tokens=max(0.0, b - a), seconds=window[1] - window[0]
             )
-            samples[t.name] = Sample(use=busy, throttled=t.waited_since(window[0]))
+            samples[t.name] = Sample(use=busy, throttled=t.waited_since(window[0]),
+                                     launched=b - a > 0)
         gpu = sum(busy_by_pid.values())
         grants = self.fair.step(claims, samples, saturated=gpu >= self.law.saturated_at)
         for name, g in grants.items():
@@ -291,7 +299,8 @@ class Controller:
                                                 t.waited_since(self.last))
         wanting = self.tokens.observe(token_samples)
         uses = self.tokens.uses(token_samples)
-        samples = {n: Sample(use=uses[n], throttled=n in wanting) for n in token_samples}
+        samples = {n: Sample(use=uses[n], throttled=n in wanting,
+                             launched=token_samples[n].tokens > 0) for n in token_samples}
         grants = self.fair.step(claims, samples)
         rates = self.tokens.rates({n: g.share for n, g in grants.items()})
         spent = {n: s.tokens for n, s in token_samples.items()}
@@ -316,11 +325,11 @@ class Controller:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 # read again right before writing: only rate and burst are the controller's
                 # (a resize may have rewritten the rest since the period began)
-                entries = t.entries()
-                e = entries[t.entry]
+                e = t.entries()[t.entry]
                 if abs(rates[t.name] - e.rate) > RATE_STEP * max(e.rate, 1.0):
                     # a change below RATE_STEP is noise in the cost estimate: no write, no
                     # generation bump for every process of the container to notice
+                    entries = list(t.entries())
                     entries[t.entry] = replace(e, rate=rates[t.name], burst=burst(rates[t.name]))
                     t.budget.update(entries)
             s = samples.get(t.name)

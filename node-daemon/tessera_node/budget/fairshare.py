@@ -21,7 +21,9 @@ comes each container's *share*: the fraction of the GPU its token rate is set fo
 
 Noise: a lender's keep follows its use up at once and down only halfway per period, and
 only use above the keep ends lending, so samples jittering by less than ``margin`` around a
-steady use leave every share unchanged.
+steady use leave every share unchanged. A lender that takes no launch token at all is idle
+for certain: its keep goes down (halfway per period) to ``idle_margin``, so the borrowers get
+all but a point of the GPU; its first launch ends lending.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Sample:
 
     use: float  # busy share of the GPU, 0..1
     throttled: bool = False  # it waited for launch tokens
+    launched: bool = True  # False: it took no launch token at all (certainly idle, not noise)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class _State:
 class FairShare:
     lend_after: int = 1  # quiet periods before a container lends
     margin: float = 0.03  # what a lender keeps above its use, fraction of the GPU
+    idle_margin: float = 0.01  # what it keeps while it launches nothing at all
     states: dict[str, _State] = field(default_factory=dict)
 
     def step(
@@ -116,17 +120,20 @@ class FairShare:
             st.quiet, st.lending, st.keep = 0, False, budget
             return
         use = min(1.0, max(0.0, s.use))
+        # a lender that launches nothing at all is idle for certain, not jittering near its
+        # use: it keeps less (its own rate still stands, so its return is as fast)
+        m = self.margin if s.launched else self.idle_margin
         if st.lending:
             if s.throttled or use > st.keep:
                 st.quiet, st.lending, st.keep = 0, False, budget  # reclaim at once
             else:
-                st.keep = min(budget, max(use + self.margin, (st.keep + use + self.margin) / 2))
+                st.keep = min(budget, max(use + m, (st.keep + use + m) / 2))
             return
         if saturated:
             return  # neither quiet nor busy: no evidence either way
         if not s.throttled and use < budget - self.margin:
             st.quiet += 1
-            st.keep = use + self.margin if st.quiet == 1 else max(st.keep, use + self.margin)
+            st.keep = use + m if st.quiet == 1 else max(st.keep, use + m)
             if st.quiet >= self.lend_after:
                 st.lending = True
         else:

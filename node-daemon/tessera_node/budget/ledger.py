@@ -12,6 +12,7 @@ import mmap
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,11 @@ DEV = struct.Struct("<8Q")  # used, tat_ns, tokens_milli, launches, wait_ns, wai
 WAIT_HIST_OFFSET = 1152  # u32[MAX_DEV][32], log2 microsecond buckets
 WAIT_BUCKETS = 32
 HWM_OFFSET = 24  # u32: slots [0, hwm) have been used
+SLOT_CHANGES_OFFSET = 28  # u32: bumped after every join and reclaim (0: an older library)
 SLOT_HEAD = struct.Struct("<iIQ")  # pid (as the container sees it), owner generation, joined
 SLOT_BYTES_OFFSET = 16  # u64[MAX_DEV]: device bytes this slot holds
-SLOT_TAIL_OFFSET = 144  # launches, wait_ns, start_ticks (u64 each)
-SLOT_TAIL = struct.Struct("<3Q")
+SLOT_TAIL_OFFSET = 144  # launches, wait_ns, start_ticks, pidns (u64 each)
+SLOT_TAIL = struct.Struct("<4Q")
 F_OFD_GETLK = 36
 FLOCK = struct.Struct("hhqqi4x")  # l_type, l_whence, l_start, l_len, l_pid (x86_64)
 
@@ -66,6 +68,12 @@ class LedgerSlot:
     bytes: tuple[int, ...]
     wait_s: float
     start_ticks: int = 0  # /proc/<pid>/stat starttime, the same in every PID namespace
+    pidns: int = 0  # inode of its PID namespace (0: written by a library without it)
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """(pid in its namespace, start ticks, namespace inode): one process on the host."""
+        return self.pid, self.start_ticks, self.pidns
 
 
 @dataclass(frozen=True)
@@ -112,16 +120,27 @@ class LedgerReader:
     """One ledger read again and again (the controller, ten times a second): the file stays
     mapped read-only, so a read copies nothing but the counters it decodes; a ledger replaced
     by a new one (another inode: the container's devices were allocated again) is mapped
-    anew."""
+    anew, noticed within ``RECHECK_S``."""
+
+    RECHECK_S = 1.0
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._ino: tuple[int, int] | None = None
+        self._slots = _SlotCache()
+        self._recheck_at = 0.0
 
     def read(self, only: int | None = None) -> LedgerView:
+        if self._map is None or time.monotonic() >= self._recheck_at:
+            self._remap_if_replaced()
+        assert self._map is not None and self._fd is not None
+        return _parse(self._map, self._fd, only, self._slots)
+
+    def _remap_if_replaced(self) -> None:
         st = os.stat(self.path)
+        self._recheck_at = time.monotonic() + self.RECHECK_S
         if self._map is None or self._ino != (st.st_dev, st.st_ino):
             self.close()
             if st.st_size < FILE_SIZE:
@@ -133,8 +152,7 @@ class LedgerReader:
                 os.close(fd)
                 raise
             self._fd, self._ino = fd, (st.st_dev, st.st_ino)
-        assert self._fd is not None
-        return _parse(self._map, self._fd, only)
+            self._slots = _SlotCache()
 
     def close(self) -> None:
         if self._map is not None:
@@ -145,7 +163,35 @@ class LedgerReader:
             self._fd = None
 
 
-def _parse(raw: bytes | mmap.mmap, fd: int, only: int | None) -> LedgerView:
+class _SlotCache:
+    """The slot table a reader decoded last time (the controller reads the same ledger ten
+    times a second; processes join and leave rarely), kept while the ledger's high-water
+    mark and slot-change counter stay the same. Liveness is read again every time. A ledger
+    whose counter is 0 (written by a library older than the counter) is decoded every time."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] = (0, 0)
+        self.heads: list[tuple[int, int, int, int]] = []  # (index, pid, start, pidns)
+
+
+def _slot_heads(raw: bytes | mmap.mmap, n: int) -> list[tuple[int, int, int, int]]:
+    """(index, pid, start ticks, PID namespace) of every slot below ``n`` with a pid."""
+    with memoryview(raw) as mv:
+        pids = mv[HEADER_SIZE: HEADER_SIZE + n * SLOT_SIZE].cast("i")[:: SLOT_SIZE // 4].tobytes()
+    # joining processes take slots anywhere below the high-water mark, so most of [0, hwm)
+    # is usually empty: find the others in one C-level pass
+    heads = []
+    for i in sorted({m.start() // 4 for m in _NONZERO.finditer(pids)}):
+        off = HEADER_SIZE + i * SLOT_SIZE
+        pid = SLOT_HEAD.unpack_from(raw, off)[0]
+        if pid != 0:
+            _launches, _wait, start, pidns = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
+            heads.append((i, pid, start, pidns))
+    return heads
+
+
+def _parse(raw: bytes | mmap.mmap, fd: int, only: int | None,
+           cache: _SlotCache | None = None) -> LedgerView:
     (hwm,) = struct.unpack_from("<I", raw, HWM_OFFSET)
     magic, version, nslots, ndev, hsize, ssize = struct.unpack_from("<6I", raw, 0)
     if (magic, version, nslots, ndev, hsize, ssize) != (
@@ -167,19 +213,20 @@ def _parse(raw: bytes | mmap.mmap, fd: int, only: int | None) -> LedgerView:
         )
         hist = struct.unpack_from(f"<{WAIT_BUCKETS}I", raw, WAIT_HIST_OFFSET + d * 4 * WAIT_BUCKETS)
         devices.append(LedgerDevice(used, tokens / 1000, wait_ns / 1e9, waits, oom, hist))
-    slots = []
     n = min(hwm, NSLOTS)
-    # the pid of every slot in one C-level pass (joining processes take slots anywhere below
-    # the high-water mark, so most of [0, hwm) is usually empty)
-    with memoryview(raw) as mv:
-        pids = mv[HEADER_SIZE: HEADER_SIZE + n * SLOT_SIZE].cast("i")[:: SLOT_SIZE // 4].tobytes()
-    for i in sorted({m.start() // 4 for m in _NONZERO.finditer(pids)}):
+    (changes,) = struct.unpack_from("<I", raw, SLOT_CHANGES_OFFSET)
+    if cache is not None and changes != 0 and cache.key == (n, changes):
+        heads = cache.heads
+    else:
+        heads = _slot_heads(raw, n)
+        if cache is not None:
+            cache.key, cache.heads = (n, changes), heads
+    slots = []
+    for i, pid, start, pidns in heads:
         off = HEADER_SIZE + i * SLOT_SIZE
-        pid, _r0, _joined = SLOT_HEAD.unpack_from(raw, off)
-        if pid == 0:
-            continue
         held = (_NO_BYTES if only is not None
                 else struct.unpack_from(f"<{MAX_DEV}Q", raw, off + SLOT_BYTES_OFFSET))
-        _launches, wait_ns, start = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)
-        slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start))
+        wait_ns = SLOT_TAIL.unpack_from(raw, off + SLOT_TAIL_OFFSET)[1]
+        slots.append(LedgerSlot(i, pid, _slot_locked(fd, i), tuple(held), wait_ns / 1e9, start,
+                                pidns))
     return LedgerView(tuple(devices), tuple(slots))

@@ -6,7 +6,9 @@ and never knows what a kernel costs; the law learns it from measurement:
 * While the GPU is not saturated, a container's measured busy share is proportional to the
   tokens it spends, so ``cost = busy seconds / tokens`` (a ratio of sums over the last few
   intervals) is what one token buys, and ``rate = target * headroom / cost`` buys its
-  target. A budget change therefore takes effect at the next interval.
+  target. A budget change therefore takes effect at the next interval. A target that moves
+  by more than ``retarget_at`` (a lend, a reclaim, a resize) scales the rate that held the
+  old one and learns the cost afresh: what was learned before may be from long ago.
 * While the GPU is saturated, shares only reflect the *ratio* of the rates and launch
   queues grow, so no cost is learned, and from the ``saturated_after``-th saturated interval
   on every rate is walked back (``backoff``) until the queues drain (a saturated interval or
@@ -57,6 +59,7 @@ class RateLaw:
     saturated_after: int = 3  # consecutive saturated intervals before rates back off
     backoff: float = 0.95  # rate factor per saturated interval
     burst_seconds: float = 0.01  # bucket depth, as seconds of the rate
+    retarget_at: float = 0.02  # a target change above this starts the cost estimate afresh
     tenants: dict[str, TenantState] = field(default_factory=dict)
     saturated_for: int = 0
 
@@ -66,8 +69,15 @@ class RateLaw:
         t = self.tenants.get(name)
         if t is None:
             self.tenants[name] = TenantState(target=target, rate=self.probe_rate)
-        else:
-            t.target = target
+            return
+        if t.history and t.target > 0 and abs(target - t.target) > self.retarget_at:
+            # a new target (a lend, a reclaim, a resize): the cost learned so far is from
+            # before, often from periods long ago (nothing is learned while the GPU is
+            # saturated), so start from the rate that held the old target, scaled, and learn
+            # the cost afresh from the next periods
+            t.rate = min(self.max_rate, max(self.min_rate, t.rate * target / t.target))
+            t.history.clear()
+        t.target = target
 
     def remove(self, name: str) -> None:
         self.tenants.pop(name, None)

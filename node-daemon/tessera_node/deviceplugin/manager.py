@@ -93,6 +93,8 @@ class Manager:
         self.state = NodeState()
         self._lock = threading.Lock()
         self._matched: dict[str, ContainerRef] = {}
+        self._refused: dict[str, str] = {}
+        """Allocation key -> why its budget is refused now."""
         self._ready_cache: dict[str, list[tuple[str, int | None]]] | None = None
 
     # -- what is advertised ------------------------------------------------------------
@@ -124,6 +126,7 @@ class Manager:
                 )
             key = allocation_key(resource, device_ids)
             self._matched.pop(key, None)
+            self._refused.pop(key, None)
             self._ready().pop(key, None)
             self.writer.allocate(key, resource, list(device_ids), list(decision.units))
             return container_response(
@@ -189,8 +192,11 @@ class Manager:
             held = confirm(listing, records)
             pods = {(p.namespace, p.name): p for p in self.pods()}
             for key, ref in held.items():
-                if self._matched.get(key) == ref:
+                if self._matched.get(key) == ref and key not in self._refused:
                     continue
+                # a refused container is judged again every period: what refused it (its pod
+                # not seen yet, a GPU full of other budgets) may have passed, and its next
+                # process, or the container restarted, then runs under its budget
                 self._confirm(records[key], ref, pods.get((ref.namespace, ref.pod)))
             for key, rec in records.items():
                 if key in held:
@@ -209,6 +215,7 @@ class Manager:
                         continue
                     why = "pod ended"
                 self._matched.pop(key, None)
+                self._refused.pop(key, None)
                 self.registry.drop(key)
                 self._ready().pop(key, None)
                 self.writer.remove(key)
@@ -217,24 +224,33 @@ class Manager:
     def _confirm(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None) -> None:
         self._matched[rec.key] = ref
         if pod is None:
-            gone = f"pod {ref.namespace}/{ref.pod} not found"
-            self._ready().pop(rec.key, None)
-            self.writer.refuse(rec.key, gone)
-            self._register(rec, ref, "", None, gone)
+            self._refuse(rec, ref, None, f"pod {ref.namespace}/{ref.pod} not found")
             return
         whole = rec.resource != VGPU
         why = self._fits(pod, ref.container, rec.resource, rec.units, exclude=rec.key)
         if why is not None:
-            self._ready().pop(rec.key, None)
-            self.writer.refuse(rec.key, why)
-            self._register(rec, ref, pod.uid, None, why)
-            self.on_refused(pod, ref.container, why)
+            self._refuse(rec, ref, pod, why)
             return
+        if self._refused.pop(rec.key, None) is not None:
+            log.info("a refused container's budget fits now", extra={"key": rec.key})
         b = budgets.container_budget(pod.annotations, ref.container)
         entries = budgets.entries(b, rec.units, whole, self.state.context_bytes)
         self.writer.ready(rec.key, entries)
         self._ready()[rec.key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
         self._register(rec, ref, pod.uid, b, None, budgets.pod_budget(pod.annotations))
+
+    def _refuse(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None,
+                why: str) -> None:
+        """Refuse the container's budget (once per reason: no file rewrite, no Event, while
+        the same reason holds period after period)."""
+        if self._refused.get(rec.key) == why:
+            return
+        self._refused[rec.key] = why
+        self._ready().pop(rec.key, None)
+        self.writer.refuse(rec.key, why)
+        self._register(rec, ref, pod.uid if pod is not None else "", None, why)
+        if pod is not None:
+            self.on_refused(pod, ref.container, why)
 
     def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
                   budget: ContainerBudget | None, refused: str | None,
@@ -318,6 +334,12 @@ class Manager:
             except BudgetError:
                 continue
         return min(needs) if needs else None
+
+    def unconfirmed_units(self) -> set[str]:
+        """Units of allocations the kubelet's PodResources has not shown held yet."""
+        with self._lock:
+            return {u for r in self.writer.records() if r.key not in self._matched
+                    for u in r.units}
 
     def pending(self) -> bool:
         with self._lock:

@@ -25,7 +25,6 @@ from tessera.api.budget import BudgetError, ContainerBudget
 from tessera.api.names import ANNOTATION_BUDGET_RESIZE
 from tessera.api.resize import ResizeStatus
 from tessera_node.budget.formats import BudgetEntry
-from tessera_node.budget.writer import BudgetWriter
 from tessera_node.deviceplugin.budgets import container_budget, entries
 from tessera_node.deviceplugin.budgets import pod_budget as budget_of
 from tessera_node.deviceplugin.fit import MIB, overcommit
@@ -91,12 +90,6 @@ def decide(
         for e in new
     ]
     return Outcome(ResizeStatus(s.request, "Applied"), kept)
-
-
-def apply(writer: BudgetWriter, key: str, outcome: Outcome) -> None:
-    """Rewrite the budget file of allocation ``key`` when the outcome applies."""
-    if outcome.applied and outcome.entries is not None:
-        writer.ready(key, list(outcome.entries))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from tessera_node.deviceplugin.devices import (
     units,
     vgpu_capacity,
 )
-from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
+from tessera_node.deviceplugin.listgate import AllocationGate
+from tessera_node.deviceplugin.manager import ENDED, Manager, NodeState, PluginConfig
 from tessera_node.deviceplugin.matcher import Held, PodView, pod_view
 from tessera_node.deviceplugin.podresources import PodResourcesClient
 from tessera_node.deviceplugin.resize import awaiting, resized_message
@@ -59,6 +60,7 @@ log = logging.getLogger("tessera_node.deviceplugin")
 
 POD_WATCH = "pods"
 REFUSED_REASON = "GPUBudgetRefused"
+UNCONFIRMED = "(a container allocated, its pod not confirmed yet)"
 
 
 @dataclass
@@ -81,10 +83,15 @@ class _Resource:
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int
                   ) -> list[str]:
-        return self.service.require_manager().resource(self.name).preferred(
-            available, must_include, size)
+        with self.service.gate.answering(then_allocate=True):
+            return self.service.require_manager().resource(self.name).preferred(
+                available, must_include, size)
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
+        with self.service.gate.answering(then_allocate=False):
+            return self._allocate(device_ids)
+
+    def _allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
         started = time.monotonic()
         deadline = started + ALLOCATE_WAIT_S
         while True:
@@ -122,7 +129,8 @@ class DevicePluginService:
         self.health = health
         self.node = node
         self.registry = registry or ContainerRegistry()
-        self.podres = PodResourcesClient(opts.pod_resources_socket)
+        self.gate = AllocationGate()
+        self.podres = PodResourcesClient(opts.pod_resources_socket, gate=self.gate)
         self.manager: Manager | None = None
         self.servers: dict[str, PluginServer] = {}
         self.unregistered: dict[str, str] = {}
@@ -198,17 +206,31 @@ class DevicePluginService:
     # -- PodResources (which pods hold which devices; any thread) --------------------------
 
     def holders(self) -> Mapping[str, Sequence[str]]:
+        """Unit -> pods holding it, as the kubelet says, and units of allocations not
+        confirmed yet (their pod may not be in the watch yet; the kubelet is asked only
+        about pods the watch knows)."""
         out: dict[str, list[str]] = {}
         for h in self._list_held():
             if not h.resource.startswith(PREFIX):
                 continue
             for d in h.device_ids:
                 out.setdefault(unit_of(d), []).append(f"{h.ref.namespace}/{h.ref.pod}")
+        if self.manager is not None:
+            for unit in self.manager.unconfirmed_units():
+                out.setdefault(unit, []).append(UNCONFIRMED)
         return out
 
     def _list_held(self) -> list[Held]:
+        """What the pods on this node that ask for tessera's resources and have not ended
+        hold, as the kubelet says."""
+        if not self.health.synced(POD_WATCH):
+            raise OSError("the node's pods are not listed yet: which pods hold devices is "
+                          "unknown")
+        asking = [(p.namespace, p.name) for p in self.pods()
+                  if p.phase not in ENDED
+                  and any(r.startswith(PREFIX) for lim in p.limits.values() for r in lim)]
         try:
-            return self.podres.list_held()
+            return self.podres.held(asking)
         except grpc.RpcError as exc:
             raise OSError(f"kubelet PodResources at {self.opts.pod_resources_socket}: "
                           f"{exc.code().name}") from None

@@ -101,12 +101,44 @@ def test_attribution_by_start_time_across_pid_namespaces() -> None:
     from tessera_node.budget.ledger import LedgerSlot, LedgerView
 
     me = proc_identity(os.getpid())
-    assert me is not None and me[1] > 0
+    assert me is not None and me[1] > 0 and me[2] > 0
     zero = (0,) * 16
-    mine = LedgerSlot(0, me[0], True, zero, 0.0, me[1])
-    stale = LedgerSlot(1, me[0], True, zero, 0.0, me[1] + 1)  # same PID, another process
+    mine = LedgerSlot(0, me[0], True, zero, 0.0, me[1], me[2])
+    stale = LedgerSlot(1, me[0], True, zero, 0.0, me[1] + 1, me[2])  # same PID, another one
+    # another container's PID 1 started in the same clock tick: same PID and start time, its
+    # own namespace (a Job's pods start together)
+    twin = LedgerSlot(2, me[0], True, zero, 0.0, me[1], me[2] + 1)
+    older_library = LedgerSlot(3, me[0], True, zero, 0.0, me[1])  # no namespace recorded
     assert attribute(LedgerView((), (mine,)), {os.getpid(): 0.25}) == 0.25
     assert attribute(LedgerView((), (stale,)), {os.getpid(): 0.25}) == 0.0
+    assert attribute(LedgerView((), (twin,)), {os.getpid(): 0.25}) == 0.0
+    assert attribute(LedgerView((), (older_library,)), {os.getpid(): 0.25}) == 0.25
+
+
+def test_identities_are_read_again_unless_they_name_a_live_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PID's identity names a live slot: it is that process still (start ticks are unique),
+    so /proc is not read again; one that names no live slot is read again after the TTL, since
+    the PID may belong to another process by then."""
+    import tessera_node.budget.controller as ctl_mod
+
+    reads: list[int] = []
+    owners = {100: (7, 1000, 4026531836), 200: (9, 2000, 4026531836)}
+    monkeypatch.setattr(ctl_mod, "proc_identity", lambda pid: reads.append(pid) or owners[pid])
+    clock = [0.0]
+    monkeypatch.setattr(ctl_mod.time, "monotonic", lambda: clock[0])
+    ids = ctl_mod.Identities()
+    live = {(7, 1000, 4026531836)}
+    assert ids(100, live) == owners[100] and ids(200, live) == owners[200]
+    for step in range(1, 30):  # three seconds of periods
+        clock[0] = step * 0.1
+        ids(100, live)
+        ids(200, live)
+    assert reads.count(100) == 1 and 2 <= reads.count(200) <= 4
+    owners[100] = (3, 5000, 4026532000)  # the slot's process died, its PID went to another
+    clock[0] += 2 * ctl_mod.IDENTITY_TTL_S
+    assert ids(100, set()) == owners[100]
 
 
 def test_metrics_lent_borrowed_and_achieved_share() -> None:

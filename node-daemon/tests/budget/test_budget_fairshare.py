@@ -144,6 +144,28 @@ def test_idle_lends_by_weight_and_reclaims_at_once() -> None:
     assert [g[n].share for n in "abc"] == pytest.approx([0.2, 0.3, 0.5])
 
 
+def test_a_lender_that_launches_nothing_keeps_only_the_idle_margin() -> None:
+    """Idle for certain (no launch token at all): the borrowers get all but ``idle_margin``
+    of the GPU within a few periods; one that launches a little keeps the full margin; the
+    idle one's first launch ends lending at once."""
+    claims = {"a": Claim(0.2), "b": Claim(0.3), "c": Claim(0.5)}
+    fs = FairShare()
+    busy = {n: Sample(use=c.budget, throttled=True) for n, c in claims.items()}
+    fs.step(claims, busy)
+    for _ in range(5):
+        g = fs.step(claims, dict(busy, a=Sample(use=0.0, launched=False)))
+    assert g["a"].lending
+    assert g["a"].lent == pytest.approx(0.2 - fs.idle_margin, abs=0.01 * fs.margin)
+    assert g["b"].share + g["c"].share == pytest.approx(1 - fs.idle_margin, abs=0.01)
+    fs2 = FairShare()
+    fs2.step(claims, busy)
+    for _ in range(5):
+        g2 = fs2.step(claims, dict(busy, a=Sample(use=0.0)))  # launches, sampled as 0
+    assert g2["a"].lent == pytest.approx(0.2 - fs2.margin)
+    g = fs.step(claims, dict(busy, a=Sample(use=0.05)))  # it launches again
+    assert not g["a"].lending and g["b"].share == pytest.approx(0.3)
+
+
 def test_hard_cap_leaves_idle_capacity_idle() -> None:
     claims = {"a": Claim(0.2, lend=False), "b": Claim(0.3, lend=False), "c": Claim(0.5)}
     fs = FairShare()

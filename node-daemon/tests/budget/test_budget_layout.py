@@ -45,11 +45,12 @@ int main(void)
     S(tl_dev); S(tl_slot);
     O(tl_header, magic); O(tl_header, version); O(tl_header, nslots); O(tl_header, ndev);
     O(tl_header, header_size); O(tl_header, slot_size); O(tl_header, hwm);
+    O(tl_header, slot_changes);
     O(tl_header, dev); O(tl_header, wait_hist);
     O(tl_dev, used); O(tl_dev, tat_ns); O(tl_dev, tokens_milli); O(tl_dev, launches);
     O(tl_dev, wait_ns); O(tl_dev, waits); O(tl_dev, oom);
     O(tl_slot, pid); O(tl_slot, gen); O(tl_slot, joined_ns); O(tl_slot, bytes);
-    O(tl_slot, launches); O(tl_slot, wait_ns); O(tl_slot, start_ticks);
+    O(tl_slot, launches); O(tl_slot, wait_ns); O(tl_slot, start_ticks); O(tl_slot, pidns);
     printf("\"wait_hist buckets\": %zu\n}\n",
            sizeof(((struct tl_header *)0)->wait_hist[0]) / sizeof(uint32_t));
     return 0;
@@ -125,6 +126,7 @@ def test_ledger_matches_the_header(tmp_path: Path) -> None:
     head = ["magic", "version", "nslots", "ndev", "header_size", "slot_size"]
     assert [4 * i for i in range(len(head))] == [c[f"tl_header.{f}"] for f in head]
     assert c["tl_header.hwm"] == led.HWM_OFFSET
+    assert c["tl_header.slot_changes"] == led.SLOT_CHANGES_OFFSET
     assert c["tl_header.dev"] == led.DEV_OFFSET and led.DEV.size == c["sizeof tl_dev"]
     dev = ["used", "tat_ns", "tokens_milli", "launches", "wait_ns", "waits", "oom"]
     assert offsets(led.DEV)[: len(dev)] == [c[f"tl_dev.{f}"] for f in dev]
@@ -132,7 +134,7 @@ def test_ledger_matches_the_header(tmp_path: Path) -> None:
     assert c["wait_hist buckets"] == led.WAIT_BUCKETS
     assert offsets(led.SLOT_HEAD) == [c[f"tl_slot.{f}"] for f in ("pid", "gen", "joined_ns")]
     assert c["tl_slot.bytes"] == led.SLOT_BYTES_OFFSET
-    tail = ["launches", "wait_ns", "start_ticks"]
+    tail = ["launches", "wait_ns", "start_ticks", "pidns"]
     assert [led.SLOT_TAIL_OFFSET + o for o in offsets(led.SLOT_TAIL)] == [
         c[f"tl_slot.{f}"] for f in tail
     ]

@@ -64,6 +64,20 @@ def test_target_change_takes_effect_within_a_few_intervals() -> None:
     assert shares[-1]["a"] / (shares[-1]["a"] + shares[-1]["b"]) == pytest.approx(0.5, abs=0.05)
 
 
+def test_a_new_target_learns_the_cost_afresh() -> None:
+    """A lend, a reclaim or a resize moves a target: the cost per token learned before (here
+    from kernels since grown 30 % cheaper; in the daemon often from long before, as nothing
+    is learned while the GPU is saturated) is dropped, and the target holds from the second
+    interval on instead of after the whole estimate window (within the plant's +-10 %
+    kernel noise, which one fresh sample carries; the old estimate missed by 26 % then)."""
+    law = RateLaw()
+    law.set_target("a", 0.3)
+    run(law, {"a": 0.001}, {"a": 1e9}, 20)
+    law.set_target("a", 0.6)
+    shares = run(law, {"a": 0.0007}, {"a": 1e9}, 3)
+    assert [s["a"] for s in shares[1:]] == pytest.approx([0.6 * law.headroom] * 2, abs=0.1)
+
+
 def test_saturation_walks_rates_back() -> None:
     law = RateLaw()
     law.set_target("a", 0.5)

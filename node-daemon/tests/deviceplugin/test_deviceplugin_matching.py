@@ -216,6 +216,33 @@ def test_cycle_pending_ready_refused_removed(tmp_path: Path) -> None:
     c.m.resolve(both[1:])
     assert [r.key for r in c.writer.records()] == [kb]
     assert not (c.writer.root / ka).exists()
+    # and b, refused while a held the GPU, is judged again: its budget fits now, so its
+    # next process (or the container restarted) runs under it; no second Event
+    c.m.resolve(both[1:])
+    b = c.writer.read(kb)
+    assert b.state == "ready" and b.entries[0].memory == 40 * GIB
+    assert len(c.events) == 1
+
+
+def test_a_container_refused_for_a_pod_not_seen_yet_is_set_up_once_it_is(
+    tmp_path: Path,
+) -> None:
+    """The daemon's pod watch may lag (its API server restarted): a container whose pod it
+    has not seen is refused for now, not for its life."""
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(8 * GIB))])
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    key = allocation_key(VGPU, [share_id(G0, 0)])
+    held = [Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),))]
+    seen = c.pods.pop()
+    c.m.resolve(held)
+    assert c.writer.read(key).state == "refused"
+    assert "pod ns/a not found" in c.writer.read(key).reason
+    generation = c.writer.read(key).generation
+    c.m.resolve(held)
+    assert c.writer.read(key).generation == generation  # the same reason: not rewritten
+    c.pods.append(seen)
+    c.m.resolve(held)
+    assert c.writer.read(key).state == "ready" and c.writer.read(key).entries[0].memory == 8 * GIB
 
 
 def test_allocate_fails_only_when_no_pending_pod_fits(tmp_path: Path) -> None:

@@ -218,3 +218,36 @@ def test_nothing_is_resolved_before_the_gpus_are_read(tmp_path: Path) -> None:
     svc.update(SNAP, {}, frozenset())
     asyncio.run(svc._resolve(svc.require_manager()))
     assert listed == [1]
+
+
+def test_holders_fail_closed_and_count_allocations_not_confirmed(tmp_path: Path) -> None:
+    """The MIG enactor asks which pods hold a unit before it destroys one: before the pod
+    watch has listed, nobody can say (an error: every device counts as held); a unit an
+    Allocate gave out counts as held until the kubelet shows its pod (the kubelet is asked
+    only about pods the watch knows)."""
+    from tessera_node.deviceplugin.matcher import pod_view
+    from tessera_node.deviceplugin.service import UNCONFIRMED
+
+    svc = service(tmp_path)
+    svc.update(SNAP, {}, frozenset())
+    with pytest.raises(OSError, match="not listed yet"):
+        svc.holders()
+    svc.health.synced = lambda name: True  # type: ignore[method-assign]
+    asked: list[list[tuple[str, str]]] = []
+    shown: list[Held] = []
+
+    def held(pods: Any) -> list[Held]:
+        asked.append(list(pods))
+        return list(shown)
+
+    svc.podres.held = held  # type: ignore[method-assign]
+    svc._views = (pod_view(pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))),
+                  pod_view(pod("done", {"main": {VGPU: 1}}, phase="Succeeded")),
+                  pod_view(pod("cpu-only", {"main": {"cpu": 1}})))
+    assert svc.holders() == {}
+    assert asked == [[("ns", "a")]]  # not the ended pod, not one without tessera resources
+    svc.require_manager().allocate(VGPU, [share_id(G0, 0)])
+    assert svc.holders() == {G0: [UNCONFIRMED]}
+    shown.append(Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),)))
+    asyncio.run(svc._resolve(svc.require_manager()))
+    assert svc.holders() == {G0: ["ns/a"]}

@@ -5,18 +5,10 @@ policy (defaults, max) and tessera's own check of ``hard`` against ``status.used
 gives the clear refusal.  That check may see a count a moment old; the race-free count is
 the API server's, against the ResourceQuota each GPUQuota manages
 (:mod:`tessera.quota.managed`).
-
-Admission may read the cache from its own thread (``--admission-loop=thread``,
-:mod:`tessera.webhooks.server`) while the watch updates it in the main loop's: the watch
-publishes each namespace's quotas as a new tuple (:meth:`QuotaCache.known` is one
-dictionary read), and never changes a container a reader iterates; a read before the watch
-has synced is handed to the watch's loop, whose API client it needs.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +17,6 @@ from typing import Any
 from tessera.api.names import GPUQUOTAS, GROUP, VERSION
 from tessera.kube.client import Kube, Obj, path
 from tessera.kube.health import Health
-from tessera.kube.loops import on_loop
 from tessera.quota.arith import QuotaView
 from tessera.quota.objects import view_of
 
@@ -49,16 +40,9 @@ class QuotaCache:
     _listener: Listener | None = None
     _views: dict[tuple[str, str], tuple[str, QuotaView]] = field(default_factory=dict)
     _by_ns: dict[str, tuple[Obj, ...]] = field(default_factory=dict)
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    def __post_init__(self) -> None:
-        if self._loop is None:  # the loop whose API client this cache reads with
-            with contextlib.suppress(RuntimeError):
-                self._loop = asyncio.get_running_loop()
 
     def known(self, ns: str) -> list[Obj] | None:
-        """The namespace's GPUQuotas from this replica's watch; None until it has synced.
-        Safe from any thread."""
+        """The namespace's GPUQuotas from this replica's watch; None until it has synced."""
         if not self._synced:
             return None
         return list(self._by_ns.get(ns, ()))
@@ -69,13 +53,6 @@ class QuotaCache:
         known = self.known(ns)
         if known is not None:
             return known
-        home = self._loop
-        if home is not None and home is not asyncio.get_running_loop():
-            listed: list[Obj] = await on_loop(home)(self._list(ns))
-            return listed
-        return await self._list(ns)
-
-    async def _list(self, ns: str) -> list[Obj]:
         return (await self.kube.list(quota_url(ns), cached=True)).get("items") or []
 
     def snapshot(self) -> list[Obj]:
@@ -106,7 +83,6 @@ class QuotaCache:
 
     async def watch(self) -> None:
         """Keep the GPUQuotas in memory: admission reads them without a LIST per pod."""
-        self._loop = asyncio.get_running_loop()
         try:
             async for typ, obj in self.kube.watch(quota_url(), name="quota-cache",
                                                   health=self.health):

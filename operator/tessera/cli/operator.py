@@ -36,8 +36,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError("; ".join(policy.problems()))
     if args.cert_check_interval <= 0:
         raise CLIError("--cert-check-interval must be positive")
-    if not 0 < args.switch_interval <= 1:
-        raise CLIError("--switch-interval must be above 0 and at most 1 second")
+    if args.shutdown_drain < 0:
+        raise CLIError("--shutdown-drain must be 0 or more")
     opts = Options(
         kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
         webhook_port=args.webhook_port, webhook_url=args.webhook_url,
@@ -48,10 +48,9 @@ def _run(args: argparse.Namespace) -> int:
         webhook_client_names=tuple(args.webhook_client_name or ()),
         webhook_config_interval_s=args.webhook_config_interval,
         webhook_configurations=args.webhook_configurations,
-        stuck_after_s=args.stuck_after, admission_loop=args.admission_loop,
-        switch_interval_s=args.switch_interval, webhook_certificate=args.webhook_certificate,
+        stuck_after_s=args.stuck_after, webhook_certificate=args.webhook_certificate,
         cert_lifetime_s=args.cert_lifetime, cert_step_s=args.cert_step,
-        cert_check_interval_s=args.cert_check_interval)
+        cert_check_interval_s=args.cert_check_interval, shutdown_drain_s=args.shutdown_drain)
     if args.identity:
         opts.identity = args.identity
     setup_logging(quiet=("kopf", "aiohttp.access"))
@@ -105,14 +104,12 @@ def register(subparsers: Any) -> None:
                    help="least seconds between the steps of a renewal")
     r.add_argument("--cert-check-interval", type=float, default=D.cert_check_interval_s,
                    help="seconds between reads of the serving Secret")
-    r.add_argument("--admission-loop", choices=("thread", "main"), default=D.admission_loop,
-                   help="main: answer admission reviews on the main loop with the watches "
-                   "and kopf; thread: on an event loop in a thread of its own")
-    r.add_argument("--switch-interval", type=float, default=D.switch_interval_s,
-                   help="seconds one Python thread may run while another waits "
-                   "(--admission-loop=thread)")
     r.add_argument("--stuck-after", type=float, default=D.stuck_after_s,
                    help="seconds a watch may fail before /healthz reports it")
+    r.add_argument("--shutdown-drain", type=float, default=D.shutdown_drain_s,
+                   help="seconds the replica goes on serving after SIGTERM, not ready and "
+                   "closing each webhook connection after its answer, before it stops (a "
+                   "second signal stops it at once)")
     r.set_defaults(handler=_run)
 
 

@@ -16,9 +16,9 @@ import contextlib
 import logging
 import signal
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import kopf
 
@@ -32,7 +32,8 @@ from tessera.controller.settings import Options
 from tessera.kube import serve
 from tessera.kube.client import Credentials, Kube, load_credentials
 from tessera.kube.health import Health, supervise
-from tessera.kube.loops import LoopThread, Runner, measure_lag, on_loop
+from tessera.kube.loops import measure_lag
+from tessera.kube.shutdown import Drain
 from tessera.webhooks import server
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import reviewers
@@ -48,7 +49,6 @@ from tessera.webhooks.serving import (
 from tessera.webhooks.serving import step as serving_step
 
 log = logging.getLogger("tessera.operator")
-T = TypeVar("T")
 
 
 def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
@@ -74,16 +74,32 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
 
     @kopf.on.login(registry=reg)
     def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf logs in again after a 401: the service account token is read afresh then
+        token = creds.current_token(0)
         return kopf.ConnectionInfo(server=creds.server, ca_path=creds.ca_path,
-                                   token=creds.token, certificate_path=creds.cert_path,
+                                   token=token, certificate_path=creds.cert_path,
                                    private_key_path=creds.key_path, scheme="Bearer"
-                                   if creds.token else None)
+                                   if token else None)
 
     @kopf.on.event(GROUP, VERSION, GPUPARTITIONS, registry=reg)
     async def partition_event(type: str | None, body: Any, **_: Any) -> None:
         ctl.on_partition(type, _plain(body))
 
     return reg
+
+
+async def run_kopf(registry: kopf.OperatorRegistry, stop: asyncio.Event,
+                   take_signals: Callable[[], None]) -> None:
+    """kopf until ``stop`` is set: what ``kopf.operator`` does (spawn its tasks, run them),
+    with the process's own signal handlers put back in between. kopf, started in the main
+    thread, installs SIGTERM/SIGINT handlers that stop it at once: the leader, the one
+    replica running kopf, stopped without draining its webhook connections (a create in
+    flight got EOF) and, once it had led, ignored SIGTERM after losing the lead."""
+    existing = asyncio.all_tasks()
+    tasks = await kopf.spawn_tasks(registry=registry, clusterwide=True, standalone=True,
+                                   stop_flag=stop)
+    take_signals()
+    await kopf.run_tasks(tasks, ignored=existing)
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -102,10 +118,6 @@ async def _first_secret(kube: Kube, opts: Options, hosts: list[str]) -> SecretCe
         log.warning("waiting for the webhook certificate Secret (external certificate)",
                     extra={"secret": opts.secret_name})
         await asyncio.sleep(2)
-
-
-async def _here(coro: Coroutine[Any, Any, T]) -> T:
-    return await coro
 
 
 async def run(opts: Options) -> None:
@@ -136,38 +148,34 @@ async def run(opts: Options) -> None:
                 ClientConfig(ca, service_name=opts.service_name,
                              service_namespace=opts.namespace))
 
-    # admission on a loop of its own (tessera.webhooks.server says why), or on this one
-    webhooks = (LoopThread("admission").start(opts.switch_interval_s)
-                if opts.admission_loop == "thread" else None)
-    on_webhooks: Runner = webhooks.call if webhooks is not None else _here
-    webhook_runner = await on_webhooks(server.start(
-        server.webhook_app(adm, senders, None if webhooks is None else
-                           on_loop(asyncio.get_running_loop())),
-        opts.webhook_host, opts.webhook_port, serving.tls))
-    lag = [asyncio.create_task(measure_lag(metrics.LOOP_LAG_SECONDS.labels("main").observe))]
-    if webhooks is not None:
-        lag.append(asyncio.create_task(webhooks.call(measure_lag(
-            metrics.LOOP_LAG_SECONDS.labels("admission").observe))))
-    runners = [await serve.start(serve.health_app(
-        health, not_ready=lambda: [] if store.synced else ["not synced yet"]),
-        opts.health_host, opts.health_port)]
+    drain = Drain(opts.shutdown_drain_s)
+
+    def not_ready() -> list[str]:
+        return ((["not synced yet"] if not store.synced else [])
+                + (["stopping"] if drain.draining else []))
+
+    runners = [
+        await server.start(server.webhook_app(adm, senders, closing=lambda: drain.draining),
+                           opts.webhook_host, opts.webhook_port, serving.tls),
+        await serve.start(serve.health_app(health, not_ready=not_ready),
+                          opts.health_host, opts.health_port),
+    ]
+    lag = asyncio.create_task(measure_lag(metrics.LOOP_LAG_SECONDS.observe))
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
 
-    async def follow(sc: SecretCerts | None) -> None:
+    def follow(sc: SecretCerts | None) -> None:
         if sc is None:
             log.warning("webhook certificate Secret is gone; serving the last one read",
                         extra={"secret": opts.secret_name})
-        else:  # on the loop whose handshakes use the TLS context
-            async def update() -> bool:
-                return serving.update(sc)
-            await on_webhooks(update())
+        else:
+            serving.update(sc)
 
     async def follow_certificate() -> None:
         """Every replica: serve what the Secret holds now."""
         while True:
             await asyncio.sleep(opts.cert_check_interval_s)
-            await follow(await read_secret(kube, opts.namespace, opts.secret_name))
+            follow(await read_secret(kube, opts.namespace, opts.secret_name))
 
     async def publish_configurations() -> None:
         if opts.webhook_configurations == "ca-bundle":
@@ -189,7 +197,7 @@ async def run(opts: Options) -> None:
         while True:
             if await serving_step(kube, opts.namespace, opts.secret_name, hosts,
                                   policy) is not Step.KEEP:
-                await follow(await read_secret(kube, opts.namespace, opts.secret_name))
+                follow(await read_secret(kube, opts.namespace, opts.secret_name))
                 await publish_configurations()
             await asyncio.sleep(opts.cert_check_interval_s)
 
@@ -201,9 +209,8 @@ async def run(opts: Options) -> None:
 
     async def lead() -> None:
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(kopf.operator(registry=kopf_registry(ctl, creds),
-                                                   clusterwide=True, standalone=True,
-                                                   stop_flag=stop), name="kopf")]
+        tasks = [asyncio.create_task(run_kopf(kopf_registry(ctl, creds), stop, take_signals),
+                                     name="kopf")]
         for name, work in leader_work.items():
             task = asyncio.create_task(supervise(name, work, health), name=name)
             health.track(name, task)
@@ -219,6 +226,7 @@ async def run(opts: Options) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            take_signals()  # kopf leaves its handlers behind, on a future that is done
             health.forget(*leader_work, "nodes", "pods")
             ctl.partitions.clear()
             ctl.quotas.clear()
@@ -231,20 +239,23 @@ async def run(opts: Options) -> None:
     cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
                                                 health), name="certificate-follow")
     main = asyncio.create_task(elector.run(lead))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, main.cancel)
+
+    def take_signals() -> None:
+        """SIGTERM and SIGINT start the drain (again after kopf replaced the handlers)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, drain.stop, lambda: main.cancel())
+
+    take_signals()
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await main
     finally:
-        for task in (quota_watch, cert_follow, *lag):
+        for task in (quota_watch, cert_follow, lag):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await elector.release()
-        await on_webhooks(webhook_runner.cleanup())
-        if webhooks is not None:
-            await webhooks.stop()
+        log.info("closing the webhook and health servers")
         for r in runners:
             await r.cleanup()
         await kube.close()

@@ -62,16 +62,13 @@ class Options:
     leader only keeps their ``caBundle`` equal to the serving certificate's CA."""
     webhook_config_interval_s: float = 60.0
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
-    admission_loop: str = "main"
-    """Where admission reviews are answered: ``main``, on the main loop with the watches,
-    status writes and kopf; ``thread``, on an event loop in a thread of its own, so a review
-    never waits behind them (measured against ``main`` in docs/operator.md: no difference
-    the benchmark could show on a loaded 2-core machine, so not the default)."""
-    switch_interval_s: float = 0.001
-    """With ``admission_loop=thread``: how long one Python thread may run while another
-    waits for the interpreter (CPython's default, 5 ms, is several admission answers)."""
     stuck_after_s: float = 60.0
     """A watch that cannot follow its objects this long makes /healthz fail (restart)."""
+    shutdown_drain_s: float = 5.0
+    """After SIGTERM, how long the replica goes on serving, not ready, every webhook answer
+    closing its connection, before it stops: the API server's kept-alive connections to it
+    are closed after an answer, never under a request (a create would fail with EOF). Longer
+    than the Service's endpoints take to drop a terminating pod."""
 
 
 DEFAULTS = Options(identity="")

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,10 @@ class ApiError(Exception):
         super().__init__(f"{what}: HTTP {status}: {self.message}")
 
 
+TOKEN_REREAD_S = 60.0
+"""How old a token read from a file may get before it is read again (client-go: a minute)."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     server: str
@@ -50,6 +55,29 @@ class Credentials:
     cert_path: str | None = None
     key_path: str | None = None
     token: str | None = None
+    token_file: str | None = None
+    """In a pod: the projected service account token, which the kubelet renews before it
+    expires (and which dies with the pod): read again every ``TOKEN_REREAD_S`` and after a
+    401, never kept for the process's life."""
+
+    def current_token(self, max_age_s: float = TOKEN_REREAD_S) -> str | None:
+        """The bearer token now: the file's content when there is one (read again once
+        ``max_age_s`` old; 0 forces it), else the token loaded at start."""
+        if self.token_file is None:
+            return self.token
+        read_at, token = _TOKENS.get(self.token_file, (float("-inf"), self.token))
+        now = time.monotonic()
+        if now - read_at >= max_age_s:
+            try:
+                with open(self.token_file, encoding="utf-8") as f:
+                    token = f.read().strip() or token
+            except OSError as exc:  # keep the last one: the API server says if it is dead
+                log.warning("service account token %s unreadable: %s", self.token_file, exc)
+            _TOKENS[self.token_file] = (now, token)
+        return token
+
+
+_TOKENS: dict[str, tuple[float, str | None]] = {}
 
 
 def load_credentials(kubeconfig: str | None = None) -> Credentials:
@@ -57,9 +85,13 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
     from kubernetes import client, config  # imported lazily: slow, and only needed here
 
     cfg = client.Configuration()
+    token_file = None
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
+
+            token_file = SERVICE_TOKEN_FILENAME
         except config.ConfigException:
             config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
@@ -81,7 +113,7 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
         bare = rest.strip() if scheme.lower() == "bearer" and rest.strip() else token
         headers["Authorization"] = f"Bearer {bare}"
     return Credentials(str(cfg.host).rstrip("/"), ctx, headers, cfg.ssl_ca_cert or None,
-                       cfg.cert_file or None, cfg.key_file or None, bare)
+                       cfg.cert_file or None, cfg.key_file or None, bare, token_file)
 
 
 def path(group: str, version: str, plural: str, namespace: str | None = None,
@@ -108,9 +140,10 @@ class Kube:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            fixed = {k: v for k, v in self.creds.headers.items() if k != "Authorization"}
             self._session = aiohttp.ClientSession(
                 base_url=self.creds.server,
-                headers={**self.creds.headers, "User-Agent": self._ua},
+                headers={**fixed, "User-Agent": self._ua},
                 connector=aiohttp.TCPConnector(ssl=self.creds.ssl_context, limit=64),
             )
         return self._session
@@ -125,16 +158,26 @@ class Kube:
                       params: Mapping[str, str] | None = None,
                       timeout: float = 10.0) -> Obj:
         data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
         if params:
             url = f"{url}?{urlencode(params)}"
-        async with self.session.request(method, url, data=data, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            text = await r.text()
-            if r.status >= 300:
-                raise ApiError(r.status, text, f"{method} {url}")
-            out: Obj = json.loads(text) if text else {}
-            return out
+        for fresh in (False, True):
+            headers = self._auth(fresh)
+            if body is not None:
+                headers["Content-Type"] = content_type
+            async with self.session.request(method, url, data=data, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                text = await r.text()
+                if r.status == 401 and not fresh and self.creds.token_file is not None:
+                    continue  # the token in hand died (renewed, or its pod replaced): read again
+                if r.status >= 300:
+                    raise ApiError(r.status, text, f"{method} {url}")
+                out: Obj = json.loads(text) if text else {}
+                return out
+        raise AssertionError("unreachable")
+
+    def _auth(self, fresh: bool = False) -> dict[str, str]:
+        token = self.creds.current_token(0 if fresh else TOKEN_REREAD_S)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def get(self, url: str) -> Obj:
         return await self.request("GET", url)
@@ -196,7 +239,7 @@ class Kube:
                 q = {**params, "watch": "1", "resourceVersion": rv,
                      "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
                 async with self.session.get(
-                        f"{url}?{urlencode(q)}",
+                        f"{url}?{urlencode(q)}", headers=self._auth(),
                         timeout=aiohttp.ClientTimeout(total=None, sock_read=330)) as r:
                     if r.status == 410:
                         rv = None

@@ -1,16 +1,17 @@
 """Who may send the webhooks admission reviews: the API server, proven by a client certificate.
 
-A review can reserve GPUQuota usage, so anyone who can reach the webhook port could fill a
-namespace's quota by posting forged reviews.  The API server authenticates to webhooks when
-its AdmissionConfiguration gives the webhook plugins a ``kubeConfigFile`` with a client
-certificate (``docs/operator.md``, "Authenticating the API server"); the operator is given
-the CA that signed it (``--webhook-client-ca``) and, optionally, the certificate names to
-accept (``--webhook-client-name``).  Then the TLS handshake verifies the certificate and
-every review without an accepted one is refused before it is read.
+A review writes nothing (the count is the API server's, in the ResourceQuota each GPUQuota
+manages), but it answers with a namespace's quota policy and costs the operator CPU, so
+reviews are taken from the API server only where that can be proven.  The API server
+authenticates to webhooks when its AdmissionConfiguration gives the webhook plugins a
+``kubeConfigFile`` with a client certificate (``docs/operator.md``, "Authenticating the API
+server"); the operator is given the CA that signed it (``--webhook-client-ca``) and,
+optionally, the certificate names to accept (``--webhook-client-name``).  Then the TLS
+handshake verifies the certificate and every review without an accepted one is refused
+before it is read.
 
 Without a CA the webhooks accept every review (clusters whose API server cannot be
-configured, e.g. managed ones): then only the NetworkPolicy keeps others away, and a forged
-review holds quota at most until its reservation expires.
+configured, e.g. managed ones): then only the NetworkPolicy keeps others away.
 """
 
 from __future__ import annotations

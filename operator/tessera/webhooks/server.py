@@ -1,23 +1,14 @@
-"""HTTPS server for the admission webhooks (/healthz and /metrics: :mod:`tessera.kube.serve`).
-
-With ``--admission-loop=thread`` the operator runs it on an event loop of its own, in a
-thread of its own (:class:`tessera.kube.loops.LoopThread`), so that a review never waits
-behind the leader's watches, status writes and kopf on the main loop.  A pod review reads
-only the quota cache and is answered on the server's loop; the GPUPartition and GPUQuota
-reviews use the API client, which belongs to the main loop, and are handed to it
-(``main``).  By default it runs on the main loop.
-"""
+"""HTTPS server for the admission webhooks (/healthz and /metrics: :mod:`tessera.kube.serve`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from tessera.kube.loops import Runner
 from tessera.kube.serve import start
 from tessera.webhooks.admission import Admission
 from tessera.webhooks.auth import Reviewers
@@ -25,10 +16,11 @@ from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
 
 log = logging.getLogger("tessera.webhooks")
 
-Review = Callable[[Mapping[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
+Review = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _endpoint(review: Review, what: str, senders: Reviewers | None, main: Runner | None
+def _endpoint(review: Review, what: str, senders: Reviewers | None
               ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         if senders is not None:
@@ -42,7 +34,7 @@ def _endpoint(review: Review, what: str, senders: Reviewers | None, main: Runner
         except (ValueError, KeyError, TypeError):
             return web.Response(status=400, text="expected an AdmissionReview")
         try:
-            resp = await (review(req) if main is None else main(review(req)))
+            resp = await review(req)
         except Exception as exc:  # an answer is better than a timeout: say what broke
             log.exception("admission failed", extra={"webhook": what})
             resp = {"uid": req.get("uid"), "allowed": False,
@@ -54,16 +46,26 @@ def _endpoint(review: Review, what: str, senders: Reviewers | None, main: Runner
 
 
 def webhook_app(adm: Admission, senders: Reviewers | None = None,
-                main: Runner | None = None) -> web.Application:
+                closing: Callable[[], bool] = lambda: False) -> web.Application:
     """The admission endpoints (only for ``senders`` when given: see
-    :mod:`tessera.webhooks.auth`). With ``main``, the server runs on a loop of its own and
-    the reviews that use the API client are run by ``main`` on the client's loop."""
-    app = web.Application()
-    for p, review, what, local in ((POD_PATH, adm.mutate_pod, "pod", True),
-                                   (PARTITION_PATH, adm.review_partition, "gpupartition",
-                                    False),
-                                   (QUOTA_PATH, adm.review_quota, "gpuquota", False)):
-        app.router.add_post(p, _endpoint(review, what, senders, None if local else main))
+    :mod:`tessera.webhooks.auth`).  While ``closing()`` (the replica drains before it stops:
+    :mod:`tessera.kube.shutdown`), every answer closes its connection."""
+
+    @web.middleware
+    async def close_connections(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if closing():
+            response.force_close()
+            log.info("stopping: this connection closes after its answer", extra={
+                "peer": request.transport.get_extra_info("peername") if request.transport
+                else None, "path": request.path})
+        return response
+
+    app = web.Application(middlewares=[close_connections])
+    for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
+                            (PARTITION_PATH, adm.review_partition, "gpupartition"),
+                            (QUOTA_PATH, adm.review_quota, "gpuquota")):
+        app.router.add_post(p, _endpoint(review, what, senders))
     return app
 
 

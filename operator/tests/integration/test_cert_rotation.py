@@ -1,6 +1,6 @@
 """The webhook serving certificate renewed under load, and read only when cert-manager
 writes it: two replicas against the real API server, pod creates (server-side dry runs,
-through both webhooks) all the while."""
+through the pod webhook) all the while."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import base64
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from tessera.api.names import ANNOTATION_CERT_STEP_AT
 from tessera.webhooks import config as webhook_config
 from tessera.webhooks.certs import make_serving_cert
 from tessera.webhooks.config import ClientConfig
+from tessera_e2e.admission_probe import DryRunCreates
 
 from .conftest import Operators
 from .harness import OPERATOR_NS, kubectl_json, wait_until
@@ -56,39 +56,6 @@ def _ca_bundles(cluster: Any) -> set[bytes]:
         for hook in kubectl_json(cluster, "get", kind, name)["webhooks"]:
             out.add(base64.b64decode(hook["clientConfig"]["caBundle"]))
     return out
-
-
-class Creates:
-    """Pod creates (server-side dry run: both webhooks run, nothing is stored) in a loop."""
-
-    def __init__(self, cluster: Any, ns: str) -> None:
-        self.cluster, self.ns = cluster, ns
-        self.ok = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            i += 1
-            out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-",
-                                       input=pod(self.ns, f"p{i}", {
-                                           "tessera.dev/vgpu-memory": "1024",
-                                           "tessera.dev/vgpu-cores": "10"}))
-            if out.returncode == 0:
-                self.ok += 1
-            else:
-                self.failed.append(f"{time.strftime('%X')} {out.stderr.strip()[:300]}")
-            time.sleep(0.2)
-
-    def __enter__(self) -> Creates:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 @pytest.fixture
@@ -128,7 +95,8 @@ def test_creates_keep_succeeding_while_the_certificate_is_renewed(
                 and data["ca.crt"].count(b"BEGIN CERTIFICATE") == 1
                 and time.time() > expires + 2)
 
-    with Creates(cluster, namespace) as creates:
+    with DryRunCreates(cluster.kubectl, lambda i: pod(namespace, f"p{i}", {
+            "tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"})) as creates:
         wait_until("a renewal, and the first certificate expired", renewed_and_first_expired,
                    timeout=expires - time.time() + 60, interval=0.3)
         ok_at_expiry = creates.ok

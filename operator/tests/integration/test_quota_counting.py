@@ -297,8 +297,12 @@ def _healed_within(cluster: Any, ns: str, period_s: float, start: float) -> floa
         finally:
             stop.set()
             assert churn.result() >= 1
-    wait_until("exact", lambda: used(cluster, ns) == {
-        "memory": "3Gi", "cores": 30, "pods": 3, "migInstances": {}}, 15, 0.2)
+    exact = {"memory": "3Gi", "cores": 30, "pods": 3, "migInstances": {}}
+    seen: list[dict[str, Any]] = []
+    try:
+        wait_until("exact", lambda: seen.append(used(cluster, ns)) or seen[-1] == exact, 15, 0.2)
+    except TimeoutError as exc:
+        raise AssertionError(f"used stays {seen[-1]}, not the steady pods' {exact}") from exc
     return healed
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import signal
 import subprocess
 import time
 from typing import Any
@@ -117,6 +118,38 @@ def test_leader_failover_within_lease_duration(cluster: Any, ops: Operators) -> 
     assert took <= 6 + 2 + 1, took  # lease duration + one renew period (+ polling)
     assert 'tessera_leader 1.0' in other.metrics()
     ops.start(leader.name)
+
+
+def test_a_leader_told_to_stop_serves_through_its_drain_then_gives_the_lease_up(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """SIGTERM to the leader: it goes on answering admission, not ready, for its drain
+    (kopf, which runs only on the leader, installs signal handlers of its own that stopped
+    the process at once: a create in flight then failed with EOF), then stops and empties
+    the Lease for the other replica."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"cores": 1000, "memory": "100Gi"}))
+    ops.stop_all()
+    first, second = ops.names
+    leader = ops.start(first, extra=["--shutdown-drain", "4"])
+    wait_until("the drained replica leading", lambda: lease_holder(cluster) == first, 30)
+    wait_until("kopf running on the leader", lambda: "tessera_leader 1.0" in leader.metrics(),
+               30)
+    ops.start(second)
+    assert leader.proc is not None
+    leader.proc.send_signal(signal.SIGTERM)  # as the kubelet does; still routed to
+    t0 = time.monotonic()
+    ready = leader._get("/readyz").decode()
+    assert " 503 " in ready.splitlines()[0] and "stopping" in ready, ready
+    for i in range(3):
+        out = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=pod(
+            ns, f"drain{i}", {"tessera.dev/vgpu-memory": "256", "tessera.dev/vgpu-cores": "10"}))
+        assert out.returncode == 0, out.stderr
+    time.sleep(max(0.0, 2 - (time.monotonic() - t0)))
+    assert leader.proc.poll() is None, "the leader stopped before its drain was over"
+    leader.proc.wait(20)
+    assert time.monotonic() - t0 >= 3.9
+    wait_until("the other replica leading", lambda: lease_holder(cluster) == second, 10, 0.1)
+    ops.start(first)
 
 
 def test_plain_pods_are_created_while_the_operator_is_down(
