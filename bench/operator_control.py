@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -121,8 +122,22 @@ async def quota_controller(kube: Kube, ns: str, name: str = "team") -> None:
     raise TimeoutError(f"no ResourceQuota {url}")
 
 
+API_METRICS: list[Any] = []  # main() puts the API server's /metrics reader here
+
+
+def go_runtime(metrics: str) -> dict[str, float]:
+    """The API server's Go runtime counters: bytes allocated, GC cycles, heap in use."""
+    want = {"go_memstats_alloc_bytes_total": "alloc", "go_gc_duration_seconds_count": "gcs",
+            "go_memstats_heap_inuse_bytes": "heap"}
+    return {want[line.split()[0]]: float(line.split()[1]) for line in metrics.splitlines()
+            if line.split(" ")[0] in want}
+
+
 async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, cores: int
                         ) -> tuple[list[float], int]:
+    if API_METRICS and n >= 500:  # each measured phase starts right after a GC
+        API_METRICS[1](f"{ns}-before")
+    go0 = go_runtime(API_METRICS[0]()) if API_METRICS else None
     admitted = 0
     errors: list[str] = []
 
@@ -149,6 +164,14 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
         await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
+    if go0 is not None:
+        go1 = go_runtime(API_METRICS[0]())
+        if n >= 500:
+            API_METRICS[1](f"{ns}-after")
+        print(f"  API server during the {n} creates in {ns}: "
+              f"{(go1['alloc'] - go0['alloc']) / 2**20:.0f} MiB allocated, "
+              f"{go1['gcs'] - go0['gcs']:.0f} GC cycles, heap in use "
+              f"{go0['heap'] / 2**20:.0f} -> {go1['heap'] / 2**20:.0f} MiB")
     if errors:
         print(f"  {len(errors)} creates failed otherwise, e.g. {errors[0]}")
     if os.environ.get("SLOWEST"):  # when the slow creates were: one stall, or spread out
@@ -493,6 +516,16 @@ def main() -> int:
             cluster.kubectl("apply", "--server-side", "-f", str(crd))
         cluster.kubectl("create", "namespace", OPERATOR_NS)
         cluster.kubectl("apply", "-f", "-", input=render_chart())
+        API_METRICS.append(lambda: cluster.kubectl("get", "--raw", "/metrics").stdout)
+
+        def collect(name: str) -> None:
+            """A GC in the API server; with PPROF_DIR its allocation profile after it."""
+            out = subprocess.run([str(cluster.kubectl_path), "--kubeconfig",
+                                  str(cluster.kubeconfig), "get", "--raw",
+                                  "/debug/pprof/allocs?gc=1"], capture_output=True, check=True)
+            if os.environ.get("PPROF_DIR"):
+                Path(os.environ["PPROF_DIR"], f"{name}.pb.gz").write_bytes(out.stdout)
+        API_METRICS.append(collect)
         rq = (None if os.environ.get("ONLY") in ("partition", "resize")
               else asyncio.run(resourcequota_baseline(cluster)))
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
