@@ -33,7 +33,6 @@ from tessera.api.names import (
 )
 from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
 from tessera.cache.quotas import QuotaCache
-from tessera.controller.pacing import Pacer
 from tessera.controller.resize import pending_request, reconcile_resize
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.events import post_event
@@ -69,8 +68,6 @@ def _dump_conditions(conds: list[Condition]) -> list[dict[str, Any]]:
 COUNT_DEBOUNCE_S = 0.1
 """A namespace whose pods changed is counted this soon after (changes within it are counted
 together)."""
-STATUS_INTERVAL_S = 1.0
-"""A GPUQuota's status is written at most this often (:mod:`tessera.controller.pacing`)."""
 
 
 @dataclass(frozen=True)
@@ -198,13 +195,10 @@ class Controller:
         and every quota every ``recount_interval_s``."""
         loop = asyncio.get_running_loop()
         last_full = loop.time()
-        pacer: Pacer[tuple[str, str]] = Pacer(STATUS_INTERVAL_S)
         while True:
-            paced = pacer.next_due(self._quota_dirty)
-            due = last_full + self.recount_interval_s if paced is None else min(
-                paced, last_full + self.recount_interval_s)
             try:
-                await asyncio.wait_for(self._quota_wake.wait(), max(0.0, due - loop.time()))
+                await asyncio.wait_for(self._quota_wake.wait(),
+                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
                 await asyncio.sleep(COUNT_DEBOUNCE_S)
             except TimeoutError:
                 pass
@@ -212,8 +206,6 @@ class Controller:
             if loop.time() - last_full >= self.recount_interval_s:
                 self._quota_dirty.update(self.quotas)
                 last_full = loop.time()
-                pacer.forget(self.quotas)
-            self._quota_dirty, later = pacer.split(self._quota_dirty, loop.time())
             while self._quota_dirty:
                 key = self._quota_dirty.pop()
                 q = self.quotas.get(key)
@@ -221,14 +213,12 @@ class Controller:
                     continue
                 try:
                     async with self._pods_lock:
-                        if await self.reconcile_quota(q):
-                            pacer.wrote(key, loop.time())
+                        await self.reconcile_quota(q)
                 except (ApiError, OSError, TimeoutError) as exc:
                     log.warning("quota reconcile failed", extra={"quota": "/".join(key),
                                                                  "error": str(exc)})
                     self._quota_dirty.add(key)
                     await asyncio.sleep(1.0)
-            self._quota_dirty |= later
 
     async def on_pod(self, typ: str, pod: Obj) -> None:
         """Answer a pod's budget request (live resize); count its namespace soon."""
@@ -286,9 +276,8 @@ class Controller:
 
     # -- GPUQuota ---------------------------------------------------------------------------
 
-    async def reconcile_quota(self, q: Obj) -> bool:
-        """The quota's managed ResourceQuota, then its status (used, summary, conditions);
-        whether the status was written."""
+    async def reconcile_quota(self, q: Obj) -> None:
+        """The quota's managed ResourceQuota, then its status (used, summary, conditions)."""
         meta, status = q["metadata"], q.get("status") or {}
         try:
             await self._reconcile_managed(q)
@@ -312,7 +301,7 @@ class Controller:
         if used is not None and used_of(status) == used:
             current["used"] = new["used"]
         if current == new:
-            return False
+            return
         url = path(GROUP, VERSION, GPUQUOTAS, meta["namespace"], meta["name"])
         try:
             await self.kube.merge_patch(url + "/status", {
@@ -321,9 +310,8 @@ class Controller:
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
-            return False  # a newer version is on its way as an event
+            return  # a newer version is on its way as an event
         await self._events(q, "GPUQuota", old, conds)
-        return True
 
     async def _reconcile_managed(self, q: Obj) -> None:
         """Create the quota's ResourceQuota, or set it back to what it must say."""
