@@ -7,7 +7,11 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.Kernel
    manages), the webhook's own share from its histogram and the API server's view of the
    webhook call; against the honest baseline measured in the same run before tessera's
    webhooks exist: the same pods at the same rate in a namespace with only Kubernetes' own
-   ResourceQuota on ``requests.tessera.dev/*`` (goal: tessera's p99 <= 1.5x);
+   ResourceQuota on ``requests.tessera.dev/*`` (goal: tessera's p99 <= 1.5x).  Each
+   measured phase starts with a GC in the API server (its allocation profile read with
+   ``gc=1``) and reports what the API server allocated and how many GC cycles it ran: the
+   stable figure beside the p99 (PPROF_DIR=dir keeps the profiles, for ``go tool pprof
+   -base``);
 2. GPUPartition apply -> Ready with 50 nodes answering (goal p99 < 2 s);
 3. the leader's memory with 1,000 budgeted pods and 200 GPU nodes watched;
 4. live resize through the operator: ``tessera.dev/budget-request`` written -> the pod's
