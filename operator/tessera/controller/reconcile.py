@@ -41,7 +41,13 @@ from tessera.kube.merge import merge_diff
 from tessera.partition import PartitionView, aggregate, resolve, transitions
 from tessera.quota import managed
 from tessera.quota.arith import Limits, Usage, pod_counts, pod_usage, resource_usage
-from tessera.quota.objects import FieldError, limits_of, status_patch, used_of
+from tessera.quota.objects import (
+    FieldError,
+    limits_of,
+    readable_limits,
+    status_patch,
+    used_of,
+)
 from tessera.quota.status import quota_conditions
 
 log = logging.getLogger("tessera.controller")
@@ -321,12 +327,8 @@ class Controller:
         ns, name = str(meta["namespace"]), str(meta["name"])
         if meta.get("deletionTimestamp"):
             return
-        try:
-            limits: Limits | None = limits_of(q.get("spec") or {})
-        except FieldError:
-            limits = None
         have = self.managed.get((ns, name))
-        want = managed.desired(q, limits, self.growth(ns, managed.growth_of(have)))
+        want = managed.desired(q, readable_limits(q), self.growth(ns, managed.growth_of(have)))
         url = path("", "v1", "resourcequotas", ns)
         if have is None:
             try:

@@ -41,7 +41,6 @@ from tessera.kube.events import post_event
 from tessera.quota import managed
 from tessera.quota.arith import (
     TERMINAL_PHASES,
-    Limits,
     Usage,
     check_fit,
     deny_message,
@@ -49,7 +48,7 @@ from tessera.quota.arith import (
     resource_usage,
     usage_of,
 )
-from tessera.quota.objects import FieldError, limits_of, policy_of
+from tessera.quota.objects import FieldError, policy_of, readable_limits
 from tessera.quota.resize import ResizeError, plan, usage_fields
 
 log = logging.getLogger("tessera.resize")
@@ -130,39 +129,35 @@ async def set_growth(kube: Kube, rqs: Managed, ns: str, quotas: list[Obj], uid: 
     and the reason is returned."""
     done: list[Obj] = []
     for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
-        qname = str(q["metadata"]["name"])
-        url = path("", "v1", "resourcequotas", ns, managed.managed_name(qname))
         try:
-            limits: Limits | None = limits_of(q.get("spec") or {})
-        except FieldError:
-            limits = None
-        try:
-            hard = await _record(kube, rqs, url, (ns, qname), limits, uid, growth)
+            hard = await _record(kube, rqs, ns, q, uid, growth)
         except ApiError as exc:
             if exc.status == 404:
                 continue  # not created yet: it will be, from the pods as they are then
             raise
         if lower:
-            over = await _lower_status(kube, url, hard)
+            over = await _lower_status(kube, _managed_url(ns, q), hard)
             if over:
                 for other in [q, *done]:
-                    oname = str(other["metadata"]["name"])
-                    try:
-                        olimits: Limits | None = limits_of(other.get("spec") or {})
-                    except FieldError:
-                        olimits = None
-                    await _record(kube, rqs, path("", "v1", "resourcequotas", ns,
-                                                  managed.managed_name(oname)),
-                                  (ns, oname), olimits, uid, before)
-                return (f'exceeded GPUQuota "{qname}": pods admitted since its last count '
-                        f"leave no room to grow ({'; '.join(over)}); ask again")
+                    await _record(kube, rqs, ns, other, uid, before)
+                return (f'exceeded GPUQuota "{q["metadata"]["name"]}": pods admitted since '
+                        f"its last count leave no room to grow ({'; '.join(over)}); ask again")
         done.append(q)
     return None
 
 
-async def _record(kube: Kube, rqs: Managed, url: str, key: tuple[str, str],
-                  limits: Limits | None, uid: str, growth: Usage) -> dict[str, str]:
-    """Write the pod's growth into the ResourceQuota's record and its spec.hard; the hard."""
+def _managed_url(ns: str, quota: Obj) -> str:
+    return path("", "v1", "resourcequotas", ns,
+                managed.managed_name(str(quota["metadata"]["name"])))
+
+
+async def _record(kube: Kube, rqs: Managed, ns: str, quota: Obj, uid: str,
+                  growth: Usage) -> dict[str, str]:
+    """Write the pod's growth into the record of the ResourceQuota ``quota`` manages and
+    into its spec.hard; the hard."""
+    url = _managed_url(ns, quota)
+    limits = readable_limits(quota)
+    key = (ns, str(quota["metadata"]["name"]))
     rq = await kube.get(url)
     record = managed.growth_of(rq)
     record[uid] = growth

@@ -62,6 +62,15 @@ def limits_of(spec: Mapping[str, Any], quota: str | None = None) -> Limits:
                   _mig(quota, "spec.hard.migInstances", hard.get("migInstances")))
 
 
+def readable_limits(quota: Mapping[str, Any]) -> Limits | None:
+    """A GPUQuota object's ``spec.hard``, or None when a field cannot be read (its managed
+    ResourceQuota then admits no GPU pod: :func:`tessera.quota.managed.hard_of`)."""
+    try:
+        return limits_of(quota.get("spec") or {})
+    except FieldError:
+        return None
+
+
 def _usage(raw: Mapping[str, Any]) -> Usage:
     return Usage(_read(None, "memory", raw.get("memory"), memory_mib) or 0,
                  _read(None, "cores", raw.get("cores"), count) or 0,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tessera.api.names import ANNOTATION_RESIZE_GROWTH
 from tessera.quota import managed
 from tessera.quota.arith import Limits, Usage
+from tessera.quota.objects import readable_limits
 
 MEM, CORES = "requests.tessera.dev/vgpu-memory", "requests.tessera.dev/vgpu-cores"
 
@@ -112,3 +113,12 @@ def test_limits_plus_growth_under_the_lowered_hard_is_live_usage_under_the_gpuqu
     fits_hard = (grown_total.memory_mib <= hard_mem and grown_total.cores <= hard_cores)
     gpuquota_admits = live_total[0] <= hard_mem and live_total[1] <= hard_cores
     assert (rq_admits and fits_hard) == gpuquota_admits
+
+
+def test_a_quota_whose_hard_cannot_be_read_has_no_limits_so_its_managed_quota_admits_nothing(
+        ) -> None:
+    bad = {**gpuquota(), "spec": {"hard": {"memory": "lots", "cores": 100}}}
+    assert readable_limits(bad) is None
+    assert managed.hard_of(readable_limits(bad)) == managed.hard_of(None)
+    good = {**gpuquota(), "spec": {"hard": {"memory": "4Gi", "cores": 100}}}
+    assert readable_limits(good) == Limits(memory_mib=4096, cores=100)
