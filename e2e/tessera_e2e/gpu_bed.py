@@ -21,6 +21,7 @@ from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.images import WORKLOAD
 from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
 from tessera_e2e.operators import LocalOperators, wait_until
+from tessera_e2e.quotas import wait_admitting
 
 SHARES = 10  # the daemon's default shares per GPU
 BUDGET_WAIT_S = 8  # how long libtessera waits for a pending budget file
@@ -126,6 +127,7 @@ class Bed(Generic[D]):
             "spec": {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
                      "default": {"memory": "1Gi", "cores": 10},
                      "max": max_ or {"memory": "80Gi", "cores": 100}}})
+        wait_admitting(self.cluster, namespace)  # a quota admits nothing before that
 
     def wait_partition_removed(self, name: str, node: str = "node-0") -> None:
         """After ``kubectl delete gpupartition name`` (deletionPolicy Reset): gone, and the

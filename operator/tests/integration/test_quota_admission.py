@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from tessera_e2e.quotas import enforced, managed_rq, wait_admitting
+
 from .conftest import Operators
 from .harness import kubectl_json, wait_until
 
@@ -39,30 +41,13 @@ def used(cluster: Any, ns: str, name: str = "team") -> dict[str, Any]:
     return u
 
 
-def managed_rq(cluster: Any, ns: str, name: str = "team") -> dict[str, Any] | None:
-    """The ResourceQuota GPUQuota ``name`` manages, if it exists."""
-    out = cluster.kubectl("get", "resourcequota", f"gpuquota-{name}", "-n", ns, "-o", "json")
-    return json.loads(out.stdout) if out.returncode == 0 else None
-
-
-def enforced(cluster: Any, ns: str, name: str = "team") -> bool:
-    """Whether the API server enforces the managed ResourceQuota (its quota controller has
-    counted it: until then it refuses every pod asking for what it limits)."""
-    rq = managed_rq(cluster, ns, name)
-    return rq is not None and ((rq.get("status") or {}).get("hard") or {}) == (
-        (rq.get("spec") or {}).get("hard") or {})
-
-
 def setup_ns(cluster: Any, ns: str, q: str) -> None:
     """The namespace's ServiceAccount, and the quota once the operator has counted it (a
     quota never counted admits nothing) and the API server enforces its ResourceQuota."""
     cluster.wait_for_service_account(ns)
     out = cluster.kubectl("apply", "-f", "-", input=q)
     assert out.returncode == 0, out.stderr
-    name = json.loads(q)["metadata"]["name"]
-    wait_until("the quota counted", lambda: "used" in (kubectl_json(
-        cluster, "get", "gpuquota", name, "-n", ns).get("status") or {}), 20, 0.1)
-    wait_until("its ResourceQuota enforced", lambda: enforced(cluster, ns, name), 20, 0.1)
+    wait_admitting(cluster, ns, json.loads(q)["metadata"]["name"])
 
 
 def test_defaults_filled_budget_written_and_over_quota_denied(

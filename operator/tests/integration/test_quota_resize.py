@@ -15,11 +15,12 @@ import pytest
 
 from tessera_e2e.node_daemons import bound_token, create_node
 from tessera_e2e.operators import token_kubeconfig
+from tessera_e2e.quotas import managed_rq
 from tessera_node.deviceplugin.resize import decide
 
 from .conftest import Operators
 from .harness import kubectl_json, wait_until
-from .test_quota_admission import managed_rq, pod, quota, setup_ns, used
+from .test_quota_admission import pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
 

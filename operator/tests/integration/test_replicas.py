@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from tessera_e2e.operators import json_stream
+from tessera_e2e.quotas import managed_rq
 
 from .conftest import Operators
 from .harness import kubectl_json, lease_holder, wait_until
 from .test_partition import cond, node_json, partition_json, report
-from .test_quota_admission import managed_rq, pod, quota, setup_ns, used
+from .test_quota_admission import pod, quota, setup_ns, used
 
 pytestmark = pytest.mark.integration
 
