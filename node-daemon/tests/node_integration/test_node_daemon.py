@@ -153,7 +153,9 @@ def test_nvml_failure_turns_ready_then_health_bad_and_back(
         chart: Any, start_daemon: StartDaemon) -> None:
     d = start_daemon(["A100-40GB"] * 4)
     wait_until("ready", lambda: d.get("/readyz")[0] == 200)
-    published = annotations(chart, d.node)[ANNOTATION_GPUS]
+    # ready is NVML read and the watches listed; the report follows from the first pass
+    published = wait_until("the inventory published",
+                           lambda: annotations(chart, d.node).get(ANNOTATION_GPUS))
     d.sim.fault("nvmlDeviceGetCount_v2", -1, 999)  # every call fails: NVML_ERROR_UNKNOWN
     try:
         _, body = wait_until("not ready", lambda: (r := d.get("/readyz"))[0] == 503
