@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,9 @@ from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # no
 from tessera.api.names import (  # noqa: E402
     ANNOTATION_BUDGET_REQUEST,
     ANNOTATION_BUDGET_RESIZE,
+    ANNOTATION_PARTITION_STATUS,
     GROUP,
 )
-from tessera.api.node_report import ANNOTATION_PARTITION_STATUS  # noqa: E402
 from tessera.api.node_report import to_annotation as reports_to_annotation  # noqa: E402
 from tessera.api.partition import (  # noqa: E402
     GPUStatus,
@@ -126,7 +127,23 @@ async def quota_controller(kube: Kube, ns: str, name: str = "team") -> None:
     raise TimeoutError(f"no ResourceQuota {url}")
 
 
-API_METRICS: list[Any] = []  # main() puts the API server's /metrics reader here
+@dataclass(frozen=True)
+class ApiServerGo:
+    """The API server's Go runtime around a measured phase: its counters, and a GC before
+    the phase (so no phase starts half-way to one) with, under ``PPROF_DIR``, its allocation
+    profile kept."""
+
+    cluster: LocalCluster
+
+    def counters(self) -> dict[str, float]:
+        return go_runtime(self.cluster.kubectl("get", "--raw", "/metrics").stdout)
+
+    def collect(self, name: str) -> None:
+        out = subprocess.run([str(self.cluster.kubectl_path), "--kubeconfig",
+                              str(self.cluster.kubeconfig), "get", "--raw",
+                              "/debug/pprof/allocs?gc=1"], capture_output=True, check=True)
+        if os.environ.get("PPROF_DIR"):
+            Path(os.environ["PPROF_DIR"], f"{name}.pb.gz").write_bytes(out.stdout)
 
 
 def go_runtime(metrics: str) -> dict[str, float]:
@@ -137,11 +154,13 @@ def go_runtime(metrics: str) -> dict[str, float]:
             if line.split(" ")[0] in want}
 
 
-async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, cores: int
-                        ) -> tuple[list[float], int]:
-    if API_METRICS and n >= 500:  # each measured phase starts right after a GC
-        API_METRICS[1](f"{ns}-before")
-    go0 = go_runtime(API_METRICS[0]()) if API_METRICS else None
+async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, cores: int,
+                        api: ApiServerGo | None = None) -> tuple[list[float], int]:
+    """``n`` pod creates at ``rate``/s; with ``api`` a measured phase: it starts right after
+    a GC in the API server, and what the API server allocated during it is printed."""
+    if api is not None:
+        api.collect(f"{ns}-before")
+    go0 = api.counters() if api is not None else None
     admitted = 0
     errors: list[str] = []
 
@@ -168,10 +187,9 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
         await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
-    if go0 is not None:
-        go1 = go_runtime(API_METRICS[0]())
-        if n >= 500:
-            API_METRICS[1](f"{ns}-after")
+    if api is not None and go0 is not None:
+        go1 = api.counters()
+        api.collect(f"{ns}-after")
         print(f"  API server during the {n} creates in {ns}: "
               f"{(go1['alloc'] - go0['alloc']) / 2**20:.0f} MiB allocated, "
               f"{go1['gcs'] - go0['gcs']:.0f} GC cycles, heap in use "
@@ -351,7 +369,7 @@ async def resourcequota_baseline(cluster: LocalCluster, ns: str = RQ_NS
         await kube.replace(path("", "v1", "resourcequotas", ns, "team") + "/status",
                            {**rq, "status": {"hard": hard, "used": {k: "0" for k in hard}}})
         await asyncio.sleep(3)
-        return await paced_creates(kube, ns, 500, 50, 100, 10)
+        return await paced_creates(kube, ns, 500, 50, 100, 10, ApiServerGo(cluster))
     finally:
         await kube.close()
 
@@ -412,7 +430,8 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
         await kube.request("DELETE", path("", "v1", "pods", adm_ns))
         await quota_controller(kube, adm_ns)
         await asyncio.sleep(3)
-        base, _ = await paced_creates(kube, adm_ns, 500, 50, 0, 0)  # the baseline
+        base, _ = await paced_creates(kube, adm_ns, 500, 50, 0, 0,  # the baseline
+                                      ApiServerGo(cluster))
         await kube.request("DELETE", path("", "v1", "pods", adm_ns))
         await quota_controller(kube, adm_ns)
         await asyncio.sleep(3)
@@ -421,7 +440,8 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
                            if k in ports)
         load_before = os.getloadavg()[0]
         api_before = cluster.kubectl("get", "--raw", "/metrics").stdout  # an earlier variant's
-        lat, admitted = await paced_creates(kube, adm_ns, 500, 50, 100, 10)
+        lat, admitted = await paced_creates(kube, adm_ns, 500, 50, 100, 10,
+                                            ApiServerGo(cluster))
         conns = sum(v for k, v in (proxy.connections if proxy else {}).items()
                     if k in ports) - conns_before
         print(f"  load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}; new TLS "
@@ -520,16 +540,6 @@ def main() -> int:
             cluster.kubectl("apply", "--server-side", "-f", str(crd))
         cluster.kubectl("create", "namespace", OPERATOR_NS)
         cluster.kubectl("apply", "-f", "-", input=render_chart())
-        API_METRICS.append(lambda: cluster.kubectl("get", "--raw", "/metrics").stdout)
-
-        def collect(name: str) -> None:
-            """A GC in the API server; with PPROF_DIR its allocation profile after it."""
-            out = subprocess.run([str(cluster.kubectl_path), "--kubeconfig",
-                                  str(cluster.kubeconfig), "get", "--raw",
-                                  "/debug/pprof/allocs?gc=1"], capture_output=True, check=True)
-            if os.environ.get("PPROF_DIR"):
-                Path(os.environ["PPROF_DIR"], f"{name}.pb.gz").write_bytes(out.stdout)
-        API_METRICS.append(collect)
         rq = (None if os.environ.get("ONLY") in ("partition", "resize")
               else asyncio.run(resourcequota_baseline(cluster)))
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))

@@ -6,7 +6,7 @@ The operator approved the request against the quota and wrote the new ``tessera.
 committed on the container's GPUs and MIG instances: the memory budgets of every other
 container there (its *commitments*, published on its Node as ``tessera.dev/gpu-commitments``).
 It applies the resize when the new memory fits beside them on every unit, else refuses it
-(the operator then restores the previous budget and gives back what it reserved).
+(the operator then restores the previous budget and gives back the growth it held).
 
 Applying rewrites the container's budget file in place: libtessera re-reads it at the next
 allocation or launch of every process, so the container obeys at once. The core controller

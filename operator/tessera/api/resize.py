@@ -21,11 +21,12 @@ class ResizeStatus:
     """``tessera.dev/budget-resize``: the last request's outcome.
 
     ``request``: a digest of the request it answers (a new request is one whose digest
-    differs). ``state``: Approved (the operator reserved it and wrote the new budget; the
-    node daemon has not applied it yet), Applied (the container's budget file has it),
-    Refused (``reason`` says why; the budget is what it was). ``previous``: while Approved,
-    the budget annotation before the resize (restored if the node refuses), and ``grow``
-    what was reserved for it."""
+    differs). ``state``: Approved (the operator holds the growth against the quota and
+    wrote the new budget; the node daemon has not applied it yet), Applied (the container's
+    budget file has it), Refused (``reason`` says why; the budget is what it was).
+    ``previous``: while Approved, the budget annotation before the resize (restored if the
+    node refuses), and ``grow`` what grew (held on the managed ResourceQuota:
+    :mod:`tessera.quota.managed`)."""
 
     request: str
     state: State

@@ -10,8 +10,9 @@ GPU), *totals* over the container's GPU shares, the units its limits use::
 a refusal needs a different ``@id``.)
 
 The operator checks the request against the namespace's per-pod ``max`` (the new budget as
-a whole, as admission does) and, for what grows, against every GPUQuota's ``hard`` (growing
-reserves the difference, shrinking releases it). The node daemon then decides whether the
+a whole, as admission does) and, for what grows, against every GPUQuota's ``hard`` (a
+growth is held by lowering the managed ResourceQuota's ``hard`` by it, a shrink gives it
+back: :mod:`tessera.quota.managed`). The node daemon then decides whether the
 new memory fits beside the other budgets on the container's GPUs (``tessera_node`` side).
 ``tessera.dev/budget`` itself is only ever written by tessera; the pod's ``limits`` cannot
 change, so the scheduler and Kubernetes' ResourceQuota keep counting the admitted totals
@@ -46,9 +47,9 @@ class ResizePlan:
     budget: api_budget.PodBudget
     """The budget after the resize."""
     grow: Usage
-    """Usage to reserve (what grows), resource by resource."""
+    """Usage that grows (held against the quota), resource by resource."""
     shrink: Usage
-    """Usage to release (what shrinks)."""
+    """Usage that shrinks (given back)."""
 
 
 def usage_fields(u: Usage) -> dict[str, int]:
@@ -97,7 +98,7 @@ def parse_request(text: str) -> dict[str, tuple[int | None, int | None]]:
 
 def plan(current: api_budget.PodBudget, request_text: str, policy: QuotaPolicy,
          spec: Mapping[str, Any] | None = None) -> ResizePlan:
-    """The new budget and what to reserve/release; :class:`ResizeError` when refused."""
+    """The new budget and what grows and shrinks; :class:`ResizeError` when refused."""
     asked = parse_request(request_text)
     containers = dict(current.containers)
     for name, (mem, cores) in asked.items():

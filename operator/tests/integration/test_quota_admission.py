@@ -81,6 +81,9 @@ def test_defaults_filled_budget_written_and_over_quota_denied(
     out = cluster.kubectl("create", "-f", "-", input=pod(ns, "b", {
         "tessera.dev/vgpu-memory": "4096", "tessera.dev/vgpu-cores": "50"}))
     assert out.returncode == 0, out.stderr
+    # tessera's message needs b counted; a create before that is refused all the same, by
+    # the API server's count against the managed ResourceQuota (its own message)
+    wait_until("b counted", lambda: used(cluster, ns).get("memory") == "6Gi", 10, 0.1)
     out = cluster.kubectl("create", "-f", "-", input=pod(ns, "c", {
         "tessera.dev/vgpu-memory": "3072", "tessera.dev/vgpu-cores": "10"}))
     assert out.returncode != 0
