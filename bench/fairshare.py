@@ -178,6 +178,14 @@ def busy_s(s: Step, n: str) -> float:
     return field_of(s, n, "busy") * field_of(s, n, "seconds")
 
 
+def busy_fraction(steps: list[Step], name: str) -> float:
+    """A container's busy fraction over the periods' NVML windows, each weighted by the time
+    it covers (a period that saw no new sample covers 0 s and the next one twice the time,
+    so an unweighted mean of periods reads low under load); 0.0 when nothing was measured."""
+    secs = sum(field_of(s, name, "seconds") for s in steps)
+    return sum(busy_s(s, name) for s in steps) / secs if secs else 0.0
+
+
 def shares(steps: list[Step], names: list[str], t0: float, t1: float) -> dict[str, float]:
     """Each container's share of the busy time over [t0, t1), percent."""
     w = measured(steps, t0, t1)
@@ -244,8 +252,7 @@ def contention(tmp: Path, quick: bool) -> dict[str, object]:
     if i0 is not None:
         first_launch = float(back[i0]["t"]) - 0.1  # type: ignore[arg-type]
         for i in range(i0, len(back) - 4):
-            w = [field_of(x, "a", "busy") for x in back[i: i + 5]]
-            if sum(w) / 5 >= 0.18:
+            if busy_fraction(back[i: i + 5], "a") >= 0.18:
                 got = float(back[i]["t"])  # type: ignore[arg-type]
                 break
     # resize: from the budget files' rewrite to the first 500 ms window with the new split

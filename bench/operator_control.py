@@ -160,7 +160,7 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
     a GC in the API server, and what the API server allocated during it is printed."""
     if api is not None:
         api.collect(f"{ns}-before")
-    go0 = api.counters() if api is not None else None
+    go0 = api.counters() if api is not None else {}
     admitted = 0
     errors: list[str] = []
 
@@ -187,7 +187,7 @@ async def paced_creates(kube: Kube, ns: str, n: int, rate: float, mem: int, core
         await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
-    if api is not None and go0 is not None:
+    if api is not None:
         go1 = api.counters()
         api.collect(f"{ns}-after")
         print(f"  API server during the {n} creates in {ns}: "

@@ -30,15 +30,6 @@ BUDGETS = {"a": 20.0, "b": 30.0, "c": 50.0}
 NAMES = list(BUDGETS)
 
 
-def busy_fraction(bench: ModuleType, steps: list[dict[str, object]], name: str) -> float:
-    """A container's busy fraction over the periods' NVML windows, each weighted by the time
-    it covers: under load a period may see no new sample (0 s) and the next one twice the
-    time, so an unweighted mean of periods reads low."""
-    secs = sum(bench.field_of(s, name, "seconds") for s in steps)
-    assert secs > 0, steps
-    return float(sum(bench.busy_s(s, name) for s in steps) / secs)
-
-
 def test_split_lend_and_reclaim(hook_built: None, tmp_path: Path, bench: ModuleType) -> None:
     warm, measure, idle, back = 3.0, 8.0, 3.0, 3.0
     marks: dict[str, float] = {}
@@ -62,7 +53,7 @@ def test_split_lend_and_reclaim(hook_built: None, tmp_path: Path, bench: ModuleT
     t_idle = marks["idle"]
     late = [s for s in steps if t_idle + idle - 1.5 <= float(s["t"]) < t_idle + idle - 0.3]
     assert late
-    b, c = (busy_fraction(bench, late, n) for n in ("b", "c"))
+    b, c = (bench.busy_fraction(late, n) for n in ("b", "c"))
     assert bench.field_of(late[-1], "a", "lent") > 0.1, late[-1]
     grants = [(bench.field_of(s, "b", "borrowed"), bench.field_of(s, "c", "borrowed"))
               for s in late]
@@ -75,7 +66,7 @@ def test_split_lend_and_reclaim(hook_built: None, tmp_path: Path, bench: ModuleT
     first = next(i for i, s in enumerate(steps)
                  if float(s["t"]) > marks["back"] and bench.field_of(s, "a", "tokens") > 0)
     after = bench.measured(steps[first + 2:])[:5]
-    assert busy_fraction(bench, after, "a") >= 0.18, [
+    assert bench.busy_fraction(after, "a") >= 0.18, [
         (bench.field_of(s, "a", "busy"), bench.field_of(s, "a", "seconds"))
         for s in steps[first: first + 8]]
     assert all(bench.field_of(s, "a", "lent") == 0 for s in steps[first + 1: first + 7])
@@ -94,7 +85,7 @@ def test_hard_cap_leaves_idle_capacity_idle(
     run = bench.scenario(tmp_path, BUDGETS, warm + idle, script, no_lend=("a", "b", "c"))
     late = [s for s in run.steps if warm + 1.5 <= float(s["t"]) < warm + idle - 0.2]  # type: ignore[arg-type]
     assert late
-    b, c = (busy_fraction(bench, late, n) for n in ("b", "c"))
+    b, c = (bench.busy_fraction(late, n) for n in ("b", "c"))
     assert abs(b - 0.30) <= 0.03 and abs(c - 0.50) <= 0.03, (b, c)
     assert all(bench.field_of(s, n, "borrowed") == 0 for s in late for n in ("b", "c"))
 
