@@ -71,6 +71,8 @@ int tb_parse(const volatile void *map, size_t len, struct tb_budget *out, const 
     out->generation = g1;
     out->state = h.flags;
     out->wait_ms = h.wait_ms < TB_WAIT_MAX_MS ? h.wait_ms : TB_WAIT_MAX_MS;
+    out->ledger_dev = h.ledger_dev;
+    out->ledger_ino = h.ledger_ino;
     memcpy(out->reason, reason, sizeof reason);
     out->ndev = h.ndev;
     for (size_t i = 0; i < n; i++) {

@@ -23,6 +23,7 @@ struct tb_budget {
     uint32_t state;                  /* header flags: TB_PENDING, TB_REFUSED or 0 (ready) */
     uint32_t wait_ms;                /* PENDING: capped at TB_WAIT_MAX_MS */
     char reason[TB_REASON_LEN];      /* REFUSED: why (NUL-terminated; may be empty) */
+    uint64_t ledger_dev, ledger_ino; /* the ledger the daemon created (0: none named) */
     uint32_t ndev;
     struct tb_dev dev[TB_MAX_DEV];
 };

@@ -5,8 +5,10 @@
  * read-only at TB_BUDGET_PATH.  A seqlock generation counter makes a torn read detectable:
  * the writer makes it odd, writes, then makes it even again.
  *
- * Ledger: created by the first process of the container at TB_LEDGER_PATH (a writable
- * per-container directory), shared by all the container's processes through mmap.
+ * Ledger: created and initialised by the node daemon before the container starts, mounted
+ * writable (the file alone) at TB_LEDGER_PATH, shared by all the container's processes
+ * through mmap; the budget file names it (device and inode), so a process never uses another
+ * file there.  Without a daemon (the environment fallback) the first process creates it.
  */
 #ifndef TESSERA_FORMATS_H
 #define TESSERA_FORMATS_H
@@ -18,6 +20,9 @@
 /* Mounted read-only by tessera's device plugin into every container it sets up: there, a
  * missing budget file refuses device memory (no environment fallback). */
 #define TB_MARKER_PATH "/run/tessera/managed"
+/* Where the device plugin mounts the library (ld.so.preload names it): loaded from there, the
+ * library is managed as under the marker, whatever covers /run/tessera. */
+#define TB_LIB_PATH "/usr/local/lib/tessera/libtessera.so"
 
 #define TB_MAX_DEV 16
 
@@ -52,7 +57,11 @@ struct tb_file_header {   /* 64 bytes */
     uint32_t ndev;        /* 24 entries that follow the header, <= TB_MAX_DEV */
     uint32_t flags;       /* 28 TB_PENDING / TB_REFUSED, else 0 (ready) */
     uint32_t wait_ms;     /* 32 PENDING: how long a process waits on its first GPU call */
-    uint8_t reserved[28]; /* 36 */
+    uint32_t reserved0;   /* 36 */
+    uint64_t ledger_dev;  /* 40 the ledger the node daemon created for this container: its */
+    uint64_t ledger_ino;  /* 48 device and inode (st_dev, st_ino); 0: none (the library
+                             creates one, as before the daemon did) */
+    uint64_t reserved1;   /* 56 */
 };
 
 struct tb_file_dev {      /* 64 bytes */

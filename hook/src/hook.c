@@ -88,6 +88,7 @@ uint64_t dev_entry_gen = UINT64_MAX;
 /* ledger */
 struct tl ledger = {.fd = -1, .slot = -1};
 int ledger_state;                /* 0 not tried, 1 joined, -1 unusable */
+uint64_t ledger_want_dev, ledger_want_ino; /* the daemon's ledger, as the budget names it */
 static pthread_mutex_t ledger_mu = PTHREAD_MUTEX_INITIALIZER;
 int64_t credit[TB_MAX_DEV];       /* process-local tokens (x1000) taken from the bucket */
 
@@ -197,8 +198,8 @@ static void budget_first_read(void)
 
 static void budget_init(void)
 {
-    int fd = open(TB_BUDGET_PATH, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT && access(TB_MARKER_PATH, F_OK) == 0) {
+    int fd = open(TB_BUDGET_PATH, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT && th_managed()) {
         /* tessera set this container up: it never runs unbudgeted */
         mode = MODE_FILE;
         deny_all();
@@ -229,14 +230,14 @@ static void budget_init(void)
     }
     mode = MODE_FILE;
     deny_all();
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) || st.st_size < (off_t)sizeof(struct tb_file_header)) {
-        th_log("budget file %s unreadable or too short: refusing device memory", TB_BUDGET_PATH);
+    const char *why = "unreadable";
+    if (fd < 0 || !budget_file_ok(fd, &why)) {
+        th_log("budget file %s %s: refusing device memory", TB_BUDGET_PATH, why);
         if (fd >= 0)
             close(fd);
         return;
     }
-    blen = (size_t)st.st_size < TB_FILE_SIZE ? (size_t)st.st_size : TB_FILE_SIZE;
+    blen = TB_FILE_SIZE;
     void *m = mmap(NULL, blen, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
@@ -282,6 +283,8 @@ void budget_reload(void)
             else
                 apply_budget(&b);
             cur_wait_ms = b.wait_ms;
+            ledger_want_dev = b.ledger_dev;
+            ledger_want_ino = b.ledger_ino;
             __atomic_store_n(&cur_state, b.state, __ATOMIC_RELAXED);
             ever_valid = 1;
         }
@@ -296,9 +299,10 @@ void budget_reload(void)
 static void atfork_child(void)
 {
     /* The child is a new process: it must not hold (or share) the parent's slot. */
+    guard_ledger(NULL);
     if (ledger.fd >= 0 || ledger.h)
         tl_forget(&ledger);
-    ledger_state = 0;
+    ledger_state = ledger_lost ? -1 : 0; /* a child of a process that lost it: lost too */
     pthread_mutex_init(&ledger_mu, NULL);
     pthread_mutex_init(&reload_mu, NULL);
     memset(credit, 0, sizeof credit);
@@ -333,14 +337,23 @@ struct tl *ledger_get(void)
                 path = envpath;
             }
         }
-        if (tl_open(&ledger, path, &why) || tl_join(&ledger, &why)) {
+        uint64_t dev = mode == MODE_FILE ? ledger_want_dev : 0;
+        uint64_t ino = mode == MODE_FILE ? ledger_want_ino : 0;
+        tl_on_map = guard_ledger; /* from its first access: a truncation is a loss */
+        if (tl_open(&ledger, path, dev, ino, &why) || tl_join(&ledger, &why)) {
             th_log("ledger %s: %s: refusing device memory", path, why);
+            guard_ledger(NULL);
             tl_forget(&ledger);
             __atomic_store_n(&ledger_state, -1, __ATOMIC_RELEASE);
         } else {
-            __atomic_store_n(&ledger_state, 1, __ATOMIC_RELEASE);
+            int not_yet = 0; /* a SIGBUS meanwhile has made it -1: it stays so */
+            __atomic_compare_exchange_n(&ledger_state, &not_yet, 1, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED);
         }
     }
+    if (__atomic_load_n(&ledger_lost, __ATOMIC_RELAXED))
+        LOG_ONCE("ledger %s truncated under this process: refusing device memory from now on",
+                 TB_LEDGER_PATH);
     pthread_mutex_unlock(&ledger_mu);
     return ledger_state == 1 ? &ledger : NULL;
 }

@@ -147,6 +147,14 @@ extern uint64_t dev_entry_gen;
 
 extern struct tl ledger;
 extern int ledger_state;                   /* 0 not tried, 1 joined, -1 unusable */
+extern uint64_t ledger_want_dev, ledger_want_ino; /* the daemon's ledger (budget file); 0: none */
+
+/* ---- what a container can do to the library's files (guard.c) ---- */
+int budget_file_ok(int fd, const char **why); /* the read-only budget file of its size? */
+int th_managed(void);                      /* tessera set this container up */
+extern int ledger_lost;                    /* a SIGBUS in the ledger's mapping happened */
+void guard_ledger(void *base);             /* a SIGBUS in [base, +TL_FILE_SIZE) loses the
+                                              ledger instead of the process; NULL: none */
 extern int64_t credit[TB_MAX_DEV];         /* process-local tokens (x1000) taken from the bucket */
 struct tl *ledger_get(void);
 

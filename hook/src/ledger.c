@@ -23,6 +23,23 @@
 #include <time.h>
 #include <unistd.h>
 
+void (*tl_on_map)(void *base);
+
+static void *map_ledger(int fd)
+{
+    void *m = mmap(NULL, TL_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED && tl_on_map)
+        tl_on_map(m);
+    return m;
+}
+
+static void unmap_ledger(void *m)
+{
+    if (tl_on_map)
+        tl_on_map(NULL);
+    munmap(m, TL_FILE_SIZE);
+}
+
 int tl_validate(const void *map, size_t len, const char **why)
 {
     const struct tl_header *h = map;
@@ -81,16 +98,21 @@ static int owner_alive(struct tl *l, uint64_t w)
     return fl.l_type != F_UNLCK;
 }
 
+static uint64_t mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec;
+}
+
 /* The ledger lock: one CAS when free.  A waiter that finds the holder dead (its slot has a
  * new owner or nobody holds the slot's OFD lock) takes the lock over and recounts used[]
- * from the slots, so a SIGKILL inside the critical section loses nothing. */
-static int mlock_(struct tl *l)
+ * from the slots, so a SIGKILL inside the critical section loses nothing.  The lock is held
+ * for a few hundred instructions; one held by a live process for seconds is a lock word the
+ * container wrote: the ledger is then unusable (-1), never a hang. */
+static __attribute__((noinline)) int mlock_slow(struct tl *l, uint64_t want)
 {
-    if (!l->self)
-        return -1;
-    uint64_t want = ((uint64_t)(l->slot + 1) << 32) | l->self->gen, w = 0;
-    if (__atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-        return 0;
+    uint64_t w, give_up = 0;
     for (unsigned spins = 1;; spins++) {
         w = __atomic_load_n(&l->h->lock, __ATOMIC_RELAXED);
         if (w == 0) {
@@ -99,17 +121,34 @@ static int mlock_(struct tl *l)
                 return 0;
             continue;
         }
-        if (spins % 256 == 0 && !owner_alive(l, w) &&
-            __atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE,
-                                        __ATOMIC_RELAXED)) {
-            recount(l->h, l->slots);
-            return 0;
+        if (spins % 256 == 0) {
+            if (!owner_alive(l, w)) {
+                if (__atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE,
+                                                __ATOMIC_RELAXED)) {
+                    recount(l->h, l->slots);
+                    return 0;
+                }
+            } else if (!give_up) {
+                give_up = mono_s() + 3;
+            } else if (mono_s() >= give_up) {
+                return -1;
+            }
         }
         if (spins > 64)
             sched_yield();
         else
             __builtin_ia32_pause();
     }
+}
+
+static inline int mlock_(struct tl *l)
+{
+    if (!l->self)
+        return -1;
+    uint64_t want = ((uint64_t)(l->slot + 1) << 32) | l->self->gen, w = 0;
+    if (__atomic_compare_exchange_n(&l->h->lock, &w, want, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return 0;
+    return mlock_slow(l, want);
 }
 
 static void munlock_(struct tl *l)
@@ -129,15 +168,54 @@ static int init_locked(struct tl_header *h)
     return 0;
 }
 
-int tl_open(struct tl *l, const char *path, const char **why)
+/* The daemon's ledger: exactly the file the budget names, mapped as it is. */
+static void *open_named(int fd, uint64_t want_dev, uint64_t want_ino, const char **why)
+{
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        *why = "ledger is not a regular file";
+        return NULL;
+    }
+    if ((uint64_t)st.st_dev != want_dev || (uint64_t)st.st_ino != want_ino) {
+        *why = "ledger is not the one the node daemon created";
+        return NULL;
+    }
+    if ((size_t)st.st_size != TL_FILE_SIZE) {
+        *why = "ledger has the wrong size";
+        return NULL;
+    }
+    void *m = map_ledger(fd);
+    if (m == MAP_FAILED) {
+        *why = "cannot map the ledger";
+        return NULL;
+    }
+    return m;
+}
+
+int tl_open(struct tl *l, const char *path, uint64_t want_dev, uint64_t want_ino,
+            const char **why)
 {
     memset(l, 0, sizeof *l);
     l->fd = -1;
     l->slot = -1;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (want_ino ? 0 : O_CREAT),
+                  0660);
     if (fd < 0) {
         *why = "cannot open the ledger";
         return -1;
+    }
+    if (want_ino) {
+        void *m = open_named(fd, want_dev, want_ino, why);
+        if (!m || tl_validate(m, TL_FILE_SIZE, why)) {
+            if (m)
+                unmap_ledger(m);
+            close(fd);
+            return -1;
+        }
+        l->fd = fd;
+        l->h = m;
+        l->slots = (struct tl_slot *)((char *)m + TL_HEADER_SIZE);
+        return 0;
     }
     struct stat st;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
@@ -160,7 +238,7 @@ int tl_open(struct tl *l, const char *path, const char **why)
             return -1;
         }
     }
-    void *m = mmap(NULL, TL_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = map_ledger(fd);
     if (m == MAP_FAILED) {
         if (locked)
             flock(fd, LOCK_UN);
@@ -179,7 +257,7 @@ int tl_open(struct tl *l, const char *path, const char **why)
                 zero = ((unsigned char *)m)[i] == 0 || i >= 64;
             if (zero && init_locked(h)) {
                 flock(fd, LOCK_UN);
-                munmap(m, TL_FILE_SIZE);
+                unmap_ledger(m);
                 close(fd);
                 *why = "cannot initialise the ledger";
                 return -1;
@@ -189,7 +267,7 @@ int tl_open(struct tl *l, const char *path, const char **why)
     if (locked)
         flock(fd, LOCK_UN);
     if (tl_validate(m, TL_FILE_SIZE, why)) {
-        munmap(m, TL_FILE_SIZE);
+        unmap_ledger(m);
         close(fd);
         return -1;
     }
@@ -293,7 +371,7 @@ int tl_join(struct tl *l, const char **why)
 void tl_forget(struct tl *l)
 {
     if (l->h)
-        munmap(l->h, TL_FILE_SIZE);
+        unmap_ledger(l->h);
     if (l->fd >= 0)
         close(l->fd);
     memset(l, 0, sizeof *l);
@@ -308,14 +386,18 @@ int tl_reserve(struct tl *l, int dev, uint64_t bytes, uint64_t limit)
     if (mlock_(l))
         return -1;
     struct tl_dev *d = &l->h->dev[dev];
-    uint64_t u = d->used;
+    uint64_t u = d->used, mine = __atomic_load_n(&l->own[dev], __ATOMIC_RELAXED);
+    if (__builtin_expect(u < mine, 0))
+        u = mine; /* the container lowered the shared count: our own bytes still count */
     if (bytes > limit || u > limit - bytes) {
         munlock_(l);
         __atomic_fetch_add(&d->oom, 1, __ATOMIC_RELAXED);
         return 1;
     }
     __atomic_store_n(&d->used, u + bytes, __ATOMIC_RELAXED);
-    l->self->bytes[dev] += bytes;
+    mine += bytes; /* the slot says what we hold, from our own count */
+    l->self->bytes[dev] = mine;
+    __atomic_store_n(&l->own[dev], mine, __ATOMIC_RELAXED);
     munlock_(l);
     return 0;
 }
@@ -325,10 +407,10 @@ void tl_release(struct tl *l, int dev, uint64_t bytes)
     if (!l->self || dev < 0 || dev >= TB_MAX_DEV || mlock_(l))
         return;
     struct tl_dev *d = &l->h->dev[dev];
-    uint64_t mine = l->self->bytes[dev];
-    if (bytes > mine)
-        bytes = mine;
-    l->self->bytes[dev] = mine - bytes;
+    /* never more than this process reserved: every release is of a record it made */
+    uint64_t mine = __atomic_load_n(&l->own[dev], __ATOMIC_RELAXED) - bytes;
+    __atomic_store_n(&l->own[dev], mine, __ATOMIC_RELAXED);
+    l->self->bytes[dev] = mine;
     uint64_t u = d->used;
     __atomic_store_n(&d->used, u >= bytes ? u - bytes : 0, __ATOMIC_RELAXED);
     munlock_(l);

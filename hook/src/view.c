@@ -16,7 +16,12 @@ static int view(int e, uint64_t phys_total, uint64_t *total, uint64_t *used)
     uint64_t lim = (f & TB_DEV_MEM_LIMIT) ? __atomic_load_n(&cur_limit[e], __ATOMIC_RELAXED) : phys_total;
     *total = lim < phys_total ? lim : phys_total;
     struct tl *l = ledger_get();
+    if (!l && __atomic_load_n(&ledger_lost, __ATOMIC_RELAXED))
+        l = &ledger;
     uint64_t u = l ? __atomic_load_n(&l->h->dev[e].used, __ATOMIC_RELAXED) : 0;
+    uint64_t own = l ? __atomic_load_n(&l->own[e], __ATOMIC_RELAXED) : 0;
+    if (u < own)
+        u = own; /* what this process holds is used, whatever the shared count says */
     *used = u < *total ? u : *total;
     return 1;
 }

@@ -21,9 +21,11 @@ SIM_LIB = ROOT / "sim" / "build" / "lib"
 sys.path[:0] = [str(ROOT / "node-daemon"), str(ROOT / "sim")]
 
 from tessera_node.budget.formats import BudgetEntry, BudgetFile  # noqa: E402
-from tessera_node.budget.ledger import LedgerView, read_ledger  # noqa: E402
+from tessera_node.budget.ledger import LedgerView, create_ledger, read_ledger  # noqa: E402
+from tessera_node.deviceplugin.response import CONTAINER_LIB_DIR, LIB_NAME  # noqa: E402
 from tessera_sim.node import GPUSpec, node_description  # noqa: E402
 
+PLUGIN_LIB = Path(CONTAINER_LIB_DIR) / LIB_NAME  # where the device plugin mounts the library
 GIB = 1 << 30
 MIB = 1 << 20
 GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -89,6 +91,19 @@ class Container:
         self.managed = False  # mount the device plugin's marker (a container tessera set up)
         self.marker = self.dir / "managed"
         self.marker.touch()
+        self.as_plugin = False  # the files alone, as the device plugin mounts them
+        self.budget_writable = False
+        self.lib = lib
+        self.lib_at_plugin_path = False  # the library mounted where the device plugin puts it
+
+    def daemon_ledger(self) -> tuple[int, int]:
+        """The ledger as the node daemon makes it: created before any process, named by the
+        budget file (its device and inode), mounted as a file of its own."""
+        self.ledger.unlink(missing_ok=True)
+        ident = create_ledger(self.ledger)
+        self.budget.ledger = ident
+        self.as_plugin = True
+        return ident
 
     def set(self, *entries: BudgetEntry) -> int:
         return self.budget.update(list(entries))
@@ -107,21 +122,38 @@ class Container:
         return read_ledger(self.ledger)
 
     def argv(self, args: list[str]) -> list[str]:
-        target = self.rundir / "budget"  # bind-mount target inside the ledger directory
-        if self.mounted_budget:
-            target.touch()
-        elif target.exists():
-            target.unlink()
-        marker = self.rundir / "managed"
-        if self.managed:
-            marker.touch()
-        elif marker.exists():
-            marker.unlink()
+        budget_ro = "" if self.budget_writable else "-o ro "
+        if self.as_plugin:
+            # a directory of the container's own with the files mounted one by one
+            mounts = ("mount -t tmpfs tessera /run/tessera; "
+                      "touch /run/tessera/ledger /run/tessera/budget /run/tessera/managed; "
+                      f"mount --bind {self.ledger} /run/tessera/ledger; ")
+        else:
+            target = self.rundir / "budget"  # bind-mount target inside the ledger directory
+            if self.mounted_budget:
+                target.touch()
+            elif target.exists():
+                target.unlink()
+            marker = self.rundir / "managed"
+            if self.managed:
+                marker.touch()
+            elif marker.exists():
+                marker.unlink()
+            mounts = f"mount --bind {self.rundir} /run/tessera; "
+        if self.as_plugin and not self.mounted_budget:
+            mounts += "rm /run/tessera/budget; "
+        if self.as_plugin and not self.managed:
+            mounts += "rm /run/tessera/managed; "
+        lib = ""
+        if self.lib_at_plugin_path:
+            self.preload.write_text(f"{PLUGIN_LIB}\n")
+            lib = (f"mount -t tmpfs tessera {PLUGIN_LIB.parent}; touch {PLUGIN_LIB}; "
+                   f"mount --bind -o ro {self.lib} {PLUGIN_LIB}; ")
         script = (
             "set -e; mount --make-rprivate /; "
-            f"mount --bind {self.rundir} /run/tessera; "
+            + mounts
             + (
-                f"mount --bind -o ro {self.budget_path} /run/tessera/budget; "
+                f"mount --bind {budget_ro}{self.budget_path} /run/tessera/budget; "
                 if self.mounted_budget
                 else ""
             )
@@ -130,6 +162,7 @@ class Container:
                 if self.managed
                 else ""
             )
+            + lib
             + f"mount --bind -o ro {self.preload} /etc/ld.so.preload; "
             'exec "$@"'
         )
@@ -168,6 +201,7 @@ class Container:
 
 def prepare_host_mountpoints() -> None:
     Path("/run/tessera").mkdir(parents=True, exist_ok=True)
+    PLUGIN_LIB.parent.mkdir(parents=True, exist_ok=True)  # an empty mount point
     pre = Path("/etc/ld.so.preload")
     if not pre.exists():
         pre.touch()  # an empty file preloads nothing; it is only a bind-mount target

@@ -17,7 +17,7 @@ int main(int argc, char **argv)
         return 2;
     struct tl l;
     const char *why = "";
-    if (tl_open(&l, argv[1], &why) || tl_join(&l, &why)) {
+    if (tl_open(&l, argv[1], 0, 0, &why) || tl_join(&l, &why)) {
         fprintf(stderr, "tjoin: %s\n", why);
         return 1;
     }

@@ -21,11 +21,13 @@ MAGIC = 0x47444254  # b"TBDG" little-endian
 VERSION = 1
 MAX_DEV = 16
 BUDGET_FILE_SIZE = 4096
-HEADER = struct.Struct("<IIQIIIII28s")  # magic, version, generation, hsize, esize, ndev,
-#                                         flags (state), wait_ms (pending)
+HEADER = struct.Struct("<IIQIIIIIIQQQ")  # magic, version, generation, hsize, esize, ndev,
+#                                         flags (state), wait_ms (pending), reserved,
+#                                         ledger device, ledger inode, reserved
 ENTRY = struct.Struct("<16sIIQIIQQQ")  # uuid, index, flags, mem, core_target, r0, rate, burst,
 #                                       context bytes
 GEN_OFFSET = 8
+LEDGER_OFFSET = 40  # u64 device, u64 inode of the container's ledger (0: none named)
 
 DEV_MEM_LIMIT = 0x1
 DEV_CORE_LIMIT = 0x2
@@ -149,6 +151,9 @@ class Budget:
     """Pending: how long a process waits for the budget on its first GPU call."""
     reason: str = ""
     """Refused: why, as the hook prints it."""
+    ledger: tuple[int, int] | None = None
+    """(device, inode) of the ledger the daemon created for the container; None: none
+    named (the library then creates one)."""
 
 
 def _body(entries: list[BudgetEntry]) -> bytes:
@@ -157,10 +162,12 @@ def _body(entries: list[BudgetEntry]) -> bytes:
     return b"".join(e.pack() for e in entries)
 
 
-def _header(generation: int, ndev: int, flags: int = 0, wait_ms: int = 0) -> bytes:
+def _header(generation: int, ndev: int, flags: int = 0, wait_ms: int = 0,
+            ledger: tuple[int, int] | None = None) -> bytes:
+    dev, ino = ledger or (0, 0)
     return HEADER.pack(
-        MAGIC, VERSION, generation, HEADER.size, ENTRY.size, ndev, flags, wait_ms, b"\0" * 28
-    )
+        MAGIC, VERSION, generation, HEADER.size, ENTRY.size, ndev, flags, wait_ms, 0, dev, ino,
+        0)
 
 
 def _reason_bytes(reason: str) -> bytes:
@@ -175,9 +182,12 @@ def _reason_bytes(reason: str) -> bytes:
 
 
 class BudgetFile:
-    """A budget file kept open and mapped by its writer; ``update`` rewrites it in place."""
+    """A budget file kept open and mapped by its writer; ``update`` rewrites it in place.
+    ``ledger``: the (device, inode) of the container's ledger every rewrite names (kept from
+    the file when not given)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str],
+                 ledger: tuple[int, int] | None = None) -> None:
         self.path = Path(path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -186,6 +196,10 @@ class BudgetFile:
             self._map = mmap.mmap(fd, BUDGET_FILE_SIZE, mmap.MAP_SHARED)
         finally:
             os.close(fd)
+        if ledger is None:
+            dev, ino = struct.unpack_from("<QQ", self._map, LEDGER_OFFSET)
+            ledger = (dev, ino) if ino else None
+        self.ledger = ledger
 
     @property
     def generation(self) -> int:
@@ -219,7 +233,7 @@ class BudgetFile:
         at = REASON_OFFSET - HEADER.size
         tail[at : at + len(why)] = why
         self._map[HEADER.size : BUDGET_FILE_SIZE] = bytes(tail)
-        header = bytearray(_header(gen + 1, ndev, flags, wait_ms))
+        header = bytearray(_header(gen + 1, ndev, flags, wait_ms, self.ledger))
         # the header except its generation, then the generation (even: stable)
         self._map[0:GEN_OFFSET] = header[0:GEN_OFFSET]
         self._map[GEN_OFFSET + 8 : HEADER.size] = header[GEN_OFFSET + 8 :]
@@ -253,7 +267,8 @@ def write_budget(path: str | os.PathLike[str], entries: list[BudgetEntry]) -> in
 def parse_budget(raw: bytes) -> Budget:
     if len(raw) < HEADER.size:
         raise ValueError("budget file shorter than its header")
-    magic, version, gen, hsize, esize, ndev, flags, wait_ms, _res = HEADER.unpack_from(raw, 0)
+    (magic, version, gen, hsize, esize, ndev, flags, wait_ms, _r0, ledger_dev, ledger_ino,
+     _r1) = HEADER.unpack_from(raw, 0)
     if magic != MAGIC:
         raise ValueError("bad magic")
     if version != VERSION:
@@ -283,6 +298,7 @@ def parse_budget(raw: bytes) -> Budget:
         state=state,
         wait_ms=min(wait_ms, WAIT_MAX_MS),
         reason=reason,
+        ledger=(ledger_dev, ledger_ino) if ledger_ino else None,
     )
 
 

@@ -4,32 +4,47 @@ Layout under the state directory (one per node, e.g. ``/var/lib/tessera/containe
 
     managed                   tessera's marker, mounted read-only at /run/tessera/managed
     <key>/budget              the budget file, mounted read-only at /run/tessera/budget
-    <key>/run/                the writable ledger directory, mounted at /run/tessera
+    <key>/run/ledger          the container's ledger, created here at Allocate and mounted
+                              (the file alone, writable) at /run/tessera/ledger
     <key>/alloc.json          what Allocate was given (resource, device IDs, units), so a
                               restarted daemon still knows its allocations
+    .trash/                   directories on their way out (removed in the background)
 
 ``<key>`` names one Allocate's device set (``deviceplugin.matcher.allocation_key``). A file is
 created **pending** at Allocate time, rewritten **ready** from the pod's annotation once the
 pod is confirmed, or **refused** with a reason; directories are removed when their pods end.
-Everything is owned by the daemon (root) and mounted read-only but the ledger directory, so a
-budget file is never writable from inside the container.
+Everything is owned by the daemon (root) and mounted read-only but the ledger, so a budget
+file is never writable from inside the container; the ledger is mounted as a file, not its
+directory, so a container can write and truncate it but never delete, replace or add a file
+(a mount point cannot be removed), and the budget file names the ledger (its device and
+inode) for the library and the audit to check. What the container wrote is never walked
+while the daemon holds a lock: a directory to remove is renamed into ``.trash`` (one
+``rename``) and deleted by a background thread.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from tessera_node.budget.formats import Budget, BudgetEntry, BudgetFile, read_budget
+from tessera_node.budget.ledger import create_ledger
+
+log = logging.getLogger("tessera_node.budget")
 
 MARKER = "managed"
 BUDGET = "budget"
 RUN = "run"
+LEDGER = "ledger"
 META = "alloc.json"
+TRASH = ".trash"
 
 
 @dataclass(frozen=True)
@@ -62,15 +77,19 @@ class BudgetWriter:
     def ledger_dir(self, key: str) -> Path:
         return self.root / key / RUN
 
+    def ledger_path(self, key: str) -> Path:
+        return self.ledger_dir(key) / LEDGER
+
     def allocate(self, key: str, resource: str, device_ids: list[str], units: list[str]) -> None:
-        """A new use of this device set: the budget file pending, a fresh ledger."""
+        """A new use of this device set: the budget file pending, naming a fresh ledger."""
         d = self.root / key
         d.mkdir(exist_ok=True, mode=0o755)
         run = self.ledger_dir(key)
-        if run.exists():
-            shutil.rmtree(run)  # the previous user of these devices has ended
+        if os.path.lexists(run):
+            self._discard(run)  # the previous user of these devices has ended
         run.mkdir(mode=0o755)
-        with BudgetFile(self.budget_path(key)) as f:
+        ledger = create_ledger(run / LEDGER)
+        with BudgetFile(self.budget_path(key), ledger=ledger) as f:
             f.set_pending(self.pending_wait_ms)
         meta = {"resource": resource, "device_ids": device_ids, "units": units,
                 "created": time.time()}
@@ -90,7 +109,26 @@ class BudgetWriter:
         return read_budget(self.budget_path(key))
 
     def remove(self, key: str) -> None:
-        shutil.rmtree(self.root / key, ignore_errors=False)
+        self._discard(self.root / key)
+
+    def _discard(self, path: Path) -> None:
+        """Out of the way at once (a rename), deleted in the background: a container may
+        have left anything in its ledger's directory, however large."""
+        trash = self.root / TRASH
+        trash.mkdir(exist_ok=True, mode=0o700)
+        target = trash / uuid.uuid4().hex
+        os.rename(path, target)
+        threading.Thread(target=_delete, args=(target,), name="tessera-trash",
+                         daemon=True).start()
+
+    def empty_trash(self) -> None:
+        """What a previous run left in the trash (a daemon stopped while deleting), deleted
+        in the background."""
+        trash = self.root / TRASH
+        if trash.is_dir():
+            for p in trash.iterdir():
+                threading.Thread(target=_delete, args=(p,), name="tessera-trash",
+                                 daemon=True).start()
 
     def records(self) -> list[AllocationRecord]:
         """Every allocation on disk. A directory without its record is one an Allocate is
@@ -98,7 +136,7 @@ class BudgetWriter:
         left out; a record that cannot be read is an error."""
         out = []
         for d in sorted(self.root.iterdir()):
-            if not d.is_dir() or not (d / META).exists():
+            if d.name == TRASH or not d.is_dir() or not (d / META).exists():
                 continue
             meta = json.loads((d / META).read_text())
             out.append(AllocationRecord(
@@ -106,3 +144,12 @@ class BudgetWriter:
                 units=tuple(meta["units"]), created=float(meta["created"]),
             ))
         return out
+
+
+def _delete(path: Path) -> None:
+    """``shutil.rmtree`` (which never follows a symlink a container left inside)."""
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        log.warning("cannot remove a container's old files", extra={
+            "path": str(path), "error": str(exc)})

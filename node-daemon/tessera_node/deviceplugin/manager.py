@@ -131,7 +131,7 @@ class Manager:
             self.writer.allocate(key, resource, list(device_ids), list(decision.units))
             return container_response(
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
-                          str(self.writer.ledger_dir(key)), str(self.writer.marker)),
+                          str(self.writer.ledger_path(key)), str(self.writer.marker)),
                 decision.units, self.config.visibility, self.config.sim,
             )
 

@@ -3,10 +3,10 @@
 * libtessera, read-only, from a **versioned** host directory (an upgrade installs a new
   directory and never rewrites a library a running container has mapped), and an
   ``ld.so.preload`` that loads it, mounted over ``/etc/ld.so.preload``;
-* the container's ledger directory (writable) at ``/run/tessera``, its budget file
-  (read-only) at ``/run/tessera/budget`` and tessera's marker (read-only) at
-  ``/run/tessera/managed``: with the marker, libtessera refuses GPU memory rather than run
-  without a budget;
+* the container's ledger (the file alone, writable: it can be written and truncated but
+  not removed or replaced) at ``/run/tessera/ledger``, its budget file (read-only) at
+  ``/run/tessera/budget`` and tessera's marker (read-only) at ``/run/tessera/managed``: with
+  the marker, libtessera refuses GPU memory rather than run without a budget;
 * device visibility. ``cdi``: CDI device names (``nvidia.com/gpu=<UUID>``, the toolkit's
   CDI spec with UUID names). ``volume-mounts``: the NVIDIA container toolkit's
   volume-mount device list (``/var/run/nvidia-container-devices/<UUID>``), which, unlike a
@@ -55,7 +55,8 @@ class HostPaths:
     """Versioned host directory holding ``libtessera.so`` and ``ld.so.preload`` (whose line
     names ``CONTAINER_LIB_DIR/libtessera.so``)."""
     budget: str
-    ledger_dir: str
+    ledger: str
+    """The ledger file the daemon created."""
     marker: str
 
 
@@ -84,7 +85,7 @@ def container_response(
     mounts = [
         Mount(f"{CONTAINER_LIB_DIR}/{LIB_NAME}", str(lib / LIB_NAME), True),
         Mount("/etc/ld.so.preload", str(lib / PRELOAD_NAME), True),
-        Mount(CONTAINER_RUN, paths.ledger_dir, False),
+        Mount(f"{CONTAINER_RUN}/ledger", paths.ledger, False),
         Mount(f"{CONTAINER_RUN}/budget", paths.budget, True),
         Mount(f"{CONTAINER_RUN}/managed", paths.marker, True),
     ]

@@ -332,6 +332,7 @@ class DevicePluginService:
             forget_after_s=FORGET_PENDING_S,
         )
         writer = BudgetWriter(state / CONTAINERS_DIR, int(self.opts.budget_wait_s * 1000))
+        writer.empty_trash()
         self.manager = Manager(config, writer, self.pods, self._on_refused, self.registry)
         self.manager.update(self.node_state())
         log.info("device plugin prepared", extra={"libtessera": str(lib_dir),

@@ -138,3 +138,20 @@ def test_pending_refused_ready_states_round_trip(tmp_path: Path) -> None:
         parse_budget(bytes(raw))
     with BudgetFile(tmp_path / "c") as f, pytest.raises(ValueError, match="wait_ms"):
         f.set_pending(10**9)
+
+
+def test_the_ledger_the_budget_names_survives_every_rewrite_and_a_reopen(
+        tmp_path: Path) -> None:
+    """The budget file names the container's ledger (device, inode) from the pending file the
+    daemon writes at Allocate on; ready, refused and a restarted daemon's rewrite keep it."""
+    p = tmp_path / "budget"
+    with BudgetFile(p, ledger=(2049, 77)) as f:
+        f.set_pending(1000)
+        assert f.read().ledger == (2049, 77)
+        f.update([BudgetEntry(memory=1)])
+    with BudgetFile(p) as f:  # a restarted daemon
+        assert f.ledger == (2049, 77)
+        f.set_refused("no")
+    assert read_budget(p).ledger == (2049, 77)
+    write_budget(tmp_path / "plain", [BudgetEntry(memory=1)])
+    assert read_budget(tmp_path / "plain").ledger is None

@@ -36,7 +36,8 @@ int main(void)
     S(tb_file_header); S(tb_file_dev);
     O(tb_file_header, magic); O(tb_file_header, version); O(tb_file_header, generation);
     O(tb_file_header, header_size); O(tb_file_header, entry_size); O(tb_file_header, ndev);
-    O(tb_file_header, flags); O(tb_file_header, wait_ms);
+    O(tb_file_header, flags); O(tb_file_header, wait_ms); O(tb_file_header, reserved0);
+    O(tb_file_header, ledger_dev); O(tb_file_header, ledger_ino); O(tb_file_header, reserved1);
     O(tb_file_dev, uuid); O(tb_file_dev, index); O(tb_file_dev, flags);
     O(tb_file_dev, mem_limit); O(tb_file_dev, core_target); O(tb_file_dev, reserved0);
     O(tb_file_dev, rate_milli); O(tb_file_dev, burst_milli); O(tb_file_dev, context_bytes);
@@ -107,9 +108,10 @@ def test_budget_file_matches_the_header(tmp_path: Path) -> None:
         c["TB_REASON_LEN"],
     ) == (fmt.PENDING, fmt.REFUSED, fmt.WAIT_MAX_MS, fmt.REASON_OFFSET, fmt.REASON_LEN)
     header = ["magic", "version", "generation", "header_size", "entry_size", "ndev", "flags",
-              "wait_ms"]
-    assert offsets(fmt.HEADER)[: len(header)] == [c[f"tb_file_header.{f}"] for f in header]
+              "wait_ms", "reserved0", "ledger_dev", "ledger_ino", "reserved1"]
+    assert offsets(fmt.HEADER) == [c[f"tb_file_header.{f}"] for f in header]
     assert c["tb_file_header.generation"] == fmt.GEN_OFFSET
+    assert c["tb_file_header.ledger_dev"] == fmt.LEDGER_OFFSET
     entry = ["uuid", "index", "flags", "mem_limit", "core_target", "reserved0", "rate_milli",
              "burst_milli", "context_bytes"]
     assert offsets(fmt.ENTRY) == [c[f"tb_file_dev.{f}"] for f in entry]

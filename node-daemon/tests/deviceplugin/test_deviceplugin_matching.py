@@ -3,6 +3,7 @@ cycle (Allocate -> pending -> PodResources List -> ready / refused -> removed)."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def test_granting_only_what_fits_never_overcommits(wants: list[int], total: int)
 
 
 PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
-                  "/var/lib/tessera/c/k/run", "/var/lib/tessera/c/managed")
+                  "/var/lib/tessera/c/k/run/ledger", "/var/lib/tessera/c/managed")
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,8 @@ def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, b
     base = [
         ("/usr/local/lib/tessera/libtessera.so", "/opt/tessera/lib/v1.2.3/libtessera.so", True),
         ("/etc/ld.so.preload", "/opt/tessera/lib/v1.2.3/ld.so.preload", True),
-        ("/run/tessera", "/var/lib/tessera/c/k/run", False),
+        # the ledger file alone: writable, but never removed or replaced from inside
+        ("/run/tessera/ledger", "/var/lib/tessera/c/k/run/ledger", False),
         ("/run/tessera/budget", "/var/lib/tessera/c/k/budget", True),
         ("/run/tessera/managed", "/var/lib/tessera/c/managed", True),
     ]
@@ -160,6 +162,14 @@ def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, b
     assert r.envs.get("NVIDIA_VISIBLE_DEVICES", "/var/run/nvidia-container-devices") == \
         "/var/run/nvidia-container-devices"
     assert preload_line() == "/usr/local/lib/tessera/libtessera.so\n"
+
+
+def test_the_library_knows_where_the_plugin_mounts_it() -> None:
+    """Loaded from there, libtessera is managed (a missing budget file refuses memory) even
+    when something covers /run/tessera: the path it compares with is the one mounted."""
+    header = (Path(__file__).resolve().parents[3] / "hook" / "src" / "formats.h").read_text()
+    m = re.search(r'#define TB_LIB_PATH "([^"]+)"', header)
+    assert m and m.group(1) == preload_line().strip(), m
 
 
 def budget_of(memory: int, shares: int = 1, container: str = "main") -> str:
