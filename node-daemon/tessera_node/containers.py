@@ -9,7 +9,9 @@ gRPC and worker threads, readers in the event loop.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tessera.api.budget import ContainerBudget
@@ -41,6 +43,10 @@ class SetUpContainer:
     """The quota's fair-share weight for idle core time."""
     lending: bool = True
     """False: the quota's hard caps (its containers neither lend nor borrow core time)."""
+    container_id: str | None = None
+    """The runtime's ID of the container now (the pod's status, written by the kubelet;
+    ``containerd://`` stripped), once it has started: the audit holds each process of a pod
+    with several GPU containers to the budget of the container its cgroup names."""
 
 
 class ContainerRegistry:
@@ -55,6 +61,15 @@ class ContainerRegistry:
     def drop(self, key: str) -> None:
         with self._lock:
             self._by_key.pop(key, None)
+
+    def identify(self, ids: Mapping[tuple[str, str], str]) -> None:
+        """The runtime's container IDs, by (pod UID, container name), as the pods' statuses
+        say now; an entry whose container has none (not started yet) keeps what it had."""
+        with self._lock:
+            for key, e in self._by_key.items():
+                cid = ids.get((e.pod_uid, e.container))
+                if cid and cid != e.container_id:
+                    self._by_key[key] = dataclasses.replace(e, container_id=cid)
 
     def snapshot(self) -> list[SetUpContainer]:
         """Every container set up now, by namespace, pod and container name."""

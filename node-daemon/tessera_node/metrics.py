@@ -60,7 +60,8 @@ AUDIT_FOREIGN_BYTES = Gauge("tessera_node_foreign_gpu_memory_bytes",
                             "Device memory those processes hold, per GPU or MIG UUID.", ["gpu"])
 AUDIT_STOPS = Counter("tessera_node_audit_stops_total",
                       "Processes the audit killed (SIGKILL), by finding "
-                      "(over_budget, foreign) and result (ok, failed).", ["kind", "result"])
+                      "(over_budget, tampered, foreign) and result (ok, failed).",
+                      ["kind", "result"])
 RESIZES = Counter("tessera_node_resizes_total", "Live resizes this node decided, by outcome "
                   "(Applied, Refused: GPU memory).", ["outcome"])
 ALLOCATIONS = Counter("tessera_node_allocations_total", "Device plugin Allocate calls, by "
@@ -77,7 +78,7 @@ for _result in ("ok", "nvml_error", "api_error"):
     AUDIT_RUNS.labels(_result)
 for _method in ("Get", "List"):
     PODRESOURCES_CALLS.labels(_method)
-for _kind in ("over_budget", "foreign"):
+for _kind in ("over_budget", "tampered", "foreign"):
     for _result in ("ok", "failed"):
         AUDIT_STOPS.labels(_kind, _result)
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
@@ -149,6 +150,8 @@ class ContainerFigures:
     """The ledger's launch-wait histogram for this device (empty: no ledger yet)."""
     wait_seconds: float = 0.0
     over_budget: bool = False
+    tampered: bool = False
+    """Its ledger or what its processes see at /run/tessera is not what the daemon made."""
 
     @property
     def labels(self) -> list[str]:
@@ -181,6 +184,9 @@ class ContainerCollector(Collector):
              lambda f: f.utilization_percent),
             ("tessera_container_over_budget", "1 while it holds more memory there than its "
              "budget.", lambda f: 1 if f.over_budget else 0),
+            ("tessera_container_tampered", "1 while its ledger is not the one tessera made, "
+             "or a process of it sees other files at /run/tessera (treated as over "
+             "budget).", lambda f: 1 if f.tampered else 0),
         ]
         for name, doc, value in gauges:
             g = GaugeMetricFamily(name, doc, labels=_CONTAINER)

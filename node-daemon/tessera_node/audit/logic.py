@@ -1,11 +1,20 @@
 """The audit's decisions (pure): which container each GPU process belongs to, who is over
-its memory budget, which processes are foreign, when a finding is confirmed and new, and
-what the namespace's GPUQuotas say to do about it.
+its memory budget, which processes are foreign, which containers did something to the files
+tessera gave them, when a finding is confirmed and new, and what the namespace's GPUQuotas
+say to do about it.
 
 Inputs are plain data read by the runner: the containers tessera set up (with their budgets
-per GPU or MIG UUID and their ledgers' live processes) and NVML's per-process records (host
-PID, the UUID it holds memory on, ``usedGpuMemory``), each with its owner from
-``/proc/<pid>/cgroup``.
+per GPU or MIG UUID, their ledgers' live processes and what those account for, what became
+of their ledgers, and the identities of the files the daemon made), and NVML's per-process
+records (host PID, the UUID it holds memory on, ``usedGpuMemory``), each with its owner from
+``/proc/<pid>/cgroup`` and the files it sees at ``/run/tessera``.
+
+**Tampering** is what only the node can know and libtessera cannot: a container's ledger
+gone, replaced, truncated or not a ledger any more; a GPU process of the container that sees
+another budget file or ledger than the daemon's (a mount namespace of its own, a chroot);
+memory over the budget that the ledger does not account for (a process around the library,
+or counts the container zeroed). It is treated like over budget **at once**: a finding at
+the first audit that sees it, not after two.
 """
 
 from __future__ import annotations
@@ -42,6 +51,21 @@ class AuditedContainer:
     A UUID not named has a budget of 0 (a pending or refused budget names none)."""
     ledger_ids: frozenset[tuple[int, int]] = frozenset()
     """(PID as the container sees it, start ticks) of its ledger's live processes."""
+    files: Files | None = None
+    """The files the daemon made for it (None: not known, nothing checked)."""
+    tampered: str | None = None
+    """Why its ledger is not the one the daemon made (gone, replaced, truncated, garbage)."""
+    accounted: Mapping[str, int] | None = None
+    """Per UUID, the bytes its ledger's live processes say they hold (None: no ledger read)."""
+
+
+@dataclass(frozen=True)
+class Files:
+    """(device, inode) of a container's budget file and of the ledger it names (None: the
+    budget names none, as an older daemon's; then any ledger the process sees is its own)."""
+
+    budget: tuple[int, int]
+    ledger: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +87,8 @@ class GPUProcess:
     """Its pod and container from ``/proc/<pid>/cgroup``; None: outside any pod."""
     unreadable: str | None = None
     """Why its owner could not be read (then it is never stopped)."""
+    sees: Sees | None = None
+    """The files it sees at /run/tessera (None: not looked at, or it went meanwhile)."""
 
     @property
     def identity(self) -> tuple[int, int, str]:
@@ -73,6 +99,15 @@ class GPUProcess:
 
 
 @dataclass(frozen=True)
+class Sees:
+    """(device, inode) of what a process finds at /run/tessera/budget and /run/tessera/ledger
+    in its own root and mount namespace; None: nothing there."""
+
+    budget: tuple[int, int] | None
+    ledger: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
 class OverBudget:
     key: ContainerKey
     pod_uid: str
@@ -80,6 +115,20 @@ class OverBudget:
     used: int
     limit: int
     processes: tuple[GPUProcess, ...]
+    evidence: str | None = None
+    """Why this is not an accident of timing (then it counts at once): the container
+    tampered, or its ledger does not account for what NVML shows."""
+
+
+@dataclass(frozen=True)
+class Tampered:
+    """A container did something to the files tessera gave it (treated like over budget)."""
+
+    key: ContainerKey
+    pod_uid: str
+    why: str
+    processes: tuple[GPUProcess, ...]
+    """Its GPU processes, on every UUID."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +140,7 @@ class AuditResult:
     held: Mapping[tuple[ContainerKey, str], tuple[GPUProcess, ...]] = field(
         default_factory=dict)
     """The processes attributed to each (container, UUID)."""
+    tampered: tuple[Tampered, ...] = ()
 
 
 def attribute(p: GPUProcess, containers: Sequence[AuditedContainer]) -> AuditedContainer | None:
@@ -140,16 +190,50 @@ def audit(containers: Sequence[AuditedContainer], processes: Iterable[GPUProcess
         k = (owner.key, p.unit)
         usage[k] = usage.get(k, 0) + (p.used_bytes or 0)
         held.setdefault(k, []).append(p)
+    tampered = {}
+    for c in containers:
+        mine = sorted((p for (k, _u), ps in held.items() if k == c.key for p in ps),
+                      key=lambda p: (p.pid, p.unit))
+        why = tampering(c, mine)
+        if why is not None:
+            tampered[c.key] = Tampered(c.key, c.pod_uid, why, tuple(mine))
     over = []
     for (key, unit), used in sorted(usage.items()):
         c = by_key[key]
         limit = limit_of(c, unit)
         if limit is not None and used > limit + slack_bytes:
+            t = tampered.get(key)
+            evidence = t.why if t else None
+            if evidence is None and c.accounted is not None:
+                counted = c.accounted.get(unit, 0)
+                if counted <= limit:
+                    evidence = (f"its ledger accounts for {_mib(counted)} of them: memory "
+                                f"the library did not count")
             over.append(OverBudget(key, c.pod_uid, unit, used, limit,
                                    tuple(sorted(held.get((key, unit), ()),
-                                                key=lambda p: p.pid))))
+                                                key=lambda p: p.pid)), evidence))
     return AuditResult(usage, tuple(over), tuple(sorted(foreign, key=lambda p: p.identity)),
-                       {k: tuple(v) for k, v in held.items()})
+                       {k: tuple(v) for k, v in held.items()},
+                       tuple(tampered[k] for k in sorted(tampered)))
+
+
+def tampering(c: AuditedContainer, processes: Sequence[GPUProcess]) -> str | None:
+    """Why a container's files are not what the daemon made, or None: its ledger (as the
+    runner found it), and the files each of its GPU processes sees at /run/tessera."""
+    if c.tampered is not None:
+        return c.tampered
+    if c.files is None or c.files.ledger is None:
+        return None  # not known, or a container an older daemon set up: not checked
+    for p in processes:
+        if p.sees is None:
+            continue
+        if p.sees.budget != c.files.budget:
+            what = "no budget file" if p.sees.budget is None else "another budget file"
+            return f"{p.label()} sees {what} at /run/tessera/budget"
+        if p.sees.ledger != c.files.ledger:
+            what = "no ledger" if p.sees.ledger is None else "another ledger"
+            return f"{p.label()} sees {what} at /run/tessera/ledger"
+    return None
 
 
 # -- confirmation and deduplication ---------------------------------------------------------
@@ -160,12 +244,15 @@ class Confirmed:
     over: tuple[tuple[OverBudget, bool], ...]
     """Confirmed over-budget findings, each with whether it is new (not reported before)."""
     foreign: tuple[tuple[GPUProcess, bool], ...]
+    tampered: tuple[tuple[Tampered, bool], ...] = ()
 
 
 class Tracker:
     """A finding counts once it was seen in ``confirm`` consecutive audits (a process that
     exits between NVML's list and /proc, a budget rewritten between two reads, is never
-    reported); it is new the first time, and new again only after it was gone."""
+    reported); it is new the first time, and new again only after it was gone. Tampering,
+    and an over-budget finding with evidence of it, count at the first audit that sees them:
+    no timing makes a ledger vanish or a process see another file."""
 
     def __init__(self, confirm: int = 2) -> None:
         if confirm < 1:
@@ -173,17 +260,24 @@ class Tracker:
         self.confirm = confirm
         self._over: dict[tuple[ContainerKey, str], int] = {}
         self._foreign: dict[tuple[int, int, str], int] = {}
+        self._tampered: dict[ContainerKey, int] = {}
 
     def step(self, result: AuditResult) -> Confirmed:
         over_seen = {(f.key, f.unit): f for f in result.over}
-        self._over = {k: self._over.get(k, 0) + 1 for k in over_seen}
+        was = self._over
+        self._over = {k: max(was.get(k, 0) + 1, self.confirm if f.evidence else 0)
+                      for k, f in over_seen.items()}
         foreign_seen = {p.identity: p for p in result.foreign}
         self._foreign = {k: self._foreign.get(k, 0) + 1 for k in foreign_seen}
+        tampered_seen = {t.key: t for t in result.tampered}
+        was_t = self._tampered
+        self._tampered = {k: was_t.get(k, 0) + 1 for k in tampered_seen}
         return Confirmed(
-            tuple((f, self._over[k] == self.confirm) for k, f in over_seen.items()
-                  if self._over[k] >= self.confirm),
+            tuple((f, was.get(k, 0) < self.confirm <= self._over[k])
+                  for k, f in over_seen.items() if self._over[k] >= self.confirm),
             tuple((p, self._foreign[k] == self.confirm) for k, p in foreign_seen.items()
-                  if self._foreign[k] >= self.confirm))
+                  if self._foreign[k] >= self.confirm),
+            tuple((t, self._tampered[k] == 1) for k, t in tampered_seen.items()))
 
 
 # -- policy -----------------------------------------------------------------------------------
@@ -220,6 +314,16 @@ def over_budget_message(f: OverBudget, stopped: Sequence[str] = (),
     what = ", ".join(p.label() for p in f.processes) or "no process listed"
     text = (f"container {f.key.container} holds {_mib(f.used)} of GPU memory on {f.unit}, "
             f"over its budget of {_mib(f.limit)} (NVML per-process figures: {what})")
+    if f.evidence:
+        text += f"; {f.evidence}"
+    return text + _outcome(stopped, failed, "overBudget")
+
+
+def tampered_message(t: Tampered, stopped: Sequence[str] = (),
+                     failed: Sequence[str] = ()) -> str:
+    what = ", ".join(p.label() for p in t.processes) or "no GPU process now"
+    text = (f"container {t.key.container}: {t.why}: treated as over its GPU memory budget "
+            f"(its GPU processes: {what})")
     return text + _outcome(stopped, failed, "overBudget")
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import signal
 from dataclasses import dataclass
@@ -56,3 +58,55 @@ def stop(pid: int, start_ticks: int, proc: Path = procfs.PROC) -> str | None:
         return f"pid {pid}: {exc.strerror}"
     finally:
         os.close(fd)
+
+
+# -- what a process sees at /run/tessera -----------------------------------------------------
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+SYS_OPENAT2 = 437  # the same on x86_64 and arm64 (asm-generic)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _identity_in(root: int, path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path`` resolved inside the directory ``root`` as if it were the
+    root (symlinks, absolute ones too, and ``..`` stay inside it: the kernel's
+    RESOLVE_IN_ROOT); None when there is nothing there."""
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(SYS_OPENAT2, root, path.encode(), ctypes.byref(how),
+                       ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        if err in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise OSError(err, os.strerror(err), path)
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
+
+
+def sees(pid: int, start_ticks: int | None, files: tuple[str, ...],
+         proc: Path = procfs.PROC) -> tuple[tuple[int, int] | None, ...] | None:
+    """What the host process ``pid`` finds at each of ``files`` (absolute paths) in its own
+    root and mount namespace, as the kernel resolves them for it (``/proc/<pid>/root``);
+    None when that cannot be told (the process went, or is another one now)."""
+    try:
+        root = os.open(proc / str(pid) / "root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        found = tuple(_identity_in(root, f.lstrip("/")) for f in files)
+        if start_ticks is None or procfs.stat(pid, proc)[1] != start_ticks:
+            return None
+        return found
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(root)

@@ -8,7 +8,7 @@ the namespace's GPUQuota says ``Stop``, kill the processes (SIGKILL, said in the
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -27,17 +27,26 @@ from tessera_node.audit.logic import (
     Confirmed,
     ContainerKey,
     Enforcement,
+    Files,
     GPUProcess,
-    OverBudget,
+    Sees,
     Tracker,
     audit,
     enforcement_of,
     foreign_message,
     over_budget_message,
+    tampered_message,
 )
 from tessera_node.audit.registry import ContainerRegistry, SetUp, container_id, ledger_path
 from tessera_node.budget.formats import read_budget
-from tessera_node.budget.ledger import LedgerView, read_ledger
+from tessera_node.budget.ledger import (
+    FILE_SIZE,
+    LedgerError,
+    LedgerView,
+    open_ledger,
+    parse_header,
+    read_ledger,
+)
 from tessera_node.device.nvml import DeviceError, process_name
 from tessera_node.device.state import DeviceSnapshot
 
@@ -46,6 +55,10 @@ log = logging.getLogger("tessera_node.audit")
 MIB = 1 << 20
 REASON_OVER_BUDGET = "GPUMemoryOverBudget"
 REASON_FOREIGN = "ForeignGPUProcess"
+REASON_TAMPERED = "GPUBudgetTampered"
+CONTAINER_FILES = ("/run/tessera/budget", "/run/tessera/ledger")
+"""What a process of a container tessera set up must find in its own root: the daemon's
+files (the device plugin mounts them there; libtessera reads them there)."""
 
 
 class AuditDevices(Protocol):
@@ -67,30 +80,68 @@ class ContainerState:
 
 
 def read_container(c: SetUp) -> ContainerState:
-    """Its budget per UUID (pending, refused or unreadable: 0 everywhere) and its ledger."""
+    """Its budget per UUID (pending, refused or unreadable: 0 everywhere), the identities of
+    its budget file and of the ledger that file names, and its ledger as it is now: read, or
+    why it is not the daemon's any more."""
     limits: dict[str, int | None] = {u: 0 for u in c.units}
     cores: dict[str, float | None] = {}
     entry_of: dict[str, int] = {}
+    files = None
     try:
         b = read_budget(c.budget_file)
+        st = os.stat(c.budget_file)
     except (OSError, ValueError) as exc:
         log.warning("budget file unreadable: audited as 0", extra={
             "container": f"{c.namespace}/{c.pod}/{c.container}", "error": str(exc)})
     else:
+        files = Files((st.st_dev, st.st_ino), b.ledger)
         if b.state == "ready":
             for i, e in enumerate(b.entries):
                 if e.uuid is not None:
                     limits[e.uuid] = e.memory
                     cores[e.uuid] = e.cores
                     entry_of[e.uuid] = i
-    ledger = None
-    with contextlib.suppress(OSError, ValueError):  # no process has joined yet
-        ledger = read_ledger(ledger_path(c))
+    ledger, tampered = read_own_ledger(ledger_path(c), files.ledger if files else None)
     ids = frozenset((s.pid, s.start_ticks) for s in (ledger.slots if ledger else ())
                     if s.alive and s.start_ticks)
+    accounted = None
+    if ledger is not None:
+        accounted = {u: sum(s.bytes[e] for s in ledger.slots if s.alive)
+                     for u, e in entry_of.items() if e < len(ledger.devices)}
     view = AuditedContainer(ContainerKey(c.namespace, c.pod, c.container), c.pod_uid,
-                            container_id(c), limits, ids)
+                            container_id(c), limits, ids, files, tampered, accounted)
     return ContainerState(c, view, cores, entry_of, ledger)
+
+
+def read_own_ledger(path: Path, named: tuple[int, int] | None
+                    ) -> tuple[LedgerView | None, str | None]:
+    """(the ledger, why it is not the one the daemon made). A ledger the budget file names
+    (the daemon created it at Allocate) must be that very file, of its size, a ledger; one it
+    does not name (an older daemon's container: its first process creates it) may be missing
+    or being created, and is only read."""
+    try:
+        fd = open_ledger(path)
+    except LedgerError as exc:
+        if named is None:
+            return None, None
+        return None, "its ledger is gone" if exc.missing else f"its {exc}"
+    try:
+        st = os.fstat(fd)
+        if named is not None and (st.st_dev, st.st_ino) != named:
+            return None, "its ledger was replaced by another file"
+        if st.st_size != FILE_SIZE:
+            what = "truncated" if st.st_size < FILE_SIZE else "grown"
+            raise LedgerError(f"ledger was {what} to {st.st_size} bytes")
+        parse_header(os.pread(fd, 4096, 0))
+    except LedgerError as exc:
+        return None, (f"its {exc}" if named is not None else None)
+    finally:
+        os.close(fd)
+    try:
+        return read_ledger(path), None
+    except LedgerError as exc:  # changed since: judged at the next audit
+        log.info("ledger changed while read", extra={"path": str(path), "error": str(exc)})
+        return None, None
 
 
 def unit_of(gpu_uuid: str, gi_id: int | None, mig_uuids: Mapping[int, str]) -> str:
@@ -113,9 +164,13 @@ def gpu_processes(snapshot: DeviceSnapshot, proc: Path, own_pid: int) -> list[GP
                 info = infos[r.pid] = procfs.read_proc(r.pid, proc)
             if own_pid in (r.pid, info.ppid):
                 continue
+            seen = None
+            if info.owner is not None:  # in a pod: what it finds at /run/tessera
+                found = procfs.sees(r.pid, info.start_ticks, CONTAINER_FILES, proc)
+                seen = Sees(*found) if found is not None else None
             out.append(GPUProcess(r.pid, unit_of(g.uuid, r.gi_id, migs), r.used_bytes,
                                   process_name(r.pid), info.start_ticks, info.inner_pid,
-                                  info.owner, info.unreadable))
+                                  info.owner, info.unreadable, seen))
     return out
 
 
@@ -149,8 +204,7 @@ class AuditRunner:
             metrics.AUDIT_RUNS.labels("nvml_error").inc()
             log.warning("audit: cannot read the GPUs", extra={"error": str(exc)})
             return None
-        states = await asyncio.to_thread(
-            lambda: [read_container(c) for c in self.registry.snapshot()])
+        states = await asyncio.to_thread(self._read_containers)
         processes = await asyncio.to_thread(gpu_processes, snapshot, self.proc, self.own_pid)
         util = await asyncio.to_thread(self._utilization, snapshot)
         result = audit([s.view for s in states], processes, self.slack_bytes)
@@ -165,6 +219,17 @@ class AuditRunner:
             return confirmed
         metrics.AUDIT_RUNS.labels("ok").inc()
         return confirmed
+
+    def _read_containers(self) -> list[ContainerState]:
+        """Every container's files. A container whose allocation changed while they were read
+        (its devices allocated again: new files, and the registry's entry dropped first) is
+        read as having no ledger problem this time: it is judged at the next audit."""
+        before = self.registry.snapshot()
+        states = [read_container(c) for c in before]
+        now = {id(c) for c in self.registry.snapshot()}
+        return [s if s.view.tampered is None or id(s.spec) in now
+                else dataclasses.replace(s, view=dataclasses.replace(s.view, tampered=None))
+                for s in states]
 
     # -- metrics ------------------------------------------------------------------------------
 
@@ -187,6 +252,7 @@ class AuditRunner:
     def _observe(self, states: Sequence[ContainerState], result: AuditResult,
                  util: Mapping[str, Mapping[int, float]], confirmed: Confirmed) -> None:
         over = {(f.key, f.unit) for f in result.over}
+        tampered = {t.key for t, _new in confirmed.tampered}
         by_key = {s.view.key: s for s in states}
         figures = []
         for (key, unit), used in sorted(result.usage.items()):
@@ -203,7 +269,7 @@ class AuditRunner:
                 u = sum(util[unit].get(pid, 0.0) for pid in pids)
             figures.append(metrics.ContainerFigures(
                 key.namespace, key.pod, key.container, unit, used, s.view.limits.get(unit, 0),
-                s.cores.get(unit), u, hist, wait, (key, unit) in over))
+                s.cores.get(unit), u, hist, wait, (key, unit) in over, key in tampered))
         metrics.CONTAINERS.set(figures)
         metrics.AUDIT_FOREIGN.clear()
         metrics.AUDIT_FOREIGN_BYTES.clear()
@@ -216,17 +282,30 @@ class AuditRunner:
     async def _act(self, confirmed: Confirmed) -> None:
         policies: dict[str, Enforcement | None] = {}
         pods: dict[str, tuple[str, str]] | None = None
-        for f, new in confirmed.over:
-            pol = await self._enforcement(f.key.namespace, policies)
+        for t, new in confirmed.tampered:
+            pol = await self._enforcement(t.key.namespace, policies)
             stopped: list[str] = []
             failed: list[str] = []
-            if pol is not None and pol.over_budget == "Stop":
+            if pol is not None and pol.over_budget == "Stop" and t.processes:
+                stopped, failed = await self._stop(t.processes, "tampered")
+            if new or stopped:
+                log.warning("a container tampered with its budget files", extra={
+                    "container": str(t.key), "why": t.why, "stopped": stopped,
+                    "failed": failed})
+                await self._pod_event(t.key, t.pod_uid, REASON_TAMPERED,
+                                      tampered_message(t, stopped, failed))
+        done = {t.key for t, _new in confirmed.tampered}  # stopped as tampering already
+        for f, new in confirmed.over:
+            pol = await self._enforcement(f.key.namespace, policies)
+            stopped, failed = [], []
+            if pol is not None and pol.over_budget == "Stop" and f.key not in done:
                 stopped, failed = await self._stop(f.processes, "over_budget")
             if new or stopped:
                 log.warning("container over its GPU memory budget", extra={
                     "container": str(f.key), "gpu": f.unit, "used": f.used,
                     "budget": f.limit, "stopped": stopped, "failed": failed})
-                await self._pod_event(f, over_budget_message(f, stopped, failed))
+                await self._pod_event(f.key, f.pod_uid, REASON_OVER_BUDGET,
+                                      over_budget_message(f, stopped, failed))
         for p, new in confirmed.foreign:
             if pods is None and p.owner is not None:
                 pods = await self._pods_here()
@@ -287,12 +366,11 @@ class AuditRunner:
             out[str(m.get("uid"))] = (str(m.get("namespace")), str(m.get("name")))
         return out
 
-    async def _pod_event(self, f: OverBudget, message: str) -> None:
-        obj = {"metadata": {"name": f.key.pod, "namespace": f.key.namespace,
-                            "uid": f.pod_uid}}
+    async def _pod_event(self, key: ContainerKey, pod_uid: str, reason: str,
+                         message: str) -> None:
+        obj = {"metadata": {"name": key.pod, "namespace": key.namespace, "uid": pod_uid}}
         metrics.API_WRITES.labels("event").inc()
-        await post_event(self.kube, obj, "v1", "Pod", REASON_OVER_BUDGET, message, "Warning",
-                         NODE_DAEMON)
+        await post_event(self.kube, obj, "v1", "Pod", reason, message, "Warning", NODE_DAEMON)
 
     async def _node_event(self, message: str) -> None:
         if self._node is None:

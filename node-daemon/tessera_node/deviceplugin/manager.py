@@ -128,6 +128,7 @@ class Manager:
             self._matched.pop(key, None)
             self._refused.pop(key, None)
             self._ready().pop(key, None)
+            self.registry.drop(key)  # before its files change: not the container set up now
             self.writer.allocate(key, resource, list(device_ids), list(decision.units))
             return container_response(
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
@@ -237,7 +238,7 @@ class Manager:
         entries = budgets.entries(b, rec.units, whole, self.state.context_bytes)
         self.writer.ready(rec.key, entries)
         self._ready()[rec.key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
-        self._register(rec, ref, pod.uid, b, None, budgets.pod_budget(pod.annotations))
+        self._register(rec, ref, pod.uid, b, None, budgets.pod_budget(pod.annotations), pod)
 
     def _refuse(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None,
                 why: str) -> None:
@@ -248,13 +249,13 @@ class Manager:
         self._refused[rec.key] = why
         self._ready().pop(rec.key, None)
         self.writer.refuse(rec.key, why)
-        self._register(rec, ref, pod.uid if pod is not None else "", None, why)
+        self._register(rec, ref, pod.uid if pod is not None else "", None, why, view=pod)
         if pod is not None:
             self.on_refused(pod, ref.container, why)
 
     def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
                   budget: ContainerBudget | None, refused: str | None,
-                  pod: PodBudget | None = None) -> None:
+                  pod: PodBudget | None = None, view: PodView | None = None) -> None:
         gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
         self.registry.put(SetUpContainer(
             key=rec.key, pod_uid=uid, namespace=ref.namespace, pod=ref.pod,
@@ -265,6 +266,7 @@ class Manager:
             quota=pod.quota if pod is not None else None,
             weight=pod.weight if pod is not None else 1,
             lending=pod.lending if pod is not None else True,
+            container_id=view.container_ids.get(ref.container) if view is not None else None,
         ))
 
     # -- live resize -----------------------------------------------------------------------
@@ -297,7 +299,7 @@ class Manager:
                 self.writer.ready(key, entries)
                 ready[key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
                 self._register(records[key], ref, pod.uid, new.containers[ref.container],
-                               None, new)
+                               None, new, pod)
             return outcome
 
     def commitments(self) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -41,6 +41,9 @@ class PodView:
     started: frozenset[str]
     """Containers that have started (running or terminated) at least once."""
     annotations: Mapping[str, str]
+    container_ids: Mapping[str, str] = field(default_factory=dict)
+    """Container name -> the runtime's ID of it now (``containerd://`` stripped), for those
+    that have one."""
 
 
 def _count(value: Any) -> int | None:
@@ -61,11 +64,15 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         lim = (c.get("resources") or {}).get("limits") or {}
         limits[c["name"]] = {k: n for k, v in lim.items() if (n := _count(v)) is not None}
     started = set()
+    ids = {}
     for cs in [*(status.get("initContainerStatuses") or []),
                *(status.get("containerStatuses") or [])]:
         state = cs.get("state") or {}
         if "running" in state or "terminated" in state or cs.get("restartCount", 0) > 0:
             started.add(cs["name"])
+        cid = str(cs.get("containerID") or "").partition("://")[2]
+        if cid:
+            ids[cs["name"]] = cid
     return PodView(
         uid=meta.get("uid", ""),
         namespace=meta.get("namespace", ""),
@@ -76,6 +83,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         limits=limits,
         started=frozenset(started),
         annotations=dict(meta.get("annotations") or {}),
+        container_ids=ids,
     )
 
 

@@ -256,6 +256,8 @@ class DevicePluginService:
                 self._views = tuple(views)
                 self.pods_version += 1
                 self._pods_cond.notify_all()
+            self.registry.identify({(v.uid, name): cid for v in views
+                                    for name, cid in v.container_ids.items()})
             self._wake.set()
         await follow(self.kube.watch(path("", "v1", "pods"),
                                      field_selector=f"spec.nodeName={self.opts.node_name}",

@@ -3,6 +3,7 @@ the namespace's enforcement, and the messages Events carry."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,13 +16,16 @@ from tessera_node.audit.logic import (
     AuditResult,
     ContainerKey,
     Enforcement,
+    Files,
     GPUProcess,
+    Sees,
     Tracker,
     attribute,
     audit,
     enforcement_of,
     foreign_message,
     over_budget_message,
+    tampered_message,
 )
 
 MIB = 1 << 20
@@ -194,6 +198,82 @@ def test_a_pid_reused_by_another_process_is_a_new_finding() -> None:
     assert [n for _, n in first.foreign] == [True] and [n for _, n in again.foreign] == [True]
     with pytest.raises(ValueError):
         Tracker(0)
+
+
+# -- tampering: what only the node can know, treated like over budget at once -----------------
+
+FILES = Files(budget=(64, 1001), ledger=(64, 1002))
+
+
+def test_a_ledger_that_is_not_the_daemons_is_a_finding_at_the_first_audit() -> None:
+    a = dataclasses.replace(ctr("a"), files=FILES, tampered="its ledger was truncated to 0 bytes")
+    t = Tracker(2)
+    first = t.step(audit([a], [proc(1, used=10 * MIB)]))
+    assert [(x.key, x.why, [p.pid for p in x.processes], new)
+            for x, new in first.tampered] == [(a.key, a.tampered, [1], True)]
+    again = t.step(audit([a], []))  # no GPU process now: still a finding, not new
+    assert [new for _, new in again.tampered] == [False]
+    assert t.step(audit([dataclasses.replace(a, tampered=None)], [])).tampered == ()
+    assert [n for _, n in t.step(audit([a], [])).tampered] == [True]  # a new episode
+
+
+@pytest.mark.parametrize(("sees", "why"), [
+    (Sees((64, 1001), (64, 1002)), None),
+    (Sees((9, 9), (64, 1002)), "pid 1 (python3) sees another budget file at /run/tessera/budget"),
+    (Sees(None, (64, 1002)), "pid 1 (python3) sees no budget file at /run/tessera/budget"),
+    (Sees((64, 1001), (5, 5)), "pid 1 (python3) sees another ledger at /run/tessera/ledger"),
+    (Sees((64, 1001), None), "pid 1 (python3) sees no ledger at /run/tessera/ledger"),
+])
+def test_a_process_that_sees_other_files_at_run_tessera_is_tampering(sees: Sees,
+                                                                      why: str | None) -> None:
+    """A process of the container in a mount namespace or root of its own (a fake budget
+    bind-mounted in a user namespace, a chroot) finds other files there than the daemon's."""
+    a = dataclasses.replace(ctr("a"), files=FILES)
+    p = dataclasses.replace(proc(1), sees=sees)
+    assert [x.why for x in audit([a], [p]).tampered] == ([why] if why else [])
+    # not looked at (it went meanwhile), or the daemon knows no files: nothing
+    assert audit([a], [proc(1)]).tampered == ()
+    assert audit([ctr("a")], [p]).tampered == ()
+
+
+def test_over_budget_the_ledger_does_not_account_for_counts_at_once() -> None:
+    """NVML shows the container over budget while its ledger's processes account for no more
+    than the budget: memory the library did not count (a process around it, counts the
+    container zeroed). Confirmed at the first audit; with the ledger agreeing, at the second."""
+    ledger_says = {GPU0: 60 * MIB}
+    a = dataclasses.replace(ctr("a"), files=FILES, accounted=ledger_says)
+    r = audit([a], [proc(1, used=60 * MIB), proc(2, used=60 * MIB)])
+    assert r.over[0].evidence == "its ledger accounts for 60 MiB of them: memory the library " \
+                                 "did not count"
+    assert [new for _, new in Tracker(2).step(r).over] == [True]
+    honest = dataclasses.replace(a, accounted={GPU0: 120 * MIB})  # e.g. a budget lowered
+    r = audit([honest], [proc(1, used=60 * MIB), proc(2, used=60 * MIB)])
+    t = Tracker(2)
+    assert r.over[0].evidence is None and t.step(r).over == ()
+    assert [new for _, new in t.step(r).over] == [True]
+
+
+@settings(max_examples=200)
+@given(containers, processes, st.lists(st.booleans(), min_size=1, max_size=4))
+def test_evidence_only_makes_findings_sooner(cs: list[AuditedContainer], ps: list[GPUProcess],
+                                             steps: list[bool]) -> None:
+    """With the ledgers accounting for nothing, every over-budget finding of the plain audit
+    is there too, confirmed no later; nothing else is."""
+    plain, told = Tracker(2), Tracker(2)
+    zero = [dataclasses.replace(c, accounted={}) for c in cs]
+    for shown in steps:
+        seen = ps if shown else []
+        a = {(f.key, f.unit) for f, _ in plain.step(audit(cs, seen)).over}
+        b = {(f.key, f.unit) for f, _ in told.step(audit(zero, seen)).over}
+        assert a <= b <= {(f.key, f.unit) for f in audit(zero, seen).over}
+
+
+def test_tampering_message() -> None:
+    a = dataclasses.replace(ctr("a"), files=FILES, tampered="its ledger is gone")
+    t = audit([a], [proc(3)]).tampered[0]
+    assert tampered_message(t, ["pid 3 (python3)"]) == (
+        "container a: its ledger is gone: treated as over its GPU memory budget (its GPU "
+        "processes: pid 3 (python3)); stopped (SIGKILL): pid 3 (python3)")
 
 
 # -- enforcement --------------------------------------------------------------------------------

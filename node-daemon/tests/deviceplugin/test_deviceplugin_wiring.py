@@ -12,13 +12,14 @@ import pytest
 from test_deviceplugin_devices import G0, G1, M0, M1, SNAP
 from test_deviceplugin_matching import Cycle, budget_of, pod
 
+from tessera.api.budget import ContainerBudget, PodBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera.kube.health import Health
 from tessera_node.cli import build_parser, options
 from tessera_node.deviceplugin import library
 from tessera_node.deviceplugin.devices import HEALTHY, UNHEALTHY, Unit, share_id
 from tessera_node.deviceplugin.manager import NodeState
-from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key
+from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key, pod_view
 from tessera_node.deviceplugin.response import LIB_NAME, PRELOAD_NAME, preload_line
 from tessera_node.deviceplugin.server import AllocateError
 from tessera_node.deviceplugin.service import DevicePluginService
@@ -251,3 +252,33 @@ def test_holders_fail_closed_and_count_allocations_not_confirmed(tmp_path: Path)
     shown.append(Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),)))
     asyncio.run(svc._resolve(svc.require_manager()))
     assert svc.holders() == {G0: ["ns/a"]}
+
+
+def test_the_registry_learns_each_containers_runtime_id_from_its_pods_status(
+        tmp_path: Path) -> None:
+    """A pod with two GPU containers: the audit can hold each process to its own container's
+    budget only if the registry knows which runtime ID (named in the process's cgroup) is
+    which container. The kubelet writes them in the pod's status once the containers start;
+    a new allocation of the same devices forgets the old container before its files change."""
+    two = pod("two", {"a": {VGPU: 1}, "b": {VGPU: 1}}, budget=PodBudget(containers={
+        n: ContainerBudget(shares=1, memory_bytes=GIB, cores=10) for n in "ab"
+    }).to_annotation())
+    c = Cycle(tmp_path, [two])
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    c.m.allocate(VGPU, [share_id(G0, 1)])
+    c.m.resolve([Held(ContainerRef("ns", "two", "a"), VGPU, (share_id(G0, 0),)),
+                 Held(ContainerRef("ns", "two", "b"), VGPU, (share_id(G0, 1),))])
+    assert [e.container_id for e in c.m.registry.snapshot()] == [None, None]  # not started
+    two["status"]["containerStatuses"] = [
+        {"name": n, "state": {"running": {}}, "containerID": f"containerd://{n * 64}"}
+        for n in "ab"]
+    view = pod_view(two)
+    assert view.container_ids == {"a": "a" * 64, "b": "b" * 64}
+    c.m.registry.identify({(view.uid, n): i for n, i in view.container_ids.items()})
+    assert [(e.container, e.container_id) for e in c.m.registry.snapshot()] == [
+        ("a", "a" * 64), ("b", "b" * 64)]
+    c.pods[0]["status"]["phase"] = "Succeeded"
+    # devices allocated again: the entry goes before the files are replaced
+    c.pods.append(pod("next", {"main": {VGPU: 1}}, budget=budget_of(GIB)))
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    assert [e.container for e in c.m.registry.snapshot()] == ["b"]
