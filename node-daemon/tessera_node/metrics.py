@@ -72,6 +72,9 @@ ALLOCATE_SECONDS = Histogram("tessera_node_allocate_seconds", "Duration of one s
 PODRESOURCES_CALLS = Counter("tessera_node_podresources_calls_total", "Calls to the kubelet's "
                              "PodResources API, by method (Get; List only where the kubelet "
                              "has no Get).", ["method"])
+PODRESOURCES_REFUSED = Counter("tessera_node_podresources_refused_total", "Calls the "
+                               "kubelet's PodResources API refused with RESOURCE_EXHAUSTED "
+                               "(its rate limit: the daemon then keeps quiet for a while).")
 # Counters with known label values start at 0, so that increase() sees the first audit
 # failure and the first stop (a series that appears at 1 has no increase to show).
 for _result in ("ok", "nvml_error", "api_error"):

@@ -122,3 +122,12 @@ ALLOCATE_WAIT_S = 10.0
 kubelet may hear of a pod before the daemon does)."""
 FORGET_PENDING_S = 300.0
 """A pending allocation the kubelet never shows as held is removed after this long."""
+PODRESOURCES_QPS = 20.0
+PODRESOURCES_BURST = 2
+"""The daemon's own pace on the kubelet's PodResources API: at most this many calls a second
+(and this many at once). The kubelet refuses calls past qps 100, burst 10, for all its
+clients together (RESOURCE_EXHAUSTED), so the daemon keeps to a fifth of it: in any one
+second at most QPS + BURST calls."""
+PODRESOURCES_BACKOFF_S = (0.5, 8.0)
+"""After a RESOURCE_EXHAUSTED, no call for the first value, doubled at every refusal in a
+row up to the second."""

@@ -337,6 +337,17 @@ class Manager:
                 continue
         return min(needs) if needs else None
 
+    def confirmed(self) -> tuple[frozenset[ContainerRef], frozenset[ContainerRef]]:
+        """(containers an allocation is confirmed for, those among them refused)."""
+        with self._lock:
+            return (frozenset(self._matched.values()),
+                    frozenset(self._matched[k] for k in self._refused if k in self._matched))
+
+    def pending_keys(self) -> set[str]:
+        """Allocations the kubelet's PodResources has not shown held yet."""
+        with self._lock:
+            return {r.key for r in self.writer.records() if r.key not in self._matched}
+
     def unconfirmed_units(self) -> set[str]:
         """Units of allocations the kubelet's PodResources has not shown held yet."""
         with self._lock:

@@ -44,6 +44,10 @@ class PodView:
     container_ids: Mapping[str, str] = field(default_factory=dict)
     """Container name -> the runtime's ID of it now (``containerd://`` stripped), for those
     that have one."""
+    created: str = ""
+    """``metadata.creationTimestamp`` (RFC 3339, so it sorts as time)."""
+    init: frozenset[str] = frozenset()
+    """Which of the containers are init containers."""
 
 
 def _count(value: Any) -> int | None:
@@ -84,6 +88,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         started=frozenset(started),
         annotations=dict(meta.get("annotations") or {}),
         container_ids=ids,
+        created=str(meta.get("creationTimestamp") or ""),
+        init=frozenset(c["name"] for c in spec.get("initContainers") or []),
     )
 
 

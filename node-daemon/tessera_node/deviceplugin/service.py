@@ -23,7 +23,14 @@ from typing import Any
 
 import grpc
 
-from tessera.api.names import NODE_DAEMON, PREFIX, REASON_RESIZE_REFUSED, REASON_RESIZED
+from tessera.api.names import (
+    MIG_PREFIX,
+    NODE_DAEMON,
+    PREFIX,
+    REASON_RESIZE_REFUSED,
+    REASON_RESIZED,
+    VGPU,
+)
 from tessera.kube.client import ApiError, Kube, Obj, follow, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
@@ -43,8 +50,9 @@ from tessera_node.deviceplugin.devices import (
 )
 from tessera_node.deviceplugin.listgate import AllocationGate
 from tessera_node.deviceplugin.manager import ENDED, Manager, NodeState, PluginConfig
-from tessera_node.deviceplugin.matcher import Held, PodView, pod_view
-from tessera_node.deviceplugin.podresources import PodResourcesClient
+from tessera_node.deviceplugin.matcher import ContainerRef, Held, PodView, confirm, pod_view
+from tessera_node.deviceplugin.pacing import Backoff, Pacer, PodState, to_ask
+from tessera_node.deviceplugin.podresources import KubeletBusy, PodResourcesClient
 from tessera_node.deviceplugin.resize import awaiting, resized_message
 from tessera_node.deviceplugin.response import ContainerResponse, SimPaths
 from tessera_node.deviceplugin.server import AllocateError, PluginServer
@@ -53,6 +61,9 @@ from tessera_node.settings import (
     CONTAINERS_DIR,
     FORGET_PENDING_S,
     LIB_DIR,
+    PODRESOURCES_BACKOFF_S,
+    PODRESOURCES_BURST,
+    PODRESOURCES_QPS,
     Options,
 )
 
@@ -130,7 +141,12 @@ class DevicePluginService:
         self.node = node
         self.registry = registry or ContainerRegistry()
         self.gate = AllocationGate()
-        self.podres = PodResourcesClient(opts.pod_resources_socket, gate=self.gate)
+        self.podres = PodResourcesClient(opts.pod_resources_socket, gate=self.gate,
+                                         pacer=Pacer(PODRESOURCES_QPS, PODRESOURCES_BURST))
+        self.backoff = Backoff(*PODRESOURCES_BACKOFF_S)
+        self._answers: dict[tuple[str, str], tuple[str, float, list[Held]]] = {}
+        """(namespace, pod) -> (its UID, when the kubelet was asked, what it said)."""
+        self._answers_lock = threading.Lock()
         self.manager: Manager | None = None
         self.servers: dict[str, PluginServer] = {}
         self.unregistered: dict[str, str] = {}
@@ -206,11 +222,15 @@ class DevicePluginService:
     # -- PodResources (which pods hold which devices; any thread) --------------------------
 
     def holders(self) -> Mapping[str, Sequence[str]]:
-        """Unit -> pods holding it, as the kubelet says, and units of allocations not
-        confirmed yet (their pod may not be in the watch yet; the kubelet is asked only
-        about pods the watch knows)."""
+        """Unit -> pods holding it, as the kubelet last said for each pod that has not ended
+        (a confirmed pod's devices stay its own until it ends: no call needed), and units of
+        allocations not confirmed yet (their pod may not be in the watch yet, or not asked
+        yet)."""
+        if not self.health.synced(POD_WATCH):
+            raise OSError("the node's pods are not listed yet: which pods hold devices is "
+                          "unknown")
         out: dict[str, list[str]] = {}
-        for h in self._list_held():
+        for h in self._known(self._asking()):
             if not h.resource.startswith(PREFIX):
                 continue
             for d in h.device_ids:
@@ -220,20 +240,66 @@ class DevicePluginService:
                 out.setdefault(unit, []).append(UNCONFIRMED)
         return out
 
-    def _list_held(self) -> list[Held]:
-        """What the pods on this node that ask for tessera's resources and have not ended
-        hold, as the kubelet says."""
+    def _asking(self) -> dict[tuple[str, str], PodView]:
+        """The pods on this node that ask for a device of tessera's and have not ended."""
+        return {(p.namespace, p.name): p for p in self.pods()
+                if p.phase not in ENDED and any(_device(r) for lim in p.limits.values()
+                                                for r in lim)}
+
+    def _known(self, asking: Mapping[tuple[str, str], PodView]) -> list[Held]:
+        """What the kubelet last said those pods hold, oldest answer first (so that, where a
+        device moved from one pod to another, the newer answer wins)."""
+        with self._answers_lock:
+            got = [(at, rows) for key, (uid, at, rows) in self._answers.items()
+                   if key in asking and asking[key].uid == uid]
+        return [h for _, rows in sorted(got, key=lambda a: a[0]) for h in rows]
+
+    def _ask(self, manager: Manager) -> list[Held]:
+        """Ask the kubelet about the pods whose answer can change something now (``pacing``:
+        pending allocations' pods, oldest first, until every pending allocation is found;
+        pods with a refused container every poll), at the daemon's pace; then what is known
+        of every pod that has not ended. Raises OSError when the kubelet cannot be asked."""
         if not self.health.synced(POD_WATCH):
             raise OSError("the node's pods are not listed yet: which pods hold devices is "
                           "unknown")
-        asking = [(p.namespace, p.name) for p in self.pods()
-                  if p.phase not in ENDED
-                  and any(r.startswith(PREFIX) for lim in p.limits.values() for r in lim)]
-        try:
-            return self.podres.held(asking)
-        except grpc.RpcError as exc:
-            raise OSError(f"kubelet PodResources at {self.opts.pod_resources_socket}: "
-                          f"{exc.code().name}") from None
+        asking = self._asking()
+        now = time.monotonic()
+        with self._answers_lock:
+            self._answers = {k: a for k, a in self._answers.items()
+                             if k in asking and asking[k].uid == a[0]}
+            asked = {k: a[1] for k, a in self._answers.items()}
+        confirmed, refused = manager.confirmed()
+        pending = manager.pending_keys()
+        states = []
+        for key, p in asking.items():
+            mine = [ContainerRef(p.namespace, p.name, c) for c, lim in p.limits.items()
+                    if any(_device(r) for r in lim)
+                    and not (c in p.init and c in p.started)]  # an init container that ran
+            states.append(PodState(key, p.created, any(r not in confirmed for r in mine),
+                                   any(r in refused for r in mine)))
+        order = to_ask(states, bool(pending), asked, now, self.opts.confirm_interval_s,
+                       self.opts.poll_interval_s)
+        if order and not self.backoff.quiet(now):
+            def enough(got: Mapping[tuple[str, str], list[Held]]) -> bool:
+                known = [h for rows in got.values() for h in rows] + self._known(asking)
+                return pending <= set(confirm(known, pending))
+
+            try:
+                got = self.podres.answers(order, enough)
+                self.backoff.answered()
+            except KubeletBusy as exc:
+                got = exc.args[1]
+                wait = self.backoff.refused(time.monotonic())
+                log.warning("the kubelet's PodResources refused a call (its rate limit): "
+                            "quiet for a while", extra={"seconds": wait, "error": str(exc)})
+            except grpc.RpcError as exc:
+                raise OSError(f"kubelet PodResources at {self.opts.pod_resources_socket}: "
+                              f"{exc.code().name}") from None
+            at = time.monotonic()
+            with self._answers_lock:
+                for key, rows in got.items():
+                    self._answers[key] = (asking[key].uid, at, rows)
+        return self._known(asking)
 
     # -- pods bound to this node ------------------------------------------------------------
 
@@ -397,7 +463,7 @@ class DevicePluginService:
         if not self.gpus_read():
             return  # see step(): refusing now would take running containers' budgets away
         try:
-            listing = await asyncio.to_thread(self._list_held)
+            listing = await asyncio.to_thread(self._ask, manager)
         except OSError as exc:
             metrics.ERRORS.labels("podresources").inc()
             log.warning("cannot confirm allocations", extra={"error": str(exc)})
@@ -474,6 +540,11 @@ class DevicePluginService:
             log.warning("node capacity not written", extra={"error": str(exc)[:300]})
             return
         log.info("node capacity written", extra={"capacity": want})
+
+
+def _device(resource: str) -> bool:
+    """A resource tessera's device plugin allocates (shares or whole MIG instances)."""
+    return resource == VGPU or resource.startswith(MIG_PREFIX)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:

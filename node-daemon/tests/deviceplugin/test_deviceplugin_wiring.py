@@ -209,11 +209,11 @@ def test_nothing_is_resolved_before_the_gpus_are_read(tmp_path: Path) -> None:
     listed: list[int] = []
     svc.health.synced = lambda name: True  # type: ignore[method-assign]
 
-    def list_held() -> list[Held]:
+    def ask(manager: Any) -> list[Held]:
         listed.append(1)
         return []
 
-    svc._list_held = list_held  # type: ignore[method-assign]
+    svc._ask = ask  # type: ignore[method-assign]
     asyncio.run(svc._resolve(svc.require_manager()))
     assert listed == []  # GPUs not read: no allocation confirmed, none refused
     svc.update(SNAP, {}, frozenset())
@@ -224,8 +224,9 @@ def test_nothing_is_resolved_before_the_gpus_are_read(tmp_path: Path) -> None:
 def test_holders_fail_closed_and_count_allocations_not_confirmed(tmp_path: Path) -> None:
     """The MIG enactor asks which pods hold a unit before it destroys one: before the pod
     watch has listed, nobody can say (an error: every device counts as held); a unit an
-    Allocate gave out counts as held until the kubelet shows its pod (the kubelet is asked
-    only about pods the watch knows)."""
+    Allocate gave out counts as held until the kubelet shows its pod; then the pod holds it
+    as the kubelet said, until the pod ends, without asking the kubelet again (it is asked
+    only about pods whose answer can change something: the one pending here)."""
     from tessera_node.deviceplugin.matcher import pod_view
     from tessera_node.deviceplugin.service import UNCONFIRMED
 
@@ -237,21 +238,28 @@ def test_holders_fail_closed_and_count_allocations_not_confirmed(tmp_path: Path)
     asked: list[list[tuple[str, str]]] = []
     shown: list[Held] = []
 
-    def held(pods: Any) -> list[Held]:
+    def answers(pods: Any, enough: Any = None) -> dict[tuple[str, str], list[Held]]:
         asked.append(list(pods))
-        return list(shown)
+        return {k: [h for h in shown if (h.ref.namespace, h.ref.pod) == k] for k in pods}
 
-    svc.podres.held = held  # type: ignore[method-assign]
-    svc._views = (pod_view(pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))),
-                  pod_view(pod("done", {"main": {VGPU: 1}}, phase="Succeeded")),
+    svc.podres.answers = answers  # type: ignore[method-assign]
+    a = pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))
+    svc._views = (pod_view(a), pod_view(pod("done", {"main": {VGPU: 1}}, phase="Succeeded")),
                   pod_view(pod("cpu-only", {"main": {"cpu": 1}})))
     assert svc.holders() == {}
-    assert asked == [[("ns", "a")]]  # not the ended pod, not one without tessera resources
+    asyncio.run(svc._resolve(svc.require_manager()))
+    assert asked == []  # nothing pending: nothing to ask
     svc.require_manager().allocate(VGPU, [share_id(G0, 0)])
     assert svc.holders() == {G0: [UNCONFIRMED]}
     shown.append(Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),)))
     asyncio.run(svc._resolve(svc.require_manager()))
+    assert asked == [[("ns", "a")]]  # not the ended pod, not one without tessera resources
     assert svc.holders() == {G0: ["ns/a"]}
+    asyncio.run(svc._resolve(svc.require_manager()))
+    assert len(asked) == 1  # confirmed: never asked again
+    a["status"]["phase"] = "Succeeded"
+    svc._views = (pod_view(a),)
+    assert svc.holders() == {}
 
 
 def test_the_registry_learns_each_containers_runtime_id_from_its_pods_status(
