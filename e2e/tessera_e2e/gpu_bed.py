@@ -83,8 +83,9 @@ class Bed(Generic[D]):
                      else None), timeout_s, 0.5)
         return found
 
-    def logs(self, namespace: str, name: str) -> str:
-        return str(self.kubectl("logs", "-n", namespace, name).stdout)
+    def logs(self, namespace: str, name: str, container: str | None = None) -> str:
+        which = ["-c", container] if container else []
+        return str(self.kubectl("logs", "-n", namespace, name, *which).stdout)
 
     def samples(self, node: str, name: str, namespace: str) -> list[tuple[str, float]]:
         """(pod label, value) of each sample of metric ``name`` in ``namespace`` on the
@@ -120,14 +121,24 @@ class Bed(Generic[D]):
         return alloc
 
     def quota(self, namespace: str, hard: dict[str, Any] | None = None,
-              max_: dict[str, Any] | None = None) -> None:
-        self.apply(namespace, {
-            "apiVersion": API_VERSION, "kind": "GPUQuota",
-            "metadata": {"name": "team"},
-            "spec": {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
-                     "default": {"memory": "1Gi", "cores": 10},
-                     "max": max_ or {"memory": "80Gi", "cores": 100}}})
+              max_: dict[str, Any] | None = None,
+              enforcement: dict[str, str] | None = None) -> None:
+        spec: dict[str, Any] = {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
+                                "default": {"memory": "1Gi", "cores": 10},
+                                "max": max_ or {"memory": "80Gi", "cores": 100}}
+        if enforcement:
+            spec["enforcement"] = enforcement
+        self.apply(namespace, {"apiVersion": API_VERSION, "kind": "GPUQuota",
+                               "metadata": {"name": "team"}, "spec": spec})
         wait_admitting(self.cluster, namespace)  # a quota admits nothing before that
+
+    def events(self, namespace: str, name: str, reason: str) -> list[str]:
+        """The messages of tessera-node's Events with ``reason`` on the object ``name``."""
+        out = self.kubectl("get", "events", "-n", namespace, "-o", "json", "--field-selector",
+                           f"involvedObject.name={name},reason={reason}")
+        assert out.returncode == 0, out.stderr
+        return [e["message"] for e in json.loads(out.stdout)["items"]
+                if (e.get("source") or {}).get("component") == "tessera-node"]
 
     def wait_partition_removed(self, name: str, node: str = "node-0") -> None:
         """After ``kubectl delete gpupartition name`` (deletionPolicy Reset): gone, and the
@@ -158,12 +169,18 @@ class Bed(Generic[D]):
 
 
 def gpu_pod(name: str, command: str, limits: dict[str, str], node: str | None = "node-0",
-            env: dict[str, str] | None = None) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
-                         "command": ["sh", "-c", command], "resources": {"limits": limits}}
-    if env:
-        c["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    spec: dict[str, Any] = {"containers": [c], "restartPolicy": "Never",
+            env: dict[str, str] | None = None,
+            more: dict[str, tuple[str, dict[str, str]]] | None = None) -> dict[str, Any]:
+    """A pod whose container ``main`` runs ``command``; ``more``: further containers, name ->
+    (command, limits)."""
+    containers = []
+    for cname, (cmd, lim) in {"main": (command, limits), **(more or {})}.items():
+        c: dict[str, Any] = {"name": cname, "image": WORKLOAD, "imagePullPolicy": "Never",
+                             "command": ["sh", "-c", cmd], "resources": {"limits": lim}}
+        if env:
+            c["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        containers.append(c)
+    spec: dict[str, Any] = {"containers": containers, "restartPolicy": "Never",
                             "terminationGracePeriodSeconds": 1}
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -176,9 +193,10 @@ def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
 
 @contextlib.contextmanager
 def gpu_bed(cluster: LocalCluster, logdir: Path,
-            operators: tuple[str, ...] = ("op-a", "op-b")) -> Iterator[Bed[KubeletNodeDaemon]]:
+            operators: tuple[str, ...] = ("op-a", "op-b"),
+            daemon_args: tuple[str, ...] = ()) -> Iterator[Bed[KubeletNodeDaemon]]:
     """The operator (replicas named ``operators``) and one ready ``tessera-node`` per real
-    node; all stopped on exit."""
+    node (with ``daemon_args`` besides the test bed's); all stopped on exit."""
     assert cluster.pki is not None
     ops = LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir, names=operators,
                          webhook_client_ca=cluster.pki.webhook_client_ca).setup()
@@ -189,7 +207,7 @@ def gpu_bed(cluster: LocalCluster, logdir: Path,
             kc = daemon_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir,
                                    node.name, container=ANCHOR)
             d = KubeletNodeDaemon(node, kc, logdir, ["--budget-wait", str(BUDGET_WAIT_S),
-                                                     "--audit-interval", "2"])
+                                                     "--audit-interval", "2", *daemon_args])
             daemons[node.name] = d
             d.start()
         for d in daemons.values():

@@ -46,6 +46,8 @@ BUSYBOX_APPLETS = (
     "ps", "sleep", "test", "true", "false", "wget", "date", "head", "tail", "wc", "kill",
     "timeout", "printf",
     "ssl_client",  # what busybox wget runs for https://
+    # what a tenant tries on tessera's files (e2e/tests/test_node_attacks.py)
+    "rm", "dd", "base64", "unshare", "mount", "truncate",
 )
 C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
@@ -55,7 +57,7 @@ C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib/x86_64-linux-gnu/libdl.so.2", "lib/x86_64-linux-gnu/libdl.so.2"),
     ("/lib/x86_64-linux-gnu/librt.so.1", "lib/x86_64-linux-gnu/librt.so.1"),
 )
-CUDA_PROGRAMS = ("cuda-info", "cuda-alloc", "cuda-spin")
+CUDA_PROGRAMS = ("cuda-info", "cuda-alloc", "cuda-spin", "cuda-raw")
 NVML_PROGRAMS = ("nvml-info",)
 STALE_AFTER_S = 3600.0
 CFLAGS = ("-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-s", "-Wl,--build-id=sha1")

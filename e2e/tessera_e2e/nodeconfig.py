@@ -13,7 +13,9 @@ matter and why:
 - kubelet: cgroupfs under the node's own cgroup root, `failCgroupV1: false` stated (cgroup
   v1 hosts; 1.35 refuses v1 by default), image GC at 100 % and relaxed hard eviction (the
   images cannot be pulled back), a short node lease so the node lifecycle controller notices
-  a stopped node within seconds, client CA + webhook authorisation for `logs`/`exec`.
+  a stopped node within seconds, client CA + webhook authorisation for `logs`/`exec`;
+  `seccompDefault: true` as on a hardened production node: a container that states no
+  seccomp profile runs under the runtime's default one (no `unshare`, no `mount`).
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ def kubelet_config(node: NodeSettings) -> dict[str, Any]:
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
         "shutdownGracePeriod": "0s",
+        "seccompDefault": True,
     }
 
 

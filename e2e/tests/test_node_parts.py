@@ -142,6 +142,7 @@ def test_kubelet_never_collects_images_and_states_cgroup_v1() -> None:
     assert config["imageGCHighThresholdPercent"] == 100
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["authorization"]["mode"] == "Webhook"
+    assert config["seccompDefault"] is True  # a hardened node: RuntimeDefault unless stated
     assert yaml.safe_load(yaml.safe_dump(config)) == config
 
 

@@ -124,17 +124,18 @@ def read_own_ledger(path: Path, named: tuple[int, int] | None
     except LedgerError as exc:
         if named is None:
             return None, None
-        return None, "its ledger is gone" if exc.missing else f"its {exc}"
+        return None, "its ledger is gone" if exc.missing else f"its ledger: {exc}"
     try:
         st = os.fstat(fd)
         if named is not None and (st.st_dev, st.st_ino) != named:
             return None, "its ledger was replaced by another file"
         if st.st_size != FILE_SIZE:
             what = "truncated" if st.st_size < FILE_SIZE else "grown"
-            raise LedgerError(f"ledger was {what} to {st.st_size} bytes")
+            return None, (f"its ledger was {what} to {st.st_size} bytes"
+                          if named is not None else None)
         parse_header(os.pread(fd, 4096, 0))
     except LedgerError as exc:
-        return None, (f"its {exc}" if named is not None else None)
+        return None, (f"its ledger: {exc}" if named is not None else None)
     finally:
         os.close(fd)
     try:

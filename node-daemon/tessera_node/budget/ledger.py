@@ -53,8 +53,9 @@ OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_N
 
 class LedgerError(ValueError):
     """The file is not a readable ledger now (gone, replaced, truncated, grown, garbage): a
-    finding about its container. ``missing``: there is no file at all (no process of the
-    container has used the GPU yet where the library creates it)."""
+    finding about its container. The message says what, after "its ledger: ". ``missing``:
+    there is no file at all (no process of the container has used the GPU yet where the
+    library creates it)."""
 
     def __init__(self, why: str, missing: bool = False) -> None:
         super().__init__(why)
@@ -141,14 +142,14 @@ def open_ledger(path: str | os.PathLike[str]) -> int:
     try:
         fd = os.open(Path(path), OPEN_FLAGS)
     except FileNotFoundError:
-        raise LedgerError("ledger missing", missing=True) from None
+        raise LedgerError("missing", missing=True) from None
     except OSError as exc:
         why = "a symlink" if exc.errno == errno.ELOOP else os.strerror(exc.errno or 0)
-        raise LedgerError(f"ledger cannot be opened: {why}") from None
+        raise LedgerError(f"cannot be opened: {why}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise LedgerError(f"ledger is not a regular file (mode {mode:o})")
+            raise LedgerError(f"not a regular file (mode {mode:o})")
     except BaseException:
         os.close(fd)
         raise
@@ -166,14 +167,14 @@ def _pread(fd: int, n: int, offset: int) -> bytes:
     """Exactly ``n`` bytes at ``offset``; a file that shrank meanwhile is a LedgerError."""
     raw = os.pread(fd, n, offset)
     if len(raw) != n:
-        raise LedgerError(f"ledger changed size while read ({offset + len(raw)} bytes)")
+        raise LedgerError(f"changed size while read ({offset + len(raw)} bytes)")
     return raw
 
 
 def _sized(fd: int) -> os.stat_result:
     st = os.fstat(fd)
     if st.st_size != FILE_SIZE:
-        raise LedgerError(f"ledger is {st.st_size} bytes, not {FILE_SIZE}")
+        raise LedgerError(f"{st.st_size} bytes, not {FILE_SIZE}")
     return st
 
 
@@ -218,7 +219,7 @@ class LedgerReader:
             st = os.lstat(self.path)
         except FileNotFoundError:
             self.close()
-            raise LedgerError("ledger missing", missing=True) from None
+            raise LedgerError("missing", missing=True) from None
         if self._fd is not None and self._ino == (st.st_dev, st.st_ino):
             return
         self.close()
@@ -268,10 +269,10 @@ def parse_header(raw: bytes, only: int | None = None) -> tuple[tuple[LedgerDevic
     bytes). Raises LedgerError for anything but version 1's layout; the high-water mark is
     clamped to the slots there are."""
     if len(raw) < HEADER_SIZE:
-        raise LedgerError("ledger header too short")
+        raise LedgerError("header too short")
     if LAYOUT.unpack_from(raw, 0) != (MAGIC, VERSION, NSLOTS, MAX_DEV, HEADER_SIZE,
                                       SLOT_SIZE):
-        raise LedgerError("not a version-1 ledger")
+        raise LedgerError("not a version-1 ledger (its header is not one)")
     devices = []
     for d in range(MAX_DEV):
         if only is not None and d != only:
