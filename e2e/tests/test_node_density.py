@@ -149,18 +149,23 @@ def clear(bed: Bed, ns: str) -> None:
         "get", "pods", "-n", ns, "-o", "json").stdout)["items"], 300, 2)
 
 
-def test_seventy_pods_at_once_on_a_nodes_seventy_shares(bed: Bed, node_namespace: str
-                                                        ) -> None:
-    """Seven shared 1g.10gb instances, ten shares each: 70 pods of 512 MiB at once."""
-    ns = node_namespace
+def at_density(bed: Bed, ns: str, n: int, shares: int, mib: int, cores: int) -> None:
+    """node-0 as seven shared 1g.10gb instances of ``shares`` shares in all, ``n`` pods at
+    once on them, the enactor asked to change the layout under them, the pods gone."""
     bed.cluster.wait_for_service_account(ns)
     bed.quota(ns, hard={"memory": "400Gi", "cores": 4000, "pods": 200})
     bed.apply("default", partition("1g.10gb", 7))
+    shares_of(bed, shares)
+    run_at_once(bed, ns, n, mib, cores)
+    holders_known(bed, ns)
+    clear(bed, ns)
+
+
+def test_seventy_pods_at_once_on_a_nodes_seventy_shares(bed: Bed, node_namespace: str
+                                                        ) -> None:
+    """Seven shared 1g.10gb instances, ten shares each: 70 pods of 512 MiB at once."""
     try:
-        shares_of(bed, 70)
-        run_at_once(bed, ns, 70, 512, cores=10)
-        holders_known(bed, ns)
-        clear(bed, ns)
+        at_density(bed, node_namespace, 70, 70, 512, cores=10)
     finally:
         bed.kubectl("delete", "gpupartition", "dense", "--wait=false")
     bed.wait_partition_removed("dense")
@@ -170,19 +175,12 @@ def test_a_hundred_pods_at_once_with_more_shares_per_gpu(bed: Bed, node_namespac
                                                          ) -> None:
     """The same node, 15 shares per instance (105): 100 pods of 256 MiB at once (the
     kubelet's default limit is 110 pods)."""
-    ns = node_namespace
     d = bed.daemons[NODE]
     args = list(d.args)
     d.args = [*args, "--shares-per-unit", "15"]
     d.restart()
-    bed.cluster.wait_for_service_account(ns)
-    bed.quota(ns, hard={"memory": "400Gi", "cores": 4000, "pods": 200})
-    bed.apply("default", partition("1g.10gb", 7))
     try:
-        shares_of(bed, 105)
-        run_at_once(bed, ns, 100, 256, cores=6)
-        holders_known(bed, ns)
-        clear(bed, ns)
+        at_density(bed, node_namespace, 100, 105, 256, cores=6)
     finally:
         bed.kubectl("delete", "gpupartition", "dense", "--wait=false")
         d.args = args
