@@ -294,6 +294,9 @@ static inline __attribute__((always_inline)) CUresult reserve_entry(int e, uint6
     int r = tl_reserve(l, e, bytes, limit);
     if (UNLIKELY(r == 1))
         r = reserve_retry(l, e, bytes, limit);
+    if (UNLIKELY(r < 0))
+        LOG_ONCE("ledger %s unusable (its counts or header were written from inside the "
+                 "container, or its lock is held): refusing device memory", TB_LEDGER_PATH);
     return r == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 

@@ -387,8 +387,12 @@ int tl_reserve(struct tl *l, int dev, uint64_t bytes, uint64_t limit)
         return -1;
     struct tl_dev *d = &l->h->dev[dev];
     uint64_t u = d->used, mine = __atomic_load_n(&l->own[dev], __ATOMIC_RELAXED);
-    if (__builtin_expect(u < mine, 0))
-        u = mine; /* the container lowered the shared count: our own bytes still count */
+    if (__builtin_expect(u < mine || l->h->magic != TL_MAGIC, 0)) {
+        /* the shared count is below what this process holds itself, or the header is gone:
+         * the container wrote its ledger, and no process of it can trust it any more */
+        munlock_(l);
+        return -1;
+    }
     if (bytes > limit || u > limit - bytes) {
         munlock_(l);
         __atomic_fetch_add(&d->oom, 1, __ATOMIC_RELAXED);

@@ -38,9 +38,10 @@ int tl_join(struct tl *l, const char **why);
 void tl_forget(struct tl *l);
 
 /* Reserve bytes on budget entry dev against limit: the check and the reservation are one
- * step under the ledger lock.  What this process holds itself counts whatever the shared
- * count says (a container that zeroes its ledger does not give its processes their bytes
- * again).  0 reserved, 1 over budget, -1 ledger unusable. */
+ * step under the ledger lock.  A shared count below what this process holds itself, or a
+ * header without its magic, is a ledger the container wrote: unusable (a container that
+ * zeroes its ledger does not give its running processes their budget again).  0 reserved,
+ * 1 over budget, -1 ledger unusable. */
 int tl_reserve(struct tl *l, int dev, uint64_t bytes, uint64_t limit);
 void tl_release(struct tl *l, int dev, uint64_t bytes);
 /* Reclaim the slots of dead processes.  Returns how many. */
