@@ -542,11 +542,6 @@ class DevicePluginService:
         log.info("node capacity written", extra={"capacity": want})
 
 
-def _device(resource: str) -> bool:
-    """A resource tessera's device plugin allocates (shares or whole MIG instances)."""
-    return resource == VGPU or resource.startswith(MIG_PREFIX)
-
-
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -554,3 +549,8 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 def _unhealthy(u: Unit) -> Unit:
     return Unit(u.uuid, u.gpu_uuid, u.gpu_index, u.profile, u.memory_bytes, healthy=False)
+
+
+def _device(resource: str) -> bool:
+    """A resource tessera's device plugin allocates (shares or whole MIG instances)."""
+    return resource == VGPU or resource.startswith(MIG_PREFIX)
