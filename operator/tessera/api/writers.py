@@ -46,6 +46,8 @@ class Key:
     what: str
     at_admission: bool = False
     """Written by the operator's webhook into the pod it admits (so present at create)."""
+    instead: str = ""
+    """What a user who wants to change it does instead (refusals say so)."""
 
     @property
     def user_writable(self) -> bool:
@@ -53,23 +55,25 @@ class Key:
 
 
 def _k(name: str, kind: KeyKind, on: str, writers: set[Writer], what: str,
-       at_admission: bool = False) -> Key:
-    return Key(name, kind, on, frozenset(writers), what, at_admission)
+       at_admission: bool = False, instead: str = "") -> Key:
+    return Key(name, kind, on, frozenset(writers), what, at_admission, instead)
 
 
 KEYS: tuple[Key, ...] = (
     _k(n.ANNOTATION_BUDGET_REQUEST, "annotation", "Pod", {USER},
        "a live resize request: new memory/cores totals per container"),
     _k(n.ANNOTATION_BUDGET, "annotation", "Pod", {OPERATOR},
-       "the budget admission granted (a resize changes it); the node daemon enforces it",
-       at_admission=True),
+       "the budget admission granted, which a resize changes and the node daemon enforces",
+       at_admission=True, instead=f"ask for a resize with {n.ANNOTATION_BUDGET_REQUEST}, or "
+       f"create the pod again with other {n.PREFIX} limits"),
     _k(n.LABEL_BUDGETED, "label", "Pod", {OPERATOR},
-       "marks an admitted GPU pod: the operator's pod watch and count select on it",
-       at_admission=True),
+       "marks an admitted GPU pod, which the operator's pod watch and count select on",
+       at_admission=True, instead="GPUQuota usage is counted through it"),
     _k(n.ANNOTATION_BUDGET_RESIZE, "annotation", "Pod", {OPERATOR, NODE},
-       "the outcome of the last resize request; the operator acts only on its sealed part"),
+       "the outcome of the last resize request, whose sealed part the operator acts on",
+       instead=f"ask for a resize with {n.ANNOTATION_BUDGET_REQUEST}"),
     _k(n.LABEL_GROWTH_OF, "label", "Pod", {OPERATOR},
-       "on a growth holder: the UID of the resized pod whose growth it holds"),
+       "on a growth holder, the UID of the resized pod whose growth it holds"),
     _k(n.SCHEDULING_GATE_GROWTH, "scheduling gate", "Pod", {OPERATOR},
        "keeps a growth holder from ever being scheduled"),
     _k(n.LABEL_GPU_PRODUCT, "label", "Node", {NODE}, "GPU model ID (first GPU's)"),

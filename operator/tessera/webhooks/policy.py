@@ -20,11 +20,7 @@ writes no webhook round trip.  Three policies:
 
 from __future__ import annotations
 
-from tessera.api.names import (
-    ANNOTATION_BUDGET_REQUEST,
-    GROWTH_HOLDER_PREFIX,
-    SCHEDULING_GATE_GROWTH,
-)
+from tessera.api.names import GROWTH_HOLDER_PREFIX, SCHEDULING_GATE_GROWTH
 from tessera.api.writers import KEYS, NODE, Key
 
 OPERATOR_USER = "system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.serviceAccount.name }}"
@@ -93,15 +89,14 @@ def pod_budget_policy() -> str:
             rules.append(_rule(
                 f"request.operation != 'CREATE' || !('{k.name}' in "
                 f"variables.new{'Annotations' if k.kind == 'annotation' else 'Labels'})",
-                f"metadata.{_section(k)}[{k.name}] is written only by tessera, remove it from "
-                f"the pod: {k.what}"))
+                f"metadata.{_section(k)}[{k.name}] is written only by tessera ({k.what}): "
+                f"remove it from the pod"))
         writers = [w for w in (NODE,) if w in k.writers]
         allowed = f"request.userInfo.username == '{NODE_USER}' || " if writers else ""
         rules.append(_rule(
             f"request.operation != 'UPDATE' || {allowed}{_unchanged(k)}",
             f"metadata.{_section(k)}[{k.name}] is written only by tessera and cannot be "
-            f"changed" + (f" (ask for a resize with {ANNOTATION_BUDGET_REQUEST})"
-                          if NODE in k.writers else "") + f": {k.what}"))
+            f"changed ({k.what})" + (f": {k.instead}" if k.instead else "")))
         if NODE in k.writers:
             rules.append(_rule(
                 f"request.operation != 'UPDATE' || request.userInfo.username != "
