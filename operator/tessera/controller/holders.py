@@ -59,6 +59,8 @@ class Holders:
     """Pod UID -> holder name -> what it holds."""
     namespaces: dict[str, str] = field(default_factory=dict)
     """Pod UID -> its namespace (of the holders seen)."""
+    synced: bool = False
+    """The watch has listed every holder (until then a resize asks the API server)."""
 
     def of(self, uid: str) -> list[Holder]:
         return list(self.by_owner.get(uid, {}).values())
@@ -85,6 +87,7 @@ class Holders:
         self.by_owner.clear()
         for pod in items:
             self.on_event("ADDED", pod)
+        self.synced = True
 
     def owners(self) -> list[str]:
         return list(self.by_owner)
@@ -139,9 +142,10 @@ class Holders:
         return list(current.values())
 
     async def hold(self, owner: Owner, want: Usage, tag: str) -> str | None:
-        """Make the owner's holders hold at least ``want`` (from what the API server has
-        now); None when they do, else why the API server refused the rest."""
-        have = total(await self.listed(owner))
+        """Make the owner's holders hold at least ``want``; None when they do, else why the
+        API server refused the rest.  From the watch (every holder is this leader's own
+        write, kept as written), or, before it has listed, from the API server."""
+        have = total(self.of(owner.uid) if self.synced else await self.listed(owner))
         short = settle([Holder("have", have)], want).create
         if is_zero(short):
             return None
