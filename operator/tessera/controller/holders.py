@@ -44,9 +44,10 @@ def _pods(ns: str, name: str | None = None) -> str:
     return path("", "v1", "pods", ns, name)
 
 
-def refused_by_quota(exc: ApiError) -> bool:
-    """The API server's quota admission refused a holder (no room)."""
-    return exc.status == 403 and "exceeded quota" in exc.message
+REFUSED = (403, 422)
+"""What the API server answers when it will not admit a holder: its quota admission (no
+room), or another admission policy of the namespace (Pod Security, a LimitRange, an image
+policy). Anything else (a timeout, a 500) is not an answer about the growth: raised."""
 
 
 @dataclass
@@ -94,18 +95,21 @@ class Holders:
 
     async def create(self, owner: Owner, amount: Usage, tag: str) -> str | None:
         """A holder of ``amount`` for ``owner``; None when made (or made before, under the
-        same tag), else the API server's reason (e.g. ``exceeded quota: …``)."""
+        same tag), else the API server's refusal (e.g. ``exceeded quota: …``); an error that
+        is no answer (:data:`REFUSED`) is raised."""
         existing = ",".join(sorted(self.by_owner.get(owner.uid, {})))
         name = holder_name(owner.uid, f"{tag}/{amount.memory_mib}/{amount.cores}/{existing}")
         body = holder_pod(owner.namespace, owner.name, owner.uid, amount, name, self.image)
         try:
             made = await self.kube.create(_pods(owner.namespace), body)
         except ApiError as exc:
-            if exc.status != 409:
+            if exc.status in REFUSED:
                 metrics.HOLDER_WRITES.labels("refused").inc()
                 log.info("growth holder refused", extra={
                     "namespace": owner.namespace, "pod": owner.name, "error": exc.message})
                 return exc.message
+            if exc.status != 409:
+                raise
             made = await self.kube.get(_pods(owner.namespace, name))
             if owner_of(made) != owner.uid or holds(made) != amount:
                 return f"pod {name} exists and is not this growth's holder"

@@ -39,7 +39,7 @@ from tessera.api.names import (
 from tessera.api.resize import ResizeStatus, digest
 from tessera.cache.quotas import QuotaCache
 from tessera.controller.holders import Holders, owner_from
-from tessera.kube.client import Kube, Obj, path
+from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.kube.events import post_event
 from tessera.quota.arith import (
     TERMINAL_PHASES,
@@ -130,7 +130,11 @@ class Resizer:
             if not refused:
                 want = need(usage_of(p.budget, spec), resource_usage(pod),
                             usage_of(current, spec))
-                held = await self.holders.hold(owner_from(pod), want, tag)
+                try:
+                    held = await self.holders.hold(owner_from(pod), want, tag)
+                except ApiError as exc:  # no answer about the growth: the user may ask again
+                    return await self._refuse(pod, ResizeStatus(tag, "Refused", (
+                        f"the growth could not be held now ({exc.message[:300]}); ask again")))
                 if held is not None:
                     refused = (f"no room to grow in the namespace's GPUQuota count now (the "
                                f"API server: {held}); ask again when pods have finished")
