@@ -38,6 +38,7 @@ from tessera.controller.resize import Resizer, pending_request, pod_need
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
+from tessera.kube.loops import work_off
 from tessera.kube.merge import merge_diff
 from tessera.partition import PartitionView, aggregate, resolve, transitions
 from tessera.quota import managed
@@ -207,32 +208,13 @@ class Controller:
     async def quota_loop(self) -> None:
         """Reconcile each dirty quota from its newest copy (level-triggered, one at a time),
         and every quota every ``recount_interval_s``."""
-        loop = asyncio.get_running_loop()
-        last_full = loop.time()
-        while True:
-            try:
-                await asyncio.wait_for(self._quota_wake.wait(),
-                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
-                await asyncio.sleep(COUNT_DEBOUNCE_S)
-            except TimeoutError:
-                pass
-            self._quota_wake.clear()
-            if loop.time() - last_full >= self.recount_interval_s:
-                self._quota_dirty.update(self.quotas)
-                last_full = loop.time()
-            while self._quota_dirty:
-                key = self._quota_dirty.pop()
-                q = self.quotas.get(key)
-                if q is None:
-                    continue
-                try:
-                    async with self._pods_lock:
-                        await self.reconcile_quota(q)
-                except (ApiError, OSError, TimeoutError) as exc:
-                    log.warning("quota reconcile failed", extra={"quota": "/".join(key),
-                                                                 "error": str(exc)})
-                    self._quota_dirty.add(key)
-                    await asyncio.sleep(1.0)
+        async def one(key: tuple[str, str]) -> None:
+            q = self.quotas.get(key)
+            if q is not None:
+                async with self._pods_lock:
+                    await self.reconcile_quota(q)
+        await work_off(self._quota_dirty, self._quota_wake, self.recount_interval_s,
+                       COUNT_DEBOUNCE_S, lambda: list(self.quotas), one, "quota reconcile")
 
     async def on_pod(self, typ: str, pod: Obj) -> None:
         """Answer a pod's budget request (live resize); settle its holders; count its
@@ -330,9 +312,7 @@ class Controller:
         if typ == "SYNC":
             self.holders.on_sync(pod.get("items") or [])
             self._holders_synced = True
-            self._settle_dirty.update(self.holders.owners())
-            self._settle_dirty.update(uid for pods in self._pods.values() for uid, p in
-                                      pods.items() if not is_zero(p.need))
+            self._settle_dirty.update(self._holding_or_needing())
         else:
             owner = self.holders.on_event(typ, pod)
             if owner:
@@ -342,31 +322,17 @@ class Controller:
     async def settle_loop(self) -> None:
         """Settle the holders of every pod marked dirty, and every ``recount_interval_s``
         those of every pod that has or needs any."""
-        loop = asyncio.get_running_loop()
-        last_full = loop.time()
-        while True:
-            try:
-                await asyncio.wait_for(self._settle_wake.wait(),
-                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
-                await asyncio.sleep(COUNT_DEBOUNCE_S)
-            except TimeoutError:
-                pass
-            self._settle_wake.clear()
-            if loop.time() - last_full >= self.recount_interval_s and self.holders is not None:
-                self._settle_dirty.update(self.holders.owners())
-                self._settle_dirty.update(uid for pods in self._pods.values() for uid, p in
-                                          pods.items() if not is_zero(p.need))
-                last_full = loop.time()
-            while self._settle_dirty:
-                uid = self._settle_dirty.pop()
-                try:
-                    async with self._pods_lock:
-                        await self._settle(uid)
-                except (ApiError, OSError, TimeoutError) as exc:
-                    log.warning("growth holders not settled", extra={"pod": uid,
-                                                                     "error": str(exc)})
-                    self._settle_dirty.add(uid)
-                    await asyncio.sleep(1.0)
+        async def one(uid: str) -> None:
+            async with self._pods_lock:
+                await self._settle(uid)
+        await work_off(self._settle_dirty, self._settle_wake, self.recount_interval_s,
+                       COUNT_DEBOUNCE_S, self._holding_or_needing, one, "growth holders settle")
+
+    def _holding_or_needing(self) -> list[str]:
+        """Pods with growth holders, or whose budget needs some."""
+        held = self.holders.owners() if self.holders is not None else []
+        return [*held, *(uid for pods in self._pods.values() for uid, p in pods.items()
+                         if not is_zero(p.need))]
 
     # -- GPUQuota ---------------------------------------------------------------------------
 
