@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-stamp
 export PYTHONPATH := $(CURDIR)/e2e:$(CURDIR)/sim
 
-.PHONY: sysdeps install lint typecheck crds protos test unit sim hook controlplane cluster images demo \
+.PHONY: sysdeps install lint typecheck crds policies protos test unit sim hook controlplane cluster images demo \
 	chart-docs \
 	bench clean
 
@@ -50,6 +50,11 @@ typecheck: install
 # Regenerate crds/ from the API types (a test fails when they differ).
 crds: install
 	$(VENV)/bin/tessera crds --out crds
+
+# Regenerate the chart's admission policies over tessera's pod keys from the table of who
+# writes each key (operator/tessera/api/writers.py; a test fails when they differ).
+policies: install
+	$(PY) -m tessera.webhooks.policy > charts/tessera/templates/budget-protection.yaml
 
 # Regenerate the device plugin's gRPC modules from their .proto files (a test fails when the
 # committed ones are stale).

@@ -15,7 +15,8 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.Kernel
 2. GPUPartition apply -> Ready with 50 nodes answering (goal p99 < 2 s);
 3. the leader's memory with 1,000 budgeted pods and 200 GPU nodes watched;
 4. live resize through the operator: ``tessera.dev/budget-request`` written -> the pod's
-   status ``Approved`` with the new budget (the managed ResourceQuota lowered), one at a time,
+   status ``Approved`` with the new budget (a growth first held by a holder pod the API
+   server's quota admission counts), one at a time,
    grow and shrink alternating (the node's part, file rewrite -> obeyed, is
    ``bench/fairshare.py``'s and ``hook/tests/test_hook_resize.py``'s: the next call).
 
@@ -375,7 +376,8 @@ async def resourcequota_baseline(cluster: LocalCluster, ns: str = RQ_NS
 
 
 async def resize_trials(kube: Kube, ns: str, n: int) -> list[float]:
-    """Seconds from writing a budget request to the operator's Approved status on the pod."""
+    """Seconds from writing a budget request to the operator's Approved status on the pod
+    (for a growth: after its holder was admitted by the API server's quota admission)."""
     await create_ns(kube, ns, {"cores": 100000, "memory": "1000Gi"})
     await asyncio.sleep(2)  # counted
     await kube.create(path("", "v1", "pods", ns), pod_body(ns, "r", 1024, 10))
@@ -408,8 +410,8 @@ async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
     try:
         if os.environ.get("ONLY") in ("resize", None):
             r = [x * 1000 for x in await resize_trials(kube, "bench-resize", 40)]
-            print(f"live resize, request -> Approved by the operator (ResourceQuota lowered, "
-                  f"new budget on the pod), 40 requests one at a time: p50 {pct(r, 50):.0f} ms, "
+            print(f"live resize, request -> Approved by the operator (growth held, new budget "
+                  f"on the pod), 40 requests one at a time: p50 {pct(r, 50):.0f} ms, "
                   f"p99 "
                   f"{pct(r, 99):.0f} ms, max {max(r):.0f} ms")
             if os.environ.get("ONLY") == "resize":

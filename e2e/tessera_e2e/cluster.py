@@ -359,6 +359,10 @@ class LocalCluster:
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--controllers=*",
+                # each controller acts as its own ServiceAccount, as kubeadm runs it (the
+                # garbage collector is system:serviceaccount:kube-system:generic-garbage-
+                # collector to the API server and its admission policies, not the admin)
+                "--use-service-account-credentials=true",
                 f"--node-monitor-period={NODE_MONITOR_PERIOD}",
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
             ])

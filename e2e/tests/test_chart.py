@@ -292,9 +292,12 @@ def test_the_operator_renews_its_certificate_with_the_lifetime_value(helm_binary
     assert not [d for d in docs if d["apiVersion"].startswith("cert-manager.io/")]
     assert not [d for d in docs if "WebhookConfiguration" in d["kind"]
                 and d["metadata"].get("annotations")]
-    # it creates the Secret and patches it (the renewal); nothing else of the namespace's
+    # it creates the Secrets (the serving one, the seal key's) and patches the serving one
+    # (the renewal); nothing else of the namespace's
     assert _secret_rules(docs) == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tessera-seal-key"],
+         "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tessera-webhook-tls"],
          "verbs": ["get", "patch"]}]
     # the test bed's operator runs with the same Role, rendered without Helm
@@ -326,16 +329,20 @@ def test_with_cert_manager_the_chart_asks_it_for_the_certificate(helm_binary: Pa
     args = _operator_args(docs)
     assert "--webhook-certificate=external" in args
     assert not [a for a in args if a.startswith(("--cert-lifetime", "--cert-step"))]
-    # the operator only reads the Secret: no create, no patch
-    assert _secret_rules(docs) == [{"apiGroups": [""], "resources": ["secrets"],
-                                    "resourceNames": ["tessera-webhook-tls"], "verbs": ["get"]}]
+    # the operator only reads the serving Secret (it makes only the seal key's)
+    assert _secret_rules(docs) == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tessera-seal-key"],
+         "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tessera-webhook-tls"],
+         "verbs": ["get"]}]
     # uninstall: the Certificates go before their Secrets (else cert-manager issues them again)
     job = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]["spec"]
     hook_args = job["containers"][0]["args"]
     assert [a for a in hook_args if a.startswith(("--cert-manager-certificate", "--secret"))] == [
+        "--secret=tessera-webhook-tls", "--secret=tessera-seal-key",
         "--cert-manager-certificate=tessera-webhook",
-        "--cert-manager-certificate=tessera-webhook-ca",
-        "--secret=tessera-webhook-tls", "--secret=tessera-webhook-ca"]
+        "--cert-manager-certificate=tessera-webhook-ca", "--secret=tessera-webhook-ca"]
     hook_role = next(d for d in docs if d["kind"] == "Role"
                      and d["metadata"]["name"] == "tessera-uninstall")
     assert {"apiGroups": ["cert-manager.io"], "resources": ["certificates"],

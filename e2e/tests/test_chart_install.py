@@ -312,10 +312,13 @@ def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:
                        ("validatingwebhookconfiguration", "tessera-resources"),
                        ("clusterrole", "tessera-operator"), ("clusterrole", "tessera-node"),
                        ("clusterrole", "tessera-uninstall"),
-                       ("validatingadmissionpolicy", "tessera-pod-budget")):
+                       ("validatingadmissionpolicy", "tessera-pod-budget"),
+                       ("validatingadmissionpolicy", "tessera-growth-holders"),
+                       ("validatingadmissionpolicy", "tessera-pod-templates")):
         got = cluster.kubectl("get", kind, name)
         assert got.returncode != 0 and "NotFound" in got.stderr, (kind, name, got.stdout)
     for kind, name in (("lease", "tessera-operator"), ("secret", "tessera-webhook-tls"),
+                       ("secret", "tessera-seal-key"),
                        ("deployment", "tessera-operator"), ("daemonset", "tessera-node"),
                        ("job", "tessera-uninstall")):
         got = cluster.kubectl("get", kind, name, "-n", NS)

@@ -19,6 +19,17 @@ STATUS_WRITES = Counter("tessera_status_writes_total", "Status patches the opera
                         ["kind", "why"])
 MANAGED_QUOTA_WRITES = Counter(
     "tessera_managed_quota_writes_total",
-    "Writes to the ResourceQuotas GPUQuotas manage: created, set back (edited by hand or "
-    "the GPUQuota changed), lowered (a live resize grew a budget).", ["why"])
+    "Writes to the ResourceQuotas GPUQuotas manage: created, set back (edited by hand, "
+    "lost its label, or the GPUQuota changed).", ["why"])
+HOLDER_WRITES = Counter(
+    "tessera_growth_holder_writes_total",
+    "Growth holders (pods that hold live resizes' growth in the count): created, refused "
+    "by the API server's quota admission (no room), deleted.", ["what"])
+GROWTH_TAKEN_BACK = Counter(
+    "tessera_growth_taken_back_total",
+    "Live-resized budgets set back to their pods' limits because their growth could no "
+    "longer be held (a holder deleted, no room to hold it again).")
+HOLDER_WRITES.labels("created")
+HOLDER_WRITES.labels("refused")
+HOLDER_WRITES.labels("deleted")
 WATCHED = Gauge("tessera_watched_objects", "Objects in the operator's caches.", ["kind"])

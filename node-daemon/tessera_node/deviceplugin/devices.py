@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from tessera.api.names import VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import GPU_POD, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.api.resources import mig_resource_name
 from tessera_node.device.state import DeviceSnapshot, GPUState, MigInstanceState
 
@@ -128,12 +128,20 @@ def advertised(
     return out
 
 
-def vgpu_capacity(all_units: list[Unit], sharing: Mapping[str, Sharing]) -> dict[str, str]:
+DEFAULT_MAX_PODS = 110
+"""The kubelet's default ``maxPods``: used while the Node's ``pods`` capacity is unknown."""
+
+
+def vgpu_capacity(all_units: list[Unit], sharing: Mapping[str, Sharing],
+                  max_pods: int = DEFAULT_MAX_PODS) -> dict[str, str]:
     """The Node's capacity of ``tessera.dev/vgpu-memory`` (MiB) and ``tessera.dev/vgpu-cores``
-    (percent): the healthy shared units' memory, and 100 per healthy shared unit."""
+    (percent): the healthy shared units' memory, and 100 per healthy shared unit; and of
+    ``tessera.dev/pod`` (one on every GPU pod, what the managed ResourceQuota counts GPU pods
+    by): as many as the kubelet may run pods."""
     shared = [u for u in all_units if u.healthy and is_shared(u, sharing)]
     memory_mib = sum((u.memory_bytes or 0) // MIB for u in shared)
-    return {VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(100 * len(shared))}
+    return {VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(100 * len(shared)),
+            GPU_POD: str(max_pods)}
 
 
 def capacity_patch(capacity: Mapping[str, str]) -> dict[str, object]:

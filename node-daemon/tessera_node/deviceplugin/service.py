@@ -40,6 +40,7 @@ from tessera_node.containers import ContainerRegistry
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin import library
 from tessera_node.deviceplugin.devices import (
+    DEFAULT_MAX_PODS,
     PluginDevice,
     Sharing,
     Unit,
@@ -524,8 +525,8 @@ class DevicePluginService:
         if node is None:
             return
         s = manager.state
-        want = vgpu_capacity(s.units, s.sharing)
         status = node.get("status") or {}
+        want = vgpu_capacity(s.units, s.sharing, max_pods(status))
         have = {k: v for k, v in (status.get("capacity") or {}).items() if k in want}
         have_alloc = {k: v for k, v in (status.get("allocatable") or {}).items() if k in want}
         if have == want and have_alloc == want:
@@ -540,6 +541,14 @@ class DevicePluginService:
             log.warning("node capacity not written", extra={"error": str(exc)[:300]})
             return
         log.info("node capacity written", extra={"capacity": want})
+
+
+def max_pods(status: Mapping[str, Any]) -> int:
+    """How many pods the kubelet may run (its Node's ``pods`` capacity)."""
+    try:
+        return int(str((status.get("capacity") or {}).get("pods")))
+    except ValueError:
+        return DEFAULT_MAX_PODS
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:

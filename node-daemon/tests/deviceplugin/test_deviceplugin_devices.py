@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.api.names import VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import GPU_POD, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera_node.device.state import DeviceSnapshot, GPUState, MigInstanceState, ProfileInfo
 from tessera_node.deviceplugin.allocation import decide, preferred
 from tessera_node.deviceplugin.devices import (
@@ -101,11 +101,13 @@ def test_unknown_memory_is_unhealthy() -> None:
     assert [u.healthy for u in units(DeviceSnapshot(gpus=(g,)))] == [False]
 
 
-def test_capacity_counts_shared_healthy_units() -> None:
+def test_capacity_counts_shared_healthy_units_and_a_gpu_pod_per_pod_the_kubelet_runs() -> None:
     us = units(SNAP)
-    assert vgpu_capacity(us, {}) == {VGPU_MEMORY: str(80 * 1024), VGPU_CORES: "100"}
-    cap = vgpu_capacity(us, {G1: "Shares"})
-    assert cap == {VGPU_MEMORY: str(80 * 1024 + 2 * 10 * 1024), VGPU_CORES: "300"}
+    assert vgpu_capacity(us, {}) == {VGPU_MEMORY: str(80 * 1024), VGPU_CORES: "100",
+                                     GPU_POD: "110"}
+    cap = vgpu_capacity(us, {G1: "Shares"}, 250)
+    assert cap == {VGPU_MEMORY: str(80 * 1024 + 2 * 10 * 1024), VGPU_CORES: "300",
+                   GPU_POD: "250"}
     assert capacity_patch(cap) == {"status": {"capacity": cap, "allocatable": cap}}
 
 

@@ -108,10 +108,10 @@ def test_a_daemon_answers_resizes_only_for_the_pods_on_its_node(
         args = ("annotate", "pod", "p", "-n", ns, "--overwrite",
                 f"tessera.dev/budget-resize={outcome}")
         out = as_token(chart, tmp_path, on_b, *args)
-        assert "answers a resize only for a pod bound to its own node" in out.stderr, out.stderr
+        assert "only on a pod bound to its own node" in out.stderr, out.stderr
         unbound = chart.kubectl("create", "token", DAEMON_SA, "-n", OPERATOR_NS)
         out = as_token(chart, tmp_path, unbound.stdout.strip(), *args)
-        assert "answers a resize only for a pod bound to its own node" in out.stderr, out.stderr
+        assert "only on a pod bound to its own node" in out.stderr, out.stderr
         out = as_token(chart, tmp_path, on_a, *args)
         assert out.returncode == 0, out.stderr
         got = json.loads(chart.kubectl("get", "pod", "p", "-n", ns, "-o", "json").stdout)

@@ -29,6 +29,10 @@ VGPU_CORES = f"{GROUP}/vgpu-cores"
 """Percent of one GPU's SMs, in total for the container (150 = one and a half GPUs)."""
 MIG_PREFIX = f"{GROUP}/mig-"
 """Prefix of whole-MIG-instance resources, e.g. ``tessera.dev/mig-1g.10gb.me``."""
+GPU_POD = f"{GROUP}/pod"
+"""1 on one container of every GPU pod (the webhook writes it): what the managed
+ResourceQuota counts GPU pods by (a ResourceQuota's ``pods`` counts every pod). Each GPU
+node advertises as many as it may run pods."""
 
 # -- pods ------------------------------------------------------------------------------------
 
@@ -40,7 +44,15 @@ ANNOTATION_BUDGET_REQUEST = f"{GROUP}/budget-request"
 """JSON, set by the pod's user: a live resize (new memory/cores totals per container)."""
 ANNOTATION_BUDGET_RESIZE = f"{GROUP}/budget-resize"
 """JSON, written by tessera: the outcome of the last budget request (Approved by the operator,
-then Applied or Refused by the node daemon, or Refused by the operator)."""
+then Applied or Refused by the node daemon, or Refused by the operator); what the operator
+acts on in it carries its seal."""
+LABEL_GROWTH_OF = f"{GROUP}/growth-of"
+"""On a growth holder (a pod tessera creates, never scheduled): the UID of the pod whose
+live-resize growth it holds in the namespace's ResourceQuotas."""
+GROWTH_HOLDER_PREFIX = "tessera-growth-"
+"""Every growth holder's name starts so (users cannot create or evict pods named so)."""
+SCHEDULING_GATE_GROWTH = f"{GROUP}/growth"
+"""The scheduling gate that keeps a growth holder from ever being scheduled."""
 REASON_RESIZED = "BudgetResized"
 """Event reason on a pod whose resize was applied."""
 REASON_RESIZE_REFUSED = "BudgetResizeRefused"
@@ -90,12 +102,17 @@ MANAGED_QUOTA_PREFIX = "gpuquota-"
 """A GPUQuota ``team`` manages the ResourceQuota ``gpuquota-team`` in its namespace (so the
 API server's refusal, ``exceeded quota: gpuquota-team``, names the GPUQuota)."""
 LABEL_GPUQUOTA = f"{GROUP}/gpuquota"
-"""On a managed ResourceQuota: the name of the GPUQuota that owns it."""
-ANNOTATION_RESIZE_GROWTH = f"{GROUP}/resize-growth"
-"""JSON on a managed ResourceQuota, by pod UID: how far live resizes grew each pod's budget
-beyond its limits (``{"memoryMiB": …, "cores": …}``); ``hard`` is lowered by their sum."""
+"""On a managed ResourceQuota: the GPUQuota that owns it (its name, or, past 63 characters,
+a cut of it ending in a digest: :func:`tessera.quota.managed.label_value`)."""
+ANNOTATION_GPUQUOTA_NAME = f"{GROUP}/gpuquota-name"
+"""On a managed ResourceQuota: the owning GPUQuota's full name (for people; tessera matches
+by the owner reference's UID)."""
 QUOTA_REQUESTS_PREFIX = "requests."
 """What a ResourceQuota calls an extended resource it counts (``requests.tessera.dev/…``)."""
 ANNOTATION_CERT_STEP_AT = f"{GROUP}/certificate-step-at"
 """On the webhook serving Secret: when the leader wrote the last step of a certificate
 renewal (seconds since the epoch)."""
+SEAL_KEY_SECRET = "tessera-seal-key"
+"""The Secret (operator namespace) holding the key the leader seals resize records with."""
+SEAL_KEY_FIELD = "key"
+"""Its data field."""

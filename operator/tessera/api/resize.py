@@ -3,14 +3,21 @@
 Written by the operator (Approved, or Refused against the quota) and the node daemon
 (Applied, or Refused for the GPU's memory); the user writes only ``tessera.dev/budget-request``
 (its rules: :mod:`tessera.quota.resize`).
+
+What the operator acts on later -- the budget to restore when a node refuses, what grew --
+carries a **seal**: an HMAC, with a key only the operator holds (a Secret in its namespace),
+over the pod's UID, the request it answers, ``previous`` and ``grow``.  The node daemon
+copies it through when it turns Approved into Refused; a record without a valid seal (a
+user's forgery at create, a copy from another pod, a changed ``previous``) is never acted on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 State = Literal["Approved", "Applied", "Refused"]
@@ -33,6 +40,8 @@ class ResizeStatus:
     reason: str = ""
     previous: str | None = None
     grow: Mapping[str, int] | None = None
+    seal: str | None = None
+    """While Approved (and when a node refuses it): :func:`seal` of the record."""
 
     def to_annotation(self) -> str:
         out: dict[str, Any] = {"request": self.request, "state": self.state}
@@ -42,7 +51,18 @@ class ResizeStatus:
             out["previous"] = self.previous
         if self.grow is not None:
             out["grow"] = dict(self.grow)
+        if self.seal is not None:
+            out["seal"] = self.seal
         return json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+    def sealed(self, key: bytes, pod_uid: str) -> ResizeStatus:
+        """This record with its seal for the pod ``pod_uid``."""
+        return replace(self, seal=seal(key, pod_uid, self))
+
+    def seal_holds(self, key: bytes, pod_uid: str) -> bool:
+        """Whether the operator wrote this record's ``previous`` and ``grow`` for this pod."""
+        return self.seal is not None and hmac.compare_digest(
+            self.seal, seal(key, pod_uid, self))
 
     @classmethod
     def parse(cls, text: str | None) -> ResizeStatus | None:
@@ -55,11 +75,22 @@ class ResizeStatus:
             if state not in ("Approved", "Applied", "Refused"):
                 return None
             grow = raw.get("grow")
+            previous, sealed_by = raw.get("previous"), raw.get("seal")
             return cls(str(raw["request"]), state, str(raw.get("reason", "")),
-                       raw.get("previous"),
-                       {str(k): int(v) for k, v in grow.items()} if grow else None)
+                       previous if isinstance(previous, str) else None,
+                       {str(k): int(v) for k, v in grow.items()} if grow else None,
+                       sealed_by if isinstance(sealed_by, str) else None)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
+
+
+def seal(key: bytes, pod_uid: str, status: ResizeStatus) -> str:
+    """HMAC-SHA256 over what the operator acts on (not the state, which the node turns
+    from Approved to Applied or Refused)."""
+    message = json.dumps([pod_uid, status.request, status.previous,
+                          dict(sorted(status.grow.items())) if status.grow else None],
+                         separators=(",", ":"))
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
 
 
 def digest(request_text: str) -> str:

@@ -50,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
         webhook_configurations=args.webhook_configurations,
         stuck_after_s=args.stuck_after, webhook_certificate=args.webhook_certificate,
         cert_lifetime_s=args.cert_lifetime, cert_step_s=args.cert_step,
-        cert_check_interval_s=args.cert_check_interval, shutdown_drain_s=args.shutdown_drain)
+        cert_check_interval_s=args.cert_check_interval, shutdown_drain_s=args.shutdown_drain,
+        growth_holder_image=args.growth_holder_image)
     if args.identity:
         opts.identity = args.identity
     setup_logging(quiet=("kopf", "aiohttp.access"))
@@ -110,6 +111,9 @@ def register(subparsers: Any) -> None:
                    help="seconds the replica goes on serving after SIGTERM, not ready and "
                    "closing each webhook connection after its answer, before it stops (a "
                    "second signal stops it at once)")
+    r.add_argument("--growth-holder-image", default=D.growth_holder_image,
+                   help="the image growth holders name (never pulled: they are never "
+                   "scheduled; an image policy must admit it)")
     r.set_defaults(handler=_run)
 
 

@@ -24,13 +24,15 @@ import kopf
 
 from tessera import metrics
 from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
+from tessera.cache.managed import ManagedQuotaCache
 from tessera.cache.quotas import QuotaCache
 from tessera.controller import quota_metrics
 from tessera.controller.leader import LeaderElector
 from tessera.controller.reconcile import Controller
+from tessera.controller.seal import seal_key
 from tessera.controller.settings import Options
 from tessera.kube import serve
-from tessera.kube.client import Credentials, Kube, load_credentials
+from tessera.kube.client import ApiError, Credentials, Kube, load_credentials, path
 from tessera.kube.health import Health, supervise
 from tessera.kube.loops import measure_lag
 from tessera.kube.shutdown import Drain
@@ -120,6 +122,20 @@ async def _first_secret(kube: Kube, opts: Options, hosts: list[str]) -> SecretCe
         await asyncio.sleep(2)
 
 
+async def whoami(kube: Kube) -> str | None:
+    """The user the operator authenticates as (a SelfSubjectReview, which every
+    authenticated user may create): the webhook admits growth holders only from it."""
+    try:
+        review = await kube.create(path("authentication.k8s.io", "v1", "selfsubjectreviews"),
+                                   {"apiVersion": "authentication.k8s.io/v1",
+                                    "kind": "SelfSubjectReview"})
+    except ApiError as exc:
+        log.error("cannot tell who this operator is: growth holders will be refused",
+                  extra={"error": exc.message})
+        return None
+    return str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+
+
 async def run(opts: Options) -> None:
     creds = load_credentials(opts.kubeconfig)
     kube = Kube(creds)
@@ -138,9 +154,11 @@ async def run(opts: Options) -> None:
                             opts.lease_duration_s, opts.lease_renew_s)
     health = Health(stuck_after_s=opts.stuck_after_s)
     store = QuotaCache(kube, health=health)
-    adm = Admission(kube, store)
-    ctl = Controller(kube, store, opts.recount_interval_s, health=health)
-    quota_metrics.register(store.snapshot)
+    counts = ManagedQuotaCache(kube, health=health)
+    adm = Admission(kube, store, counts, await whoami(kube))
+    ctl = Controller(kube, store, opts.recount_interval_s, health=health,
+                     holder_image=opts.growth_holder_image)
+    quota_metrics.register(store.snapshot, counts.get)
 
     def client_config() -> ClientConfig:
         ca = serving.current.ca_pem
@@ -151,7 +169,7 @@ async def run(opts: Options) -> None:
     drain = Drain(opts.shutdown_drain_s)
 
     def not_ready() -> list[str]:
-        return ((["not synced yet"] if not store.synced else [])
+        return ((["not synced yet"] if not (store.synced and counts.synced) else [])
                 + (["stopping"] if drain.draining else []))
 
     runners = [
@@ -203,11 +221,13 @@ async def run(opts: Options) -> None:
 
     leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,
                    "pods": ctl.watch_pods, "partitions": ctl.partition_loop,
-                   "managed-quotas": ctl.watch_managed, "quotas": ctl.quota_loop}
+                   "growth-holders": ctl.watch_holders, "holders": ctl.settle_loop,
+                   "quotas": ctl.quota_loop}
     if opts.webhook_certificate != EXTERNAL:
         leader_work["certificate"] = renew_certificate
 
     async def lead() -> None:
+        ctl.lead_with(await seal_key(kube, opts.namespace))
         stop = asyncio.Event()
         tasks = [asyncio.create_task(run_kopf(kopf_registry(ctl, creds), stop, take_signals),
                                      name="kopf")]
@@ -216,18 +236,20 @@ async def run(opts: Options) -> None:
             health.track(name, task)
             tasks.append(task)
         store.subscribe(ctl.on_quota)
+        counts.subscribe(ctl.on_managed)
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()
         finally:
             store.subscribe(None)
+            counts.subscribe(None)
             stop.set()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             take_signals()  # kopf leaves its handlers behind, on a future that is done
-            health.forget(*leader_work, "nodes", "pods")
+            health.forget(*leader_work, "nodes", "pods", "growth-holders")
             ctl.partitions.clear()
             ctl.quotas.clear()
             ctl.forget_quota_work()
@@ -236,6 +258,9 @@ async def run(opts: Options) -> None:
     quota_watch = asyncio.create_task(supervise("quota-cache", store.watch, health),
                                       name="quota-cache")
     health.track("quota-cache", quota_watch)
+    counts_watch = asyncio.create_task(supervise("managed-quota-cache", counts.watch, health),
+                                       name="managed-quota-cache")
+    health.track("managed-quota-cache", counts_watch)
     cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
                                                 health), name="certificate-follow")
     main = asyncio.create_task(elector.run(lead))
@@ -250,7 +275,7 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await main
     finally:
-        for task in (quota_watch, cert_follow, lag):
+        for task in (quota_watch, counts_watch, cert_follow, lag):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

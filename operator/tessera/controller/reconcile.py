@@ -1,5 +1,5 @@
 """The leader's control loops: GPUPartition status; GPUQuota status and the ResourceQuota
-each GPUQuota manages.
+each GPUQuota manages; live resizes and the growth holders that hold them.
 
 Level-triggered: every event marks work dirty and the loops recompute the whole answer from
 the caches with the pure modules (:mod:`tessera.partition`, :mod:`tessera.quota`), then write
@@ -28,19 +28,22 @@ from tessera.api.names import (
     GROUP,
     LABEL_BUDGETED,
     LABEL_GPU_PRODUCT,
-    LABEL_GPUQUOTA,
+    LABEL_GROWTH_OF,
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec, GPUPartitionStatus, NodePartitionStatus
 from tessera.cache.quotas import QuotaCache
-from tessera.controller.resize import pending_request, reconcile_resize
+from tessera.controller.holders import Holders, Owner
+from tessera.controller.resize import Resizer, pending_request, pod_need
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
+from tessera.kube.loops import work_off
 from tessera.kube.merge import merge_diff
 from tessera.partition import PartitionView, aggregate, resolve, transitions
 from tessera.quota import managed
-from tessera.quota.arith import Limits, Usage, pod_counts, pod_usage, resource_usage
+from tessera.quota.arith import Limits, Usage, pod_counts, pod_usage
+from tessera.quota.holders import is_zero
 from tessera.quota.objects import (
     FieldError,
     limits_of,
@@ -78,13 +81,14 @@ together)."""
 
 @dataclass(frozen=True)
 class SeenPod:
-    """A budgeted pod as the pod watch has it."""
+    """A budgeted pod as the pod watch (or the leader's own last write) has it."""
 
     name: str
     live: Usage
     """What it holds now (its live budget; zero once finished)."""
-    grown: Usage
-    """How far a live resize took its budget beyond its limits (zero once finished)."""
+    need: Usage
+    """What its growth holders must hold (:func:`tessera.controller.resize.pod_need`)."""
+    rv: int = 0
 
 
 @dataclass
@@ -94,11 +98,12 @@ class Controller:
     recount_interval_s: float = 5.0
     component: str = "tessera-operator"
     health: Health | None = None
+    holder_image: str = "registry.k8s.io/pause:3.10"
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
     partitions: dict[str, Obj] = field(default_factory=dict)
     quotas: dict[tuple[str, str], Obj] = field(default_factory=dict)
     managed: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    """The managed ResourceQuotas by (namespace, GPUQuota name), from their watch."""
+    """The managed ResourceQuotas by (namespace, ResourceQuota name), from their watch."""
     _managed_synced: bool = False
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _quota_dirty: set[tuple[str, str]] = field(default_factory=set)
@@ -107,8 +112,20 @@ class Controller:
     """The pod watch's view: namespace -> pod UID -> what it holds."""
     _pods_synced: bool = False
     _pods_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while one pod event is handled (a resize included)."""
+    """Held while one pod event is handled (a resize included), and while holders settle."""
     _by_namespace: dict[str, list[str]] | None = None
+    resizer: Resizer | None = None
+    """Set when this replica leads (it needs the seal key)."""
+    holders: Holders | None = None
+    _holders_synced: bool = False
+    _settle_dirty: set[str] = field(default_factory=set)
+    """Pod UIDs whose holders may not hold what they need."""
+    _settle_wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def lead_with(self, key: bytes) -> None:
+        """This replica leads: resizes are answered and sealed with ``key``."""
+        self.holders = Holders(self.kube, self.holder_image)
+        self.resizer = Resizer(self.kube, self.cache, self.holders, key, self.component)
 
     # -- events from kopf and the watches -------------------------------------------------
 
@@ -160,30 +177,18 @@ class Controller:
     def on_managed(self, typ: str, rq: Obj) -> None:
         """A managed ResourceQuota changed (a user's edit or delete is set back)."""
         if typ == "SYNC":
-            self.managed = {}
-            for item in rq.get("items") or []:
-                self._remember_managed("ADDED", item)
+            self.managed = {_key(item): item for item in rq.get("items") or []}
             self._managed_synced = True
             self._quota_dirty.update(self.quotas)
         else:
-            key = self._remember_managed(typ, rq)
-            if key is not None and key in self.quotas:
-                self._quota_dirty.add(key)
+            key = _key(rq)
+            if typ == "DELETED":
+                self.managed.pop(key, None)
+            elif _rv(rq) >= _rv(self.managed.get(key) or {}):
+                self.managed[key] = rq  # never older than what this replica wrote itself
+            self._quota_dirty.update((key[0], q) for q in self._quotas_in(key[0])
+                                     if managed.managed_name(q) == key[1])
         self._quota_wake.set()
-
-    def _remember_managed(self, typ: str, rq: Obj) -> tuple[str, str] | None:
-        meta = rq.get("metadata") or {}
-        owner = (meta.get("labels") or {}).get(LABEL_GPUQUOTA)
-        if not owner:
-            return None
-        key = (str(meta.get("namespace")), str(owner))
-        if meta.get("name") != managed.managed_name(key[1]):
-            return None  # a copy someone labelled: not the one tessera manages
-        if typ == "DELETED":
-            self.managed.pop(key, None)
-        elif _rv(rq) >= _rv(self.managed.get(key) or {}):
-            self.managed[key] = rq  # never older than what this replica wrote itself
-        return key
 
     def forget_quota_work(self) -> None:
         """Leadership lost: whatever was dirty is the next leader's to reconcile, and the pod
@@ -195,55 +200,48 @@ class Controller:
         self._pods_synced = False
         self.managed.clear()
         self._managed_synced = False
+        self.resizer = None
+        self.holders = None
+        self._holders_synced = False
+        self._settle_dirty.clear()
 
     async def quota_loop(self) -> None:
         """Reconcile each dirty quota from its newest copy (level-triggered, one at a time),
         and every quota every ``recount_interval_s``."""
-        loop = asyncio.get_running_loop()
-        last_full = loop.time()
-        while True:
-            try:
-                await asyncio.wait_for(self._quota_wake.wait(),
-                                       max(0.0, last_full + self.recount_interval_s - loop.time()))
-                await asyncio.sleep(COUNT_DEBOUNCE_S)
-            except TimeoutError:
-                pass
-            self._quota_wake.clear()
-            if loop.time() - last_full >= self.recount_interval_s:
-                self._quota_dirty.update(self.quotas)
-                last_full = loop.time()
-            while self._quota_dirty:
-                key = self._quota_dirty.pop()
-                q = self.quotas.get(key)
-                if q is None:
-                    continue
-                try:
-                    async with self._pods_lock:
-                        await self.reconcile_quota(q)
-                except (ApiError, OSError, TimeoutError) as exc:
-                    log.warning("quota reconcile failed", extra={"quota": "/".join(key),
-                                                                 "error": str(exc)})
-                    self._quota_dirty.add(key)
-                    await asyncio.sleep(1.0)
+        async def one(key: tuple[str, str]) -> None:
+            q = self.quotas.get(key)
+            if q is not None:
+                async with self._pods_lock:
+                    await self.reconcile_quota(q)
+        await work_off(self._quota_dirty, self._quota_wake, self.recount_interval_s,
+                       COUNT_DEBOUNCE_S, lambda: list(self.quotas), one, "quota reconcile")
 
     async def on_pod(self, typ: str, pod: Obj) -> None:
-        """Answer a pod's budget request (live resize); count its namespace soon."""
-        if typ != "DELETED" and pending_request(pod):
-            await reconcile_resize(self.kube, self.cache, self.managed, pod, self.component)
+        """Answer a pod's budget request (live resize); settle its holders; count its
+        namespace soon."""
+        if typ != "DELETED" and pending_request(pod) and self.resizer is not None:
+            written = await self.resizer.reconcile(pod)
+            if written is not None:
+                self._see_pod("MODIFIED", written)
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        await self._settle(uid)
 
     def _see_pod(self, typ: str, pod: Obj) -> None:
-        """Keep the pod view: what each budgeted pod holds now (zero once finished)."""
+        """Keep the pod view: what each budgeted pod holds now (zero once finished) and what
+        its growth holders must hold; never older than what this replica wrote itself."""
         meta = pod.get("metadata") or {}
         ns, uid = str(meta.get("namespace")), str(meta.get("uid") or "")
         pods = self._pods.setdefault(ns, {})
         if typ == "DELETED":
             pods.pop(uid, None)
-        elif pod_counts(pod):
-            live = pod_usage(pod)
-            pods[uid] = SeenPod(str(meta.get("name")), live,
-                                managed.grown(live, resource_usage(pod)))
         else:
-            pods[uid] = SeenPod(str(meta.get("name")), Usage(), Usage())
+            rv = _rv(pod)
+            known = pods.get(uid)
+            if known is not None and rv < known.rv:
+                return
+            live = pod_usage(pod) if pod_counts(pod) else Usage()
+            needed = pod_need(pod, self.resizer.key) if self.resizer is not None else Usage()
+            pods[uid] = SeenPod(str(meta.get("name")), live, needed, rv)
         if self._quotas_in(ns):
             self._quota_dirty.update((ns, name) for name in self._quotas_in(ns))
             self._quota_wake.set()
@@ -263,34 +261,94 @@ class Controller:
             out = out + p.live
         return out
 
-    def growth(self, ns: str, recorded: Mapping[str, Usage]) -> dict[str, Usage]:
-        """The growth record a managed ResourceQuota should carry: what live resizes
-        recorded for running pods (they write it before the pod shows the new budget), a
-        missing record healed from the pod watch, and pods that finished or are gone
-        dropped (their growth no longer counts)."""
-        if not self._pods_synced:
-            return dict(recorded)
-        out = {}
-        for uid, pod in self._pods.get(ns, {}).items():
-            if pod.live == Usage():
-                continue
-            if uid in recorded:
-                out[uid] = recorded[uid]
-            elif pod.grown != Usage():
-                out[uid] = pod.grown
-        return out
+    # -- growth holders ---------------------------------------------------------------------
+
+    def _seen(self, uid: str) -> tuple[str, SeenPod] | None:
+        for ns, pods in self._pods.items():
+            if uid in pods:
+                return ns, pods[uid]
+        return None
+
+    async def _settle(self, uid: str) -> None:
+        """Bring one pod's growth holders to what it needs (under ``_pods_lock``).  A pod
+        the watch does not know (gone, or no longer budgeted) needs nothing.  A need the
+        API server will not hold takes the pod's growth back."""
+        holders, resizer = self.holders, self.resizer
+        if holders is None or resizer is None or not self._pods_synced:
+            return
+        if not self._holders_synced:
+            self._settle_dirty.add(uid)
+            return
+        seen = self._seen(uid)
+        if seen is None:
+            ns = holders.namespaces.get(uid)
+            if ns is None or not holders.of(uid):
+                return
+            owner, needed = Owner(ns, "", uid), Usage()
+        else:
+            ns, pod = seen
+            owner, needed = Owner(ns, pod.name, uid), pod.need
+            if is_zero(needed) and not holders.of(uid):
+                return
+        refused = await holders.settle(owner, needed, "settle")
+        if refused is None or seen is None:
+            return
+        try:
+            current = await self.kube.get(path("", "v1", "pods", owner.namespace, owner.name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            raise
+        if pod_need(current, resizer.key) != needed:
+            self._settle_dirty.add(uid)  # it changed meanwhile: decide on what it is now
+            self._settle_wake.set()
+            return
+        self._see_pod("MODIFIED", await resizer.take_back(current, refused))
+
+    def on_holder(self, typ: str, pod: Obj) -> None:
+        """A growth holder changed: its pod's holders may no longer hold what it needs."""
+        if self.holders is None:
+            return
+        if typ == "SYNC":
+            self.holders.on_sync(pod.get("items") or [])
+            self._holders_synced = True
+            self._settle_dirty.update(self._holding_or_needing())
+        else:
+            owner = self.holders.on_event(typ, pod)
+            if owner:
+                self._settle_dirty.add(owner)
+        self._settle_wake.set()
+
+    async def settle_loop(self) -> None:
+        """Settle the holders of every pod marked dirty, and every ``recount_interval_s``
+        those of every pod that has or needs any."""
+        async def one(uid: str) -> None:
+            async with self._pods_lock:
+                await self._settle(uid)
+        await work_off(self._settle_dirty, self._settle_wake, self.recount_interval_s,
+                       COUNT_DEBOUNCE_S, self._holding_or_needing, one, "growth holders settle")
+
+    def _holding_or_needing(self) -> list[str]:
+        """Pods with growth holders, or whose budget needs some."""
+        held = self.holders.owners() if self.holders is not None else []
+        return [*held, *(uid for pods in self._pods.values() for uid, p in pods.items()
+                         if not is_zero(p.need))]
 
     # -- GPUQuota ---------------------------------------------------------------------------
 
     async def reconcile_quota(self, q: Obj) -> None:
         """The quota's managed ResourceQuota, then its status (used, summary, conditions)."""
         meta, status = q["metadata"], q.get("status") or {}
+        unenforced: tuple[str, str] | None = None
         try:
-            await self._reconcile_managed(q)
+            unenforced = await self._reconcile_managed(q)
         except ApiError as exc:  # its status is still worth writing; retried next pass
             log.warning("managed ResourceQuota not reconciled", extra={
                 "namespace": meta.get("namespace"), "quota": meta.get("name"),
                 "error": str(exc)})
+            unenforced = (managed.UNWRITABLE, f"its ResourceQuota "
+                          f"{managed.managed_name(str(meta.get('name')))} cannot be written "
+                          f"({exc.message[:300]})")
         gen = int(meta.get("generation") or 1)
         try:
             limits, problem = limits_of(q.get("spec") or {}), None
@@ -298,7 +356,7 @@ class Controller:
             limits, problem = Limits(), str(exc)
         used = self.pod_total(str(meta["namespace"])) if self._pods_synced else used_of(status)
         old = _conditions(status.get("conditions"))
-        conds = quota_conditions(old, limits, used, gen, problem)
+        conds = quota_conditions(old, limits, used, gen, problem, unenforced)
         new: dict[str, Any] = {"observedGeneration": gen, "conditions": _dump_conditions(conds)}
         if used is not None:
             new.update(status_patch(q, used)["status"])
@@ -319,35 +377,42 @@ class Controller:
             return  # a newer version is on its way as an event
         await self._events(q, "GPUQuota", old, conds)
 
-    async def _reconcile_managed(self, q: Obj) -> None:
-        """Create the quota's ResourceQuota, or set it back to what it must say."""
+    async def _reconcile_managed(self, q: Obj) -> tuple[str, str] | None:
+        """Create the quota's ResourceQuota, or set it back to what it must say; why it does
+        not count for the quota now, if it does not (:func:`managed.enforcement`)."""
         if not self._managed_synced:
-            return
+            return None
         meta = q["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         if meta.get("deletionTimestamp"):
-            return
-        have = self.managed.get((ns, name))
-        want = managed.desired(q, readable_limits(q), self.growth(ns, managed.growth_of(have)))
-        url = path("", "v1", "resourcequotas", ns)
+            return None
+        rq_name = managed.managed_name(name)
+        limits = readable_limits(q)
+        want = managed.desired(q, limits)
+        have = self.managed.get((ns, rq_name))
         if have is None:
             try:
-                self.managed[(ns, name)] = await self.kube.create(url, want)
+                have = await self.kube.create(path("", "v1", "resourcequotas", ns), want)
                 metrics.MANAGED_QUOTA_WRITES.labels("created").inc()
                 log.info("managed ResourceQuota created", extra={
                     "namespace": ns, "quota": name, "hard": want["spec"]["hard"]})
             except ApiError as exc:
                 if exc.status != 409:
                     raise
-            return
+                # one by that name exists without tessera's label: ours (set back) or not
+                have = await self.kube.get(path("", "v1", "resourcequotas", ns, rq_name))
+                if not managed.owned_by(have, str(meta.get("uid") or "")):
+                    return managed.enforcement(q, limits, have)
+            self.managed[(ns, rq_name)] = have
         patch = managed.drift(have, want)
-        if patch is None:
-            return
-        self.managed[(ns, name)] = await self.kube.merge_patch(
-            path("", "v1", "resourcequotas", ns, managed.managed_name(name)), patch)
-        metrics.MANAGED_QUOTA_WRITES.labels("set-back").inc()
-        log.info("managed ResourceQuota set back", extra={"namespace": ns, "quota": name,
-                                                          "patch": patch})
+        if patch is not None:
+            have = await self.kube.merge_patch(
+                path("", "v1", "resourcequotas", ns, rq_name), patch)
+            self.managed[(ns, rq_name)] = have
+            metrics.MANAGED_QUOTA_WRITES.labels("set-back").inc()
+            log.info("managed ResourceQuota set back", extra={"namespace": ns, "quota": name,
+                                                              "patch": patch})
+        return managed.enforcement(q, limits, have)
 
     # -- GPUPartition -----------------------------------------------------------------------
 
@@ -483,18 +548,19 @@ class Controller:
                 self._pods_synced = True
                 self._quota_dirty.update(self.quotas)
                 self._quota_wake.set()
+                if self.holders is not None:
+                    self._settle_dirty.update(self.holders.owners())
+                    self._settle_wake.set()
                 for pod in items:  # one pod's failure must not skip the others
                     await handle_one(self.on_pod, "ADDED", pod, "pods")
         await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
                                      name="pods", health=self.health), handle, "pods")
 
-    async def watch_managed(self) -> None:
-        """The ResourceQuotas GPUQuotas manage (selected by their label)."""
-        def handle(typ: str, obj: Obj) -> None:
-            self.on_managed(typ, obj)
-        await follow(self.kube.watch(path("", "v1", "resourcequotas"), LABEL_GPUQUOTA,
-                                     name="managed-quotas", health=self.health),
-                     handle, "managed-quotas")
+    async def watch_holders(self) -> None:
+        """The growth holders (selected by their label)."""
+        await follow(self.kube.watch(path("", "v1", "pods"), LABEL_GROWTH_OF,
+                                     name="growth-holders", health=self.health),
+                     self.on_holder, "growth-holders")
 
     # -- Events -----------------------------------------------------------------------------
 
@@ -509,6 +575,11 @@ class Controller:
             await post_event(self.kube, obj, API_VERSION, kind, c.reason,
                              f"{c.type}={c.status}: {c.message}",
                              "Warning" if warning else "Normal", self.component)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
 
 
 def _rv(obj: Mapping[str, Any]) -> int:

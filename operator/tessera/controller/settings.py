@@ -64,6 +64,9 @@ class Options:
     """How often the leader re-applies the webhook configurations (heals manual edits)."""
     stuck_after_s: float = 60.0
     """A watch that cannot follow its objects this long makes /healthz fail (restart)."""
+    growth_holder_image: str = "registry.k8s.io/pause:3.10"
+    """The image a growth holder names (never pulled: a holder is never scheduled; a policy
+    that admits only some registries must admit it)."""
     shutdown_drain_s: float = 5.0
     """After SIGTERM, how long the replica goes on serving, not ready, every webhook answer
     closing its connection, before it stops: the API server's kept-alive connections to it

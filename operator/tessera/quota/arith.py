@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from tessera.api import budget as api_budget
 from tessera.api.names import (
     ANNOTATION_BUDGET,
+    GPU_POD,
     MIG_PREFIX,
     PREFIX,
     VGPU,
@@ -273,8 +274,8 @@ def _container_budget(c: Mapping[str, Any], policy: QuotaPolicy,
     values = {k: _int_resource(name, k, v) for k, v in asked.items() if k.startswith(PREFIX)}
     mig: dict[str, int] = {}
     for k, v in values.items():
-        if k in (VGPU, VGPU_MEMORY, VGPU_CORES):
-            continue
+        if k in (VGPU, VGPU_MEMORY, VGPU_CORES, GPU_POD):
+            continue  # GPU_POD: the webhook's count of GPU pods, not a budget
         profile = profile_from_resource(k)
         if profile is None:
             raise BudgetError(f"container {name!r}: unknown resource {k} (tessera offers "

@@ -1,131 +1,99 @@
-"""The ResourceQuota each GPUQuota manages: what it must say, without any I/O.
+"""The ResourceQuota each GPUQuota manages: what it must say, and whether it can be trusted
+to count, without any I/O.
 
 Kubernetes' ResourceQuota admission counts a pod's ``requests`` race-free inside the API
 server (one conditional write of the quota's ``status.used`` per admitted pod, and a
 refusal when it would pass ``status.hard``).  So each GPUQuota ``q`` manages a ResourceQuota
 ``gpuquota-<q>`` in its namespace whose ``hard`` holds q's limits on the extended resources
 the admitted pods carry in their limits (tessera's mutating webhook writes every budget into
-them: :func:`tessera.webhooks.admission.fill_patch`):
+them, and one ``tessera.dev/pod`` per GPU pod):
 
     GPUQuota spec.hard.memory          requests.tessera.dev/vgpu-memory  (MiB)
     GPUQuota spec.hard.cores           requests.tessera.dev/vgpu-cores
+    GPUQuota spec.hard.pods            requests.tessera.dev/pod
     GPUQuota spec.hard.migInstances.P  requests.tessera.dev/mig-P
 
-``spec.hard.pods`` (GPU pods) has no ResourceQuota counterpart (a ResourceQuota counts every
-pod of the namespace, GPU or not): tessera's webhook checks it against the GPUQuota's count,
-which is not race-free (docs/operator.md, "Counting").
-
-A live resize grows a pod's budget beyond its limits, which the ResourceQuota never sees:
-``hard`` is lowered by every running pod's outstanding growth, recorded by pod UID on the
-ResourceQuota itself (``tessera.dev/resize-growth``) in the same write that lowers it, so the
-namespace's total (limits + growth) still stays under the GPUQuota's hard.
+A live resize's growth beyond a pod's limits is held by growth holders, pods the API
+server counts like any other (:mod:`tessera.quota.holders`): ``hard`` is the GPUQuota's,
+always, so the operator writes ``spec`` only when the GPUQuota's ``hard`` changes or
+someone else changed it.
 
 A GPUQuota whose spec cannot be read admits nothing: its ResourceQuota's hard is zero.
+
+:func:`enforcement` says whether a ResourceQuota (as a watch has it) counts for its
+GPUQuota; when it does not, the GPUQuota admits no GPU pod and says why.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from tessera.api.names import (
-    ANNOTATION_RESIZE_GROWTH,
+    ANNOTATION_GPUQUOTA_NAME,
     API_VERSION,
+    GPU_POD,
     LABEL_GPUQUOTA,
     MANAGED_QUOTA_PREFIX,
+    PREFIX,
     QUOTA_REQUESTS_PREFIX,
     VGPU_CORES,
     VGPU_MEMORY,
 )
 from tessera.api.resources import mig_resource_name
-from tessera.quota.arith import Limits, Usage
+from tessera.quota.arith import Limits
 from tessera.quota.units import count
 
 MAX_NAME = 253
+MAX_LABEL = 63
 MEMORY = QUOTA_REQUESTS_PREFIX + VGPU_MEMORY
 CORES = QUOTA_REQUESTS_PREFIX + VGPU_CORES
+PODS = QUOTA_REQUESTS_PREFIX + GPU_POD
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text``, or past ``limit`` characters a cut of it ending in a digest of the whole
+    (still unique, still a valid name and label value: it ends in a letter or digit)."""
+    if len(text) <= limit:
+        return text
+    tag = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return f"{text[:limit - 11]}-{tag}"
 
 
 def managed_name(quota: str) -> str:
     """The managed ResourceQuota's name (a GPUQuota name is at most 253 characters; the
-    prefix could push it over: such a name is cut and ends in a digest to stay unique)."""
-    name = MANAGED_QUOTA_PREFIX + quota
-    if len(name) <= MAX_NAME:
-        return name
-    tag = hashlib.sha256(quota.encode()).hexdigest()[:10]
-    return f"{name[:MAX_NAME - 11]}-{tag}"
+    prefix could push it over)."""
+    return _cut(MANAGED_QUOTA_PREFIX + quota, MAX_NAME)
+
+
+def label_value(quota: str) -> str:
+    """The ``tessera.dev/gpuquota`` label's value (label values stop at 63 characters)."""
+    return _cut(quota, MAX_LABEL)
 
 
 def mig_key(profile: str) -> str:
     return QUOTA_REQUESTS_PREFIX + mig_resource_name(profile)
 
 
-NO_GROWTH = Usage()
-
-
-def hard_of(limits: Limits | None, growth: Usage = NO_GROWTH) -> dict[str, str]:
-    """The ResourceQuota's ``hard``: the GPUQuota's limits less the outstanding growth
-    (never below zero); ``None`` (a spec that cannot be read) admits nothing."""
+def hard_of(limits: Limits | None) -> dict[str, str]:
+    """The ResourceQuota's ``hard``: the GPUQuota's limits; ``None`` (a spec that cannot be
+    read) admits nothing."""
     if limits is None:
-        return {MEMORY: "0", CORES: "0"}
+        return {MEMORY: "0", CORES: "0", PODS: "0"}
     out: dict[str, str] = {}
     if limits.memory_mib is not None:
-        out[MEMORY] = str(max(0, limits.memory_mib - growth.memory_mib))
+        out[MEMORY] = str(limits.memory_mib)
     if limits.cores is not None:
-        out[CORES] = str(max(0, limits.cores - growth.cores))
+        out[CORES] = str(limits.cores)
+    if limits.pods is not None:
+        out[PODS] = str(limits.pods)
     for profile, n in sorted(limits.mig.items()):
         out[mig_key(profile)] = str(n)
     return out
 
 
-def growth_of(rq: Mapping[str, Any] | None) -> dict[str, Usage]:
-    """The outstanding growth recorded on a managed ResourceQuota, by pod UID (an entry
-    that cannot be read counts as no growth: the operator rewrites the record whole)."""
-    raw = (((rq or {}).get("metadata") or {}).get("annotations") or {}).get(
-        ANNOTATION_RESIZE_GROWTH)
-    if not isinstance(raw, str):
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except json.JSONDecodeError:
-        return {}
-    if not isinstance(parsed, dict):
-        return {}
-    out = {}
-    for uid, g in parsed.items():
-        if not isinstance(g, dict):
-            continue
-        try:
-            u = Usage(count(g.get("memoryMiB", 0)), count(g.get("cores", 0)))
-        except (ValueError, TypeError):
-            continue
-        out[str(uid)] = Usage(max(0, u.memory_mib), max(0, u.cores))
-    return out
-
-
-def growth_annotation(growth: Mapping[str, Usage]) -> str:
-    """The record as written; a pod shrunk back keeps its zero entry while it runs (so a
-    late pod event with the old budget cannot bring the growth back)."""
-    return json.dumps({uid: {"memoryMiB": g.memory_mib, "cores": g.cores}
-                       for uid, g in sorted(growth.items())}, separators=(",", ":"))
-
-
-def total_growth(growth: Mapping[str, Usage]) -> Usage:
-    out = Usage()
-    for g in growth.values():
-        out = out + Usage(g.memory_mib, g.cores)
-    return out
-
-
-def grown(live: Usage, limits: Usage) -> Usage:
-    """How far a pod's live budget is beyond what its limits say (resource by resource)."""
-    return Usage(max(0, live.memory_mib - limits.memory_mib), max(0, live.cores - limits.cores))
-
-
-def desired(quota: Mapping[str, Any], limits: Limits | None,
-            growth: Mapping[str, Usage]) -> dict[str, Any]:
+def desired(quota: Mapping[str, Any], limits: Limits | None) -> dict[str, Any]:
     """The whole managed ResourceQuota a GPUQuota wants (owned by it, so deleted with it)."""
     meta = quota.get("metadata") or {}
     name = str(meta.get("name"))
@@ -133,28 +101,36 @@ def desired(quota: Mapping[str, Any], limits: Limits | None,
         "apiVersion": "v1", "kind": "ResourceQuota",
         "metadata": {
             "name": managed_name(name), "namespace": meta.get("namespace"),
-            "labels": {LABEL_GPUQUOTA: name, "app.kubernetes.io/managed-by": "tessera"},
-            "annotations": {ANNOTATION_RESIZE_GROWTH: growth_annotation(growth)},
+            "labels": {LABEL_GPUQUOTA: label_value(name),
+                       "app.kubernetes.io/managed-by": "tessera"},
+            "annotations": {ANNOTATION_GPUQUOTA_NAME: name},
             "ownerReferences": [{"apiVersion": API_VERSION, "kind": "GPUQuota", "name": name,
                                  "uid": meta.get("uid"), "controller": True,
                                  "blockOwnerDeletion": False}],
         },
-        "spec": {"hard": hard_of(limits, total_growth(growth))},
+        "spec": {"hard": hard_of(limits)},
     }
+
+
+def owned_by(rq: Mapping[str, Any], quota_uid: str) -> bool:
+    """Whether ``rq`` names the GPUQuota with this UID as its controller."""
+    return any(o.get("uid") == quota_uid and o.get("controller") is True
+               and o.get("kind") == "GPUQuota"
+               for o in (rq.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch that sets a managed ResourceQuota back to what it must say (its
-    hard, scopes, label, growth record and owner), or None when it already does."""
+    hard, scopes, label, tessera's annotations and owner), or None when it already does."""
     hm, wm = have.get("metadata") or {}, want["metadata"]
     patch: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     labels = hm.get("labels") or {}
     if any(labels.get(k) != v for k, v in wm["labels"].items()):
         meta["labels"] = wm["labels"]
-    ann = (hm.get("annotations") or {}).get(ANNOTATION_RESIZE_GROWTH)
-    if ann != wm["annotations"][ANNOTATION_RESIZE_GROWTH]:
-        meta["annotations"] = wm["annotations"]
+    have_ann = {k: v for k, v in (hm.get("annotations") or {}).items() if k.startswith(PREFIX)}
+    if have_ann != wm["annotations"]:  # an earlier version's keys go too
+        meta["annotations"] = {**{k: None for k in have_ann}, **wm["annotations"]}
     if [(o.get("uid"), o.get("controller")) for o in hm.get("ownerReferences") or []] != [
             (o["uid"], True) for o in wm["ownerReferences"]]:
         meta["ownerReferences"] = wm["ownerReferences"]
@@ -178,17 +154,59 @@ def _same_hard(have: Mapping[str, Any], want: Mapping[str, str]) -> bool:
         return False
 
 
-def lowered_fits(rq: Mapping[str, Any], want_hard: Mapping[str, str]) -> list[str]:
-    """What a managed ResourceQuota already has in use beyond a lowered ``hard`` (empty:
-    the lower hard can be written: nothing admitted so far passes it)."""
-    used = (rq.get("status") or {}).get("used") or {}
+# -- can it be trusted to count? ---------------------------------------------------------------
+
+MISSING = "ManagedQuotaMissing"
+FOREIGN = "ManagedQuotaForeign"
+DRIFTED = "ManagedQuotaDrifted"
+UNWRITABLE = "ManagedQuotaUnwritable"
+REASONS = (MISSING, FOREIGN, DRIFTED, UNWRITABLE)
+
+
+def _too_loose(hard: Any, want: Mapping[str, str]) -> list[str]:
+    """Resources ``hard`` does not limit at least as tightly as ``want``."""
+    if not isinstance(hard, Mapping):
+        return sorted(want)
     out = []
-    for k, v in sorted(want_hard.items()):
+    for k, v in sorted(want.items()):
         try:
-            u = count(used.get(k, 0))
+            if k not in hard or count(hard[k]) > count(v):
+                out.append(k)
         except (ValueError, TypeError):
-            out.append(f"{k} used cannot be read")
-            continue
-        if u > count(v):
-            out.append(f"{k} used {u}, hard would be {v}")
+            out.append(k)
     return out
+
+
+def enforcement(quota: Mapping[str, Any], limits: Limits | None,
+                rq: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """Why the API server does not count GPU pods for this GPUQuota as it must (a reason
+    and a sentence), or None when it does.
+
+    ``rq``: the ResourceQuota by the managed name, carrying tessera's label, as a watch sees
+    it (None: none).  It counts for the GPUQuota when it is the GPUQuota's own (owner
+    reference by UID: tessera adopts nothing it did not create) and every limit it holds,
+    in ``spec`` and, once the quota controller has synced it, ``status``, is at most the
+    GPUQuota's.  Tighter is fine (it is on its way to the GPUQuota's after a raise); looser
+    or missing is not.  A ResourceQuota the quota controller has not synced yet refuses
+    every GPU pod by itself (``status unknown``), so it counts."""
+    meta = quota.get("metadata") or {}
+    name = managed_name(str(meta.get("name")))
+    if rq is None:
+        return MISSING, (f"its ResourceQuota {name} does not exist (tessera creates it "
+                         f"again; if this lasts, see the GPUQuota's conditions)")
+    rq_meta = rq.get("metadata") or {}
+    if not owned_by(rq, str(meta.get("uid") or "")) or (rq_meta.get("labels") or {}).get(
+            LABEL_GPUQUOTA) != label_value(str(meta.get("name"))):
+        return FOREIGN, (f"ResourceQuota {name} is not this GPUQuota's (tessera adopts nothing "
+                         f"it did not create): delete or rename it, and tessera creates its own")
+    if rq_meta.get("deletionTimestamp"):
+        return MISSING, f"its ResourceQuota {name} is being deleted (tessera creates it again)"
+    want = hard_of(limits)
+    loose = _too_loose((rq.get("spec") or {}).get("hard"), want)
+    status_hard = (rq.get("status") or {}).get("hard")
+    if status_hard is not None:
+        loose = sorted({*loose, *_too_loose(status_hard, want)})
+    if loose:
+        return DRIFTED, (f"ResourceQuota {name} does not hold the GPUQuota's limits "
+                         f"({', '.join(loose)}); tessera sets them back")
+    return None

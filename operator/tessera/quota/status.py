@@ -25,13 +25,22 @@ def over_hard(limits: Limits, used: Usage) -> list[tuple[str, str, str]]:
 
 
 def quota_conditions(old: Sequence[Condition], limits: Limits, used: Usage | None,
-                     generation: int, problem: str | None = None) -> list[Condition]:
-    """Ready once usage is counted; Degraded while use is above ``hard``; a spec that cannot
-    be read (``problem`` names the field) is neither: the quota admits nothing."""
+                     generation: int, problem: str | None = None,
+                     unenforced: tuple[str, str] | None = None) -> list[Condition]:
+    """Ready once usage is counted and the API server counts it too; Degraded while use is
+    above ``hard``; a spec that cannot be read (``problem`` names the field) is neither: the
+    quota admits nothing.  ``unenforced``: why the ResourceQuota the quota manages does not
+    count for it now (a reason and a sentence: :func:`tessera.quota.managed.enforcement`):
+    Ready and Degraded say so, and GPU pods of the namespace are refused meanwhile."""
     conds = list(old)
     if problem is not None:
         conds = set_condition(conds, READY, "False", "SpecUnreadable", problem, generation)
         return set_condition(conds, DEGRADED, "True", "SpecUnreadable", problem, generation)
+    if unenforced is not None:
+        reason, why = unenforced
+        conds = set_condition(conds, READY, "False", reason, why, generation)
+        return set_condition(conds, DEGRADED, "True", reason, f"{why}: GPU pods of this "
+                             f"namespace are refused until it counts again", generation)
     if used is None:
         conds = set_condition(conds, READY, "False", "Counting", "usage not counted yet",
                               generation)

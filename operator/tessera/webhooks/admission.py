@@ -6,7 +6,15 @@ against the namespace's per-pod ``max`` and against every GPUQuota's ``hard`` an
 by how much, which quota) when it clearly does not fit.  It writes nothing to the API
 server: the race-free count is the API server's own, against the ResourceQuota each
 GPUQuota manages (:mod:`tessera.quota.managed`), which refuses what tessera's check let
-through on a count a moment old.
+through on a count a moment old -- and while that count cannot be kept (the ResourceQuota
+gone, not tessera's, holding other limits) the webhook refuses every GPU pod of the
+namespace itself, saying why.
+
+What a user may not write is removed from every pod it admits: the keys of
+:func:`tessera.api.writers.tessera_only_pod_keys` (the budget and its label, a resize's
+outcome, a growth holder's label), then the budget is written anew.  Growth holders
+(:mod:`tessera.quota.holders`) pass unchanged, and only when the operator itself creates
+them.
 """
 
 from __future__ import annotations
@@ -25,19 +33,25 @@ from tessera import metrics
 from tessera.api.inventory import from_node
 from tessera.api.names import (
     ANNOTATION_BUDGET,
+    GPU_POD,
     GPUPARTITIONS,
     GPUQUOTAS,
     GROUP,
+    GROWTH_HOLDER_PREFIX,
     LABEL_BUDGETED,
     LABEL_GPU_PRODUCT,
+    LABEL_GROWTH_OF,
     PREFIX,
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec
 from tessera.api.quota import GPUQuotaSpec
+from tessera.api.writers import tessera_only_pod_keys
+from tessera.cache.managed import ManagedQuotaCache
 from tessera.cache.quotas import QuotaCache
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.partition import PartitionView, resolve, spec_errors
+from tessera.quota import managed
 from tessera.quota.arith import (
     BudgetError,
     Usage,
@@ -45,11 +59,13 @@ from tessera.quota.arith import (
     check_fit,
     deny_message,
 )
+from tessera.quota.holders import is_holder
 from tessera.quota.objects import (
     FieldError,
     carries_policy,
     limits_of,
     policy_of,
+    readable_limits,
     used_of,
 )
 from tessera.quota.status import over_hard
@@ -77,25 +93,61 @@ def deny(uid: str, message: str, code: int = 403) -> Obj:
             "status": {"code": code, "reason": reason, "message": message}}
 
 
-def pod_patch(pod: Mapping[str, Any], annotation: str | None) -> list[dict[str, Any]]:
-    """Budget annotation + selection label (or removal of forged ones when ``None``)."""
+def pod_patch(pod: Mapping[str, Any], annotation: str | None
+              ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Remove every key a user may not write, then write the budget annotation and its label
+    (none when ``annotation`` is None); and a warning for each key the pod carried that is
+    not what tessera writes now."""
     meta = pod.get("metadata") or {}
+    want = {("annotations", ANNOTATION_BUDGET): annotation,
+            ("labels", LABEL_BUDGETED): None if annotation is None else "true"}
     ops: list[dict[str, Any]] = []
-    for section, key, value in (("annotations", ANNOTATION_BUDGET, annotation),
-                                ("labels", LABEL_BUDGETED,
-                                 None if annotation is None else "true")):
-        present = meta.get(section) or {}
-        if value is None:
-            if key in present:
-                ops.append({"op": "remove", "path": f"/metadata/{section}/{_esc(key)}"})
-        elif present.get(key) == value:
-            continue
-        elif section not in meta or meta[section] is None:
-            ops.append({"op": "add", "path": f"/metadata/{section}", "value": {key: value}})
-        else:
-            ops.append({"op": "add", "path": f"/metadata/{section}/{_esc(key)}",
-                        "value": value})
-    return ops
+    warnings: list[str] = []
+    for section, kind in (("annotations", "annotation"), ("labels", "label")):
+        raw = meta.get(section)
+        present: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        exists = isinstance(raw, Mapping)
+        for key in tessera_only_pod_keys(kind):  # type: ignore[arg-type]
+            value = want.get((section, key))
+            if key in present and present[key] != value:
+                warnings.append(f"metadata.{section}[{key}] removed: it is written only by "
+                                f"tessera")
+            if value is None:
+                if key in present:
+                    ops.append({"op": "remove", "path": f"/metadata/{section}/{_esc(key)}"})
+            elif present.get(key) == value:
+                continue
+            elif not exists:
+                ops.append({"op": "add", "path": f"/metadata/{section}", "value": {key: value}})
+                exists = True
+            else:
+                ops.append({"op": "add", "path": f"/metadata/{section}/{_esc(key)}",
+                            "value": value})
+    return ops, warnings
+
+
+def counter_patch(spec: Mapping[str, Any], gpu_pod: bool
+                  ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """``tessera.dev/pod``: 1 on the first app container of a GPU pod (what the managed
+    ResourceQuota counts GPU pods by), nowhere else; what to fill into that container (for
+    :func:`fill_patch`) and the removals elsewhere."""
+    fill: dict[str, int] = {}
+    ops: list[dict[str, Any]] = []
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            first = gpu_pod and kind == "containers" and i == 0
+            res = c.get("resources") or {}
+            if first:
+                lim, req = (res.get("limits") or {}).get(GPU_POD), (res.get("requests")
+                                                                    or {}).get(GPU_POD)
+                if str(lim) != "1" or (req is not None and str(req) != "1"):
+                    fill[GPU_POD] = 1
+                continue
+            for section in ("limits", "requests"):
+                if GPU_POD in (res.get(section) or {}):
+                    ops.append({"op": "remove", "path": f"/spec/{kind}/{i}/resources/"
+                                f"{section}/{_esc(GPU_POD)}"})
+    return fill, ops
 
 
 def fill_patch(spec: Mapping[str, Any], filled: Mapping[str, Mapping[str, int]]
@@ -133,6 +185,9 @@ class Admission:
 
     kube: Kube
     quotas: QuotaCache
+    managed: ManagedQuotaCache
+    operator_user: str | None = None
+    """The operator's own user name (its ServiceAccount): the only creator of holders."""
 
     # -- pods ---------------------------------------------------------------------------
     #
@@ -154,21 +209,53 @@ class Admission:
     async def _mutate(self, req: Mapping[str, Any]) -> Obj:
         uid = str(req.get("uid", ""))
         pod = req.get("object") or {}
+        if is_holder(pod):
+            user = str((req.get("userInfo") or {}).get("username") or "")
+            if self.operator_user is not None and user == self.operator_user:
+                return allow(uid)
+            return deny(uid, f"pods named {GROWTH_HOLDER_PREFIX}… or labelled {LABEL_GROWTH_OF} "
+                             f"are tessera's growth holders: only the operator creates them")
         ns = _namespace(req)
         quotas = await self.quotas.quotas(ns)
         try:
             budget = budget_from_pod(pod.get("spec") or {}, policy_of(quotas))
         except (BudgetError, FieldError) as exc:
             return deny(uid, str(exc))
+        spec = pod.get("spec") or {}
         if not budget.requests_anything:
-            return allow(uid, pod_patch(pod, None))
+            ops, warnings = pod_patch(pod, None)
+            return allow(uid, counter_patch(spec, False)[1] + ops, warnings)
         if req.get("operation", "CREATE") == "CREATE":
             violations = check_fit(budget.usage(), [self.quotas.view(q) for q in quotas])
             if violations:
                 return deny(uid, deny_message(violations))
-        filled = {c.name: c.filled for c in budget.containers if c.filled}
-        return allow(uid, fill_patch(pod.get("spec") or {}, filled)
-                     + pod_patch(pod, budget.annotation()))
+            unenforced = await self._unenforced(ns, quotas)
+            if unenforced:
+                return deny(uid, unenforced)
+        filled = {c.name: dict(c.filled) for c in budget.containers if c.filled}
+        fill, removals = counter_patch(spec, True)
+        if fill:
+            first = str(((spec.get("containers") or [{}])[0]).get("name", ""))
+            filled.setdefault(first, {}).update(fill)
+        ops, warnings = pod_patch(pod, budget.annotation())
+        return allow(uid, fill_patch(spec, filled) + removals + ops, warnings)
+
+    async def _unenforced(self, ns: str, quotas: list[Obj]) -> str | None:
+        """Why a GPUQuota of the namespace is not counted by the API server now, if one
+        is not: every GPU pod of the namespace is refused until it is."""
+        for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
+            name = str(q["metadata"]["name"])
+            rq = await self.managed.lookup(ns, managed.managed_name(name))
+            problem = managed.enforcement(q, readable_limits(q), rq)
+            if problem is None:
+                continue
+            why = problem[1]
+            for c in (q.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "Ready" and c.get("reason") in managed.REASONS:
+                    why = str(c.get("message") or why)  # the leader knows more (e.g. whose)
+            return (f'GPUQuota "{name}" cannot be enforced now: {why}. GPU pods of this '
+                    f"namespace are refused until it counts again; retry in a few seconds")
+        return None
 
     # -- GPUPartition ---------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ ResourceQuota each GPUQuota manages).  It is reinvoked when a later mutating web
 the pod, so the budget it wrote always matches the pod as stored.  It is scoped so that
 pods asking for no tessera resource never reach it (they are still created while the
 operator is down): ``matchConditions`` (CEL, evaluated by the API server) select pods whose
-containers name a ``tessera.dev/`` resource, or that carry the budget annotation/label (so
-nobody can forge a budget the webhook did not write).
+containers name a ``tessera.dev/`` resource, or that carry a key only tessera may write
+(:mod:`tessera.api.writers`: the webhook removes it), or are named like a growth holder.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.names import (
-    ANNOTATION_BUDGET,
     GPUPARTITIONS,
     GPUQUOTAS,
     GROUP,
-    LABEL_BUDGETED,
+    GROWTH_HOLDER_PREFIX,
     PREFIX,
     VERSION,
 )
+from tessera.api.writers import tessera_only_pod_keys
 from tessera.kube.client import ApiError, Kube, path
 
 MUTATING_NAME = "tessera-pods"
@@ -63,11 +63,19 @@ def _containers_ask(field: str) -> str:
             f"has(c.resources) && ({guard})))")
 
 
+def _carries(section: str, keys: tuple[str, ...]) -> str:
+    listed = ", ".join(f"'{k}'" for k in keys)
+    return (f"(has(object.metadata.{section}) && "
+            f"object.metadata.{section}.exists(k, k in [{listed}]))")
+
+
 POD_MATCH_EXPRESSION = " || ".join([
     _containers_ask("containers"),
     _containers_ask("initContainers"),
-    f"(has(object.metadata.annotations) && '{ANNOTATION_BUDGET}' in object.metadata.annotations)",
-    f"(has(object.metadata.labels) && '{LABEL_BUDGETED}' in object.metadata.labels)",
+    _carries("annotations", tessera_only_pod_keys("annotation")),
+    _carries("labels", tessera_only_pod_keys("label")),
+    f"object.metadata.?name.orValue('').startsWith('{GROWTH_HOLDER_PREFIX}')",
+    f"object.metadata.?generateName.orValue('').startsWith('{GROWTH_HOLDER_PREFIX}')",
 ])
 
 

@@ -17,6 +17,11 @@ from tessera.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
 log = logging.getLogger("tessera.webhooks")
 
 Review = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
+
+MAX_REVIEW_BYTES = 16 << 20
+"""Largest admission review read (aiohttp's default, 1 MiB, refused a 1.2 MB pod with a bare
+HTTP 413): the API server takes request bodies of up to 3 MiB and etcd stores objects of up
+to 1.5 MiB, so every object it can store is reviewed, with room for its JSON escaping."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -61,7 +66,7 @@ def webhook_app(adm: Admission, senders: Reviewers | None = None,
                 else None, "path": request.path})
         return response
 
-    app = web.Application(middlewares=[close_connections])
+    app = web.Application(middlewares=[close_connections], client_max_size=MAX_REVIEW_BYTES)
     for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
                             (PARTITION_PATH, adm.review_partition, "gpupartition"),
                             (QUOTA_PATH, adm.review_quota, "gpuquota")):

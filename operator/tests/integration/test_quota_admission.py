@@ -171,11 +171,11 @@ def test_admitted_budget_metadata_cannot_be_edited_or_removed(
         "shares": 1, "memoryBytes": 80 * 2**30, "cores": 100}}})
     for args, says in (
             (["annotate", "--overwrite", "pod", "a", f"tessera.dev/budget={raised}"],
-             "metadata.annotations[tessera.dev/budget] is the budget tessera admitted"),
+             "metadata.annotations[tessera.dev/budget] is written only by tessera"),
             (["annotate", "pod", "a", "tessera.dev/budget-"],
-             "metadata.annotations[tessera.dev/budget] is the budget tessera admitted"),
+             "metadata.annotations[tessera.dev/budget] is written only by tessera"),
             (["label", "pod", "a", "tessera.dev/budgeted-"],
-             "metadata.labels[tessera.dev/budgeted] is set by tessera's admission")):
+             "metadata.labels[tessera.dev/budgeted] is written only by tessera")):
         out = cluster.kubectl(*args, "-n", ns)
         assert out.returncode != 0, args
         assert "ValidatingAdmissionPolicy 'tessera-pod-budget'" in out.stderr, out.stderr
@@ -205,6 +205,7 @@ def test_each_gpuquota_manages_a_resourcequota_that_edits_and_deletes_cannot_und
     assert rq is not None
     assert rq["spec"]["hard"] == {"requests.tessera.dev/vgpu-memory": "4096",
                                   "requests.tessera.dev/vgpu-cores": "100",
+                                  "requests.tessera.dev/pod": "10",
                                   "requests.tessera.dev/mig-1g.10gb": "2"}
     owner = rq["metadata"]["ownerReferences"][0]
     q = kubectl_json(cluster, "get", "gpuquota", "team", "-n", ns)
@@ -231,7 +232,8 @@ def test_each_gpuquota_manages_a_resourcequota_that_edits_and_deletes_cannot_und
     assert out.returncode == 0, out.stderr
     wait_until("follows", lambda: (managed_rq(cluster, ns) or {}).get("spec", {}).get(
         "hard") == {"requests.tessera.dev/vgpu-memory": "4096",
-                    "requests.tessera.dev/vgpu-cores": "50"}, 20, 0.1)
+                    "requests.tessera.dev/vgpu-cores": "50",
+                    "requests.tessera.dev/pod": "10"}, 20, 0.1)
     # the GPUQuota goes: so does its ResourceQuota (garbage collected, it owns it)
     assert cluster.kubectl("delete", "gpuquota", "team", "-n", ns).returncode == 0
     wait_until("collected", lambda: managed_rq(cluster, ns) is None, 60, 0.5)

@@ -99,16 +99,11 @@ def test_forged_reviews_are_refused_and_hold_no_quota(
 
 def test_creates_the_api_server_refuses_hold_no_quota(
         cluster: Any, namespace: str, ops: Operators) -> None:
-    """A taken name, requests != limits, a duplicate container name, vgpu over 64: each is
-    refused, says why, and the GPUQuota counts nothing for it."""
+    """requests != limits, a duplicate container name, vgpu over 64: each is refused, says
+    why, and neither the GPUQuota nor the API server's count holds anything for it."""
     ns = namespace
     setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 3}))
     assert _create(cluster, pod(ns, "a", GPU)).returncode == 0
-    for _ in range(18):
-        out = _create(cluster, pod(ns, "a", GPU))
-        assert out.returncode != 0
-        assert 'Error from server (AlreadyExists)' in out.stderr, out.stderr
-        assert 'pods "a" already exists' in out.stderr, out.stderr
     unequal = json.loads(pod(ns, "unequal", GPU))
     unequal["spec"]["containers"][0]["resources"]["requests"] = {
         "tessera.dev/vgpu-memory": "512", "tessera.dev/vgpu-cores": "10"}
@@ -118,17 +113,34 @@ def test_creates_the_api_server_refuses_hold_no_quota(
     for body, says in ((unequal, "must be equal to"), (twins, "Duplicate value"),
                        (wide, "tessera.dev/vgpu 65 is more than 64 GPU shares; ask for at "
                               "most 64")):
-        out = _create(cluster, body)
-        assert out.returncode != 0 and says in out.stderr, out.stderr
-        assert "pydantic" not in out.stderr and "validation error" not in out.stderr
+        for _ in range(3):
+            out = _create(cluster, body)
+            assert out.returncode != 0 and says in out.stderr, out.stderr
+            assert "pydantic" not in out.stderr and "validation error" not in out.stderr
     # nothing is held for any of them: the quota has room for exactly two more, right now
-    # (hard.pods is held by tessera's check against the leader's count, written 0.1 s after
-    # a change: each create waits for it, as docs/operator.md says)
     wait_until("counted", lambda: used(cluster, ns).get("pods") == 1, 10, 0.1)
-    for n, pods in (("b", 2), ("c", 3)):
-        assert _create(cluster, pod(ns, n, GPU)).returncode == 0
-        wait_until("counted", lambda: used(cluster, ns).get("pods") == pods, 10, 0.1)  # noqa: B023
-    assert _create(cluster, pod(ns, "d", GPU)).returncode == 1
+    assert _create(cluster, pod(ns, "b", GPU)).returncode == 0
+    assert _create(cluster, pod(ns, "c", GPU)).returncode == 0
+    out = _create(cluster, pod(ns, "d", GPU))
+    assert out.returncode == 1 and "exceeded" in out.stderr, out.stderr
+
+
+def test_a_taken_name_is_refused_and_the_gpuquota_counts_nothing_for_it(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """Creating a pod under a name already taken passes every admission step and is then
+    refused by storage: GPUQuota counts nothing for it; Kubernetes' own quota admission has
+    charged it and keeps the charge until its controller recounts (docs/operator.md)."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "100Gi", "cores": 1000, "pods": 100}))
+    assert _create(cluster, pod(ns, "a", GPU)).returncode == 0
+    for _ in range(18):
+        out = _create(cluster, pod(ns, "a", GPU))
+        assert out.returncode != 0
+        assert 'Error from server (AlreadyExists)' in out.stderr, out.stderr
+        assert 'pods "a" already exists' in out.stderr, out.stderr
+    wait_until("counted", lambda: used(cluster, ns).get("pods") == 1, 10, 0.1)
+    time.sleep(1)
+    assert used(cluster, ns).get("pods") == 1
 
 
 def _later(request: dict[str, Any], _: Any) -> tuple[bool, str]:

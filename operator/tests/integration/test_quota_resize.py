@@ -111,16 +111,19 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
     assert budget_of(cluster, ns, "a")["cores"] == 40
     wait_until("used follows", lambda: used(cluster, ns)["memory"] == "6Gi"
                and used(cluster, ns)["cores"] == 70, 20, 0.1)
-    # the ResourceQuota counts a's limits (2Gi, 30 cores): its hard went down by the growth
-    # before the resize was approved, in status too (what the API server admits against)
-    assert rq_hard(cluster, ns) == ({"memory": "6144", "cores": "190"},) * 2
+    # the ResourceQuota counts a's limits (2Gi, 30 cores) and, before the resize was
+    # approved, a growth holder of 2Gi and 10 cores the API server admitted like any pod;
+    # its hard stays the GPUQuota's
+    assert holders(cluster, ns) == {"a": [{"memory": "2048", "cores": "10"}]}
+    assert rq_used(cluster, ns) == {"memory": "6144", "cores": "70"}
+    assert rq_hard(cluster, ns) == {"memory": "8192", "cores": "200"}
     # the pod's owner cannot write the outcome (nor the budget) themselves
     forged = json.dumps({"request": st["request"], "state": "Refused", "reason": "x",
                          "previous": annotations(cluster, ns, "a")["tessera.dev/budget"]})
     out = cluster.kubectl("annotate", "--overwrite", "pod", "a", "-n", ns,
                           f"tessera.dev/budget-resize={forged}")
-    assert out.returncode != 0 and "tessera.dev/budget-resize] is the outcome" in out.stderr, \
-        out.stderr
+    assert out.returncode != 0, out.stderr
+    assert "tessera.dev/budget-resize] is written only by tessera" in out.stderr, out.stderr
     node_answers(cluster, node_kubeconfig, ns, "a", committed_elsewhere=10 << 30)
     assert answered(cluster, ns, "a", "Applied") == {
         "request": st["request"], "state": "Applied"}
@@ -141,14 +144,16 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
            "hard 8Gi" in st["reason"], st
     assert used(cluster, ns)["memory"] == "6Gi"
 
-    # shrink a to 1Gi: released at once
+    # shrink a to 1Gi: the GPUQuota counts it at once; its growth stays held until the node
+    # decides (a refusal would bring the 4Gi back), then only its cores' growth is
     request(cluster, ns, "a", {"main": {"memory": "1Gi"}})
     answered(cluster, ns, "a", "Approved")
-    wait_until("shrink released", lambda: used(cluster, ns)["memory"] == "3Gi", 20, 0.1)
-    wait_until("hard raised", lambda: rq_hard(cluster, ns)[0] == {
-        "memory": "8192", "cores": "190"}, 20, 0.1)  # a is below its limits' memory now
+    wait_until("shrink counted", lambda: used(cluster, ns)["memory"] == "3Gi", 20, 0.1)
+    assert rq_used(cluster, ns) == {"memory": "6144", "cores": "70"}
     node_answers(cluster, node_kubeconfig, ns, "a", committed_elsewhere=0)
     answered(cluster, ns, "a", "Applied")
+    wait_until("growth released", lambda: rq_used(cluster, ns) == {
+        "memory": "4096", "cores": "70"}, 20, 0.1)  # a is below its limits' memory now
 
     # now b may grow to 5Gi (3Gi + 3Gi <= 8Gi); the node refuses it for GPU memory (76Gi
     # committed elsewhere on the 80 GiB GPU): the operator restores b's budget and gives
@@ -162,26 +167,44 @@ def test_grow_shrink_and_refusals(cluster: Any, namespace: str, ops: Operators,
     st = status(cluster, ns, "b")
     assert st["state"] == "Refused" and st["reason"].startswith("on this node: memory budgets")
     wait_until("growth given back", lambda: used(cluster, ns)["memory"] == "3Gi", 20, 0.1)
+    wait_until("its holder too", lambda: rq_used(cluster, ns) == {
+        "memory": "4096", "cores": "70"}, 20, 0.1)
     # the recount agrees with what was written on the pods
     wait_until("recount stable", lambda: used(cluster, ns)["memory"] == "3Gi"
                and used(cluster, ns)["cores"] == 70, 20, 0.2)
-    assert rq_hard(cluster, ns)[0] == {"memory": "8192", "cores": "190"}
-    # a's growth ends with a: the ResourceQuota's hard is the GPUQuota's again
+    assert rq_hard(cluster, ns) == {"memory": "8192", "cores": "200"}
+    # a's growth ends with a (its holder goes with it)
     # bound to a node without a kubelet: nothing would confirm a graceful delete
     assert cluster.kubectl("delete", "pod", "a", "-n", ns, "--grace-period=0", "--force"
                            ).returncode == 0
-    wait_until("growth gone", lambda: rq_hard(cluster, ns)[0] == {
-        "memory": "8192", "cores": "200"}, 20, 0.1)
+    wait_until("growth gone", lambda: rq_used(cluster, ns) == {"memory": "2048", "cores": "30"}
+               and holders(cluster, ns) == {}, 30, 0.2)
 
 
-def rq_hard(cluster: Any, ns: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The managed ResourceQuota's memory and cores hard: spec, status."""
-    rq = managed_rq(cluster, ns) or {}
+def _short(hard: dict[str, str]) -> dict[str, str]:
+    return {k.rsplit("-", 1)[1]: v for k, v in hard.items()
+            if k.endswith(("vgpu-memory", "vgpu-cores"))}
 
-    def short(hard: dict[str, str]) -> dict[str, str]:
-        return {k.rsplit("-", 1)[1]: v for k, v in hard.items()}
-    return (short((rq.get("spec") or {}).get("hard") or {}),
-            short((rq.get("status") or {}).get("hard") or {}))
+
+def rq_hard(cluster: Any, ns: str) -> dict[str, str]:
+    """The managed ResourceQuota's memory and cores hard (status: what it enforces)."""
+    return _short(((managed_rq(cluster, ns) or {}).get("status") or {}).get("hard") or {})
+
+
+def rq_used(cluster: Any, ns: str) -> dict[str, str]:
+    """What the API server counts in the managed ResourceQuota: memory and cores used."""
+    return _short(((managed_rq(cluster, ns) or {}).get("status") or {}).get("used") or {})
+
+
+def holders(cluster: Any, ns: str) -> dict[str, list[dict[str, str]]]:
+    """The growth holders of the namespace, by the name of the pod they hold for."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for h in kubectl_json(cluster, "get", "pods", "-n", ns, "-l", "tessera.dev/growth-of")[
+            "items"]:
+        limits = h["spec"]["containers"][0]["resources"]["limits"]
+        owner = h["metadata"]["ownerReferences"][0]["name"]
+        out.setdefault(owner, []).append(_short(limits))
+    return out
 
 
 def test_cli_verb_refusal_and_bad_input(cluster: Any, namespace: str, ops: Operators) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
+import json
 import signal
 import subprocess
 import time
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tessera.kube.client import ApiError, Kube, load_credentials, path
 from tessera_e2e.operators import json_stream
 from tessera_e2e.quotas import managed_rq
 
@@ -224,3 +227,54 @@ def test_no_writes_for_sixty_seconds_once_settled(
     finally:
         cluster.kubectl("delete", "gpupartition", part, "--wait=false")
         cluster.kubectl("delete", "node", node, "--wait=false")
+
+
+async def _paced_creates(kubeconfig: Any, ns: str, prefix: str, seconds: float,
+                         per_s: float) -> list[tuple[float, str]]:
+    """Creates at a steady rate; (seconds the call took, "" or the error) for each."""
+    kube = Kube(load_credentials(str(kubeconfig)))
+    out: list[tuple[float, str]] = []
+
+    async def one(name: str) -> None:
+        t0 = time.monotonic()
+        try:
+            await kube.create(path("", "v1", "pods", ns), json.loads(pod(ns, name, {
+                "tessera.dev/vgpu-memory": "1", "tessera.dev/vgpu-cores": "1"})))
+            out.append((time.monotonic() - t0, ""))
+        except ApiError as exc:
+            out.append((time.monotonic() - t0, exc.message))
+    try:
+        tasks, i, end = [], 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            tasks.append(asyncio.create_task(one(f"{prefix}-{i}")))
+            i += 1
+            await asyncio.sleep(1 / per_s)
+        await asyncio.gather(*tasks)
+    finally:
+        await kube.close()
+    return out
+
+
+def test_a_replica_frozen_and_resumed_fails_only_the_calls_it_held(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """SIGSTOP, then SIGCONT, a replica (the leader, which also reconciles) under creates at
+    10/s: while it is frozen only a call the API server had sent it fails (the webhook's
+    10 s timeout); once it runs again, none does (an earlier trial reported creates failing
+    after a resume: calls made before it, whose timeout ended after)."""
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"memory": "1000Gi", "cores": 100000,
+                                          "pods": 10000}))
+    leader = ops.leader()
+    assert leader.proc is not None
+    leader.proc.send_signal(signal.SIGSTOP)
+    try:
+        frozen = asyncio.run(_paced_creates(cluster.kubeconfig, ns, "frozen", 12, 10))
+    finally:
+        leader.proc.send_signal(signal.SIGCONT)
+    resumed = asyncio.run(_paced_creates(cluster.kubeconfig, ns, "resumed", 12, 10))
+    failed = [(round(t, 1), e[:100]) for t, e in frozen if e]
+    assert len(failed) <= 2, failed
+    assert all("failed calling webhook" in e and t >= 9.5 for t, e in failed), failed
+    assert [e for _, e in resumed if e] == []
+    assert max(t for t, _ in resumed) < 2.0
+    ops.ensure_running()

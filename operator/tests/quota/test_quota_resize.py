@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -91,3 +92,25 @@ def test_status_round_trip_and_unreadable() -> None:
         parse_request('{"@id": "x"}')
     with pytest.raises(ResizeError, match="@id must be a string"):
         parse_request('{"main": {"cores": 5}, "@id": 3}')
+
+
+KEY = b"k" * 32
+
+
+def test_a_sealed_record_holds_for_its_pod_and_through_the_nodes_refusal_only() -> None:
+    approved = ResizeStatus(digest("x"), "Approved", previous='{"a":1}',
+                            grow={"memoryMiB": 5, "cores": 0}).sealed(KEY, "uid-1")
+    assert approved.seal_holds(KEY, "uid-1")
+    parsed = ResizeStatus.parse(approved.to_annotation())
+    assert parsed == approved and parsed is not None and parsed.seal_holds(KEY, "uid-1")
+    # the node daemon turns it into a refusal the way it does (dataclasses.replace): it holds
+    refused = replace(approved, state="Refused", reason="on this node: …")
+    assert ResizeStatus.parse(refused.to_annotation()).seal_holds(KEY, "uid-1")  # type: ignore
+    # another pod, another key, a changed previous or growth, no seal: it does not
+    assert not approved.seal_holds(KEY, "uid-2")
+    assert not approved.seal_holds(b"j" * 32, "uid-1")
+    assert not replace(approved, previous='{"a":80}').seal_holds(KEY, "uid-1")
+    assert not replace(approved, grow={"memoryMiB": 50, "cores": 0}).seal_holds(KEY, "uid-1")
+    assert not replace(approved, seal=None).seal_holds(KEY, "uid-1")
+    assert ResizeStatus.parse('{"request":"r","state":"Refused","previous":{"x":1}}'
+                              ) == ResizeStatus("r", "Refused")  # a previous not a string

@@ -19,7 +19,7 @@ from tessera.quota.objects import (
     used_of,
     view_of,
 )
-from tessera.webhooks.admission import fill_patch, pod_patch
+from tessera.webhooks.admission import counter_patch, fill_patch, pod_patch
 from tessera.webhooks.certs import make_serving_cert
 from tessera.webhooks.config import POD_MATCH_EXPRESSION, ClientConfig, mutating, validating
 
@@ -59,17 +59,45 @@ def test_fill_patch_adds_limits_and_matching_requests() -> None:
 
 def test_pod_patch_sets_budget_and_label_or_strips_forged_ones() -> None:
     bare = {"metadata": {"name": "x"}}
-    out = apply(bare, pod_patch(bare, "{}"))
-    assert out["metadata"] == {"name": "x", "annotations": {"tessera.dev/budget": "{}"},
-                               "labels": {"tessera.dev/budgeted": "true"}}
-    forged = {"metadata": {"annotations": {"tessera.dev/budget": "{}", "keep": "1"},
-                           "labels": {"tessera.dev/budgeted": "true"}}}
-    out = apply(forged, pod_patch(forged, None))
-    assert out["metadata"] == {"annotations": {"keep": "1"}, "labels": {}}
-    out = apply(forged, pod_patch(forged, '{"v":1}'))
-    assert out["metadata"]["annotations"] == {"tessera.dev/budget": '{"v":1}', "keep": "1"}
+    ops, warnings = pod_patch(bare, "{}")
+    assert apply(bare, ops)["metadata"] == {
+        "name": "x", "annotations": {"tessera.dev/budget": "{}"},
+        "labels": {"tessera.dev/budgeted": "true"}}
+    assert warnings == []
+    forged = {"metadata": {"annotations": {"tessera.dev/budget": "{}", "keep": "1",
+                                           "tessera.dev/budget-request": "{}",
+                                           "tessera.dev/budget-resize": '{"state":"Refused"}'},
+                           "labels": {"tessera.dev/budgeted": "true",
+                                      "tessera.dev/growth-of": "u"}}}
+    ops, warnings = pod_patch(forged, None)
+    # every key only tessera writes goes; the user's own (a resize request) stays
+    assert apply(forged, ops)["metadata"] == {
+        "annotations": {"keep": "1", "tessera.dev/budget-request": "{}"}, "labels": {}}
+    assert len(warnings) == 4 and all("written only by tessera" in w for w in warnings)
+    ops, warnings = pod_patch(forged, '{"v":1}')
+    out = apply(forged, ops)
+    assert out["metadata"]["annotations"] == {"tessera.dev/budget": '{"v":1}', "keep": "1",
+                                              "tessera.dev/budget-request": "{}"}
+    assert "tessera.dev/budget-resize" in " ".join(warnings)
     # reinvoked on a pod that already says what tessera would write: nothing to patch
-    assert pod_patch(out, '{"v":1}') == []
+    assert pod_patch(out, '{"v":1}') == ([], [])
+
+
+def test_every_gpu_pod_carries_one_pod_counter_and_no_other_pod_any() -> None:
+    spec = {"initContainers": [{"name": "i", "resources": {"limits": {"tessera.dev/pod": "1"}}}],
+            "containers": [{"name": "a"},
+                           {"name": "b", "resources": {"limits": {"tessera.dev/pod": "3"},
+                                                       "requests": {"tessera.dev/pod": "3"}}}]}
+    fill, removals = counter_patch(spec, True)
+    assert fill == {"tessera.dev/pod": 1}
+    out = apply({"spec": spec}, fill_patch(spec, {"a": fill}) + removals)["spec"]
+    assert out["containers"][0]["resources"] == {"limits": {"tessera.dev/pod": "1"}}
+    assert out["containers"][1]["resources"] == {"limits": {}, "requests": {}}
+    assert out["initContainers"][0]["resources"] == {"limits": {}}
+    assert counter_patch(out, True) == ({}, [])
+    fill, removals = counter_patch(out, False)  # a pod that asks for no GPU counts nothing
+    assert fill == {} and apply({"spec": out}, removals)["spec"]["containers"][0][
+        "resources"] == {"limits": {}}
 
 
 def test_serving_cert_covers_ip_and_dns_and_chains_to_ca(tmp_path: Path) -> None:
