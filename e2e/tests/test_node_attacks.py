@@ -3,12 +3,15 @@ runs in a budgeted pod, as a tenant would run it, and tessera holds: the tenant'
 held to its budget by libtessera or stopped by the node daemon's audit within the audit
 window, and the daemon never goes down. tessera-node runs as in the device plugin's tests
 (``gpu_bed``: the node's namespaces, ``--audit-interval 2``); the kubelets run with
-``seccompDefault: true``, so the pods that need ``unshare`` ask for ``Unconfined``
-themselves. The routes and what holds each: hook/README.md, "Threat model"."""
+``seccompDefault: true``, and tessera's webhook gives a GPU pod that names no profile
+RuntimeDefault and refuses ``Unconfined``; the pod that needs ``unshare`` names a permissive
+profile an administrator installed on the node (``Localhost``). The routes and what holds
+each: hook/README.md, "Threat model"."""
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ import pytest
 
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.gpu_bed import Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.nodeconfig import KUBELET_ROOT
 from tessera_e2e.operators import wait_until
 from tessera_node.audit.runner import REASON_OVER_BUDGET, REASON_TAMPERED
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
@@ -110,17 +114,27 @@ def fake_budget(tmp: Path) -> str:
 
 def test_a_budget_faked_in_a_user_namespace_is_refused_or_stopped(
         bed: Bed, node_namespace: str, tmp_path: Path) -> None:
-    """``unshare -Urm`` and a bind mount over /run/tessera/budget. The kubelet's default
-    seccomp profile refuses the user namespace; a pod that turns seccomp off gets it, and
-    then: a writable fake is not the runtime's read-only mount (libtessera refuses memory);
-    one remounted read-only passes the library, but its process sees another budget file
-    than the daemon's: tampering, stopped at once."""
+    """``unshare -Urm`` and a bind mount over /run/tessera/budget. The runtime's default
+    seccomp profile refuses the user namespace (the webhook gives it to a GPU pod naming
+    none, and refuses ``Unconfined``); a pod under a permissive profile an administrator
+    installed gets it, and then: a writable fake is not the runtime's read-only mount
+    (libtessera refuses memory); one remounted read-only passes the library, but its process
+    sees another budget file than the daemon's: tampering, stopped at once."""
     ns = node_namespace
     bed.cluster.wait_for_service_account(ns)
     bed.quota(ns, enforcement=STOP)
     bed.apply(ns, gpu_pod("defaulted", "unshare -Urm true; echo unshare=$?", vgpu(1024),
                           node=NODE))
     line_seen(bed, ns, "defaulted", "unshare=1")
+    unconfined = gpu_pod("unconfined", "true", vgpu(1024), node=NODE)
+    unconfined["spec"]["securityContext"] = {"seccompProfile": {"type": "Unconfined"}}
+    out = bed.cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(unconfined))
+    assert out.returncode != 0 and "seccompProfile is Unconfined: not allowed in a pod with " \
+        "a GPU budget" in out.stderr, out.stderr
+    node = next(n for n in bed.cluster.nodes if n.name == NODE)
+    profile = node.host_path(f"{KUBELET_ROOT}/seccomp/permissive.json")
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    profile.write_text('{"defaultAction": "SCMP_ACT_ALLOW"}')
     weak = "unshare -Urm sh -c 'mount --bind /tmp/fake /run/tessera/budget && cuda-info && " \
            "cuda-alloc 3000'; echo weak=$?"
     strong = ("unshare -Urm sh -c 'mount --bind /tmp/fake /run/tessera/budget && "
@@ -129,7 +143,7 @@ def test_a_budget_faked_in_a_user_namespace_is_refused_or_stopped(
     pod = gpu_pod("faker", f"echo $FAKE | base64 -d > /tmp/fake; {weak}; {strong}; sleep 60",
                   vgpu(1024), node=NODE, env={"FAKE": fake_budget(tmp_path)})
     pod["spec"]["containers"][0]["securityContext"] = {
-        "seccompProfile": {"type": "Unconfined"}}
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "permissive.json"}}
     bed.apply(ns, pod)
     line_seen(bed, ns, "faker", "weak=")
     logs = bed.logs(ns, "faker")

@@ -69,6 +69,7 @@ from tessera.quota.objects import (
     used_of,
 )
 from tessera.quota.status import over_hard
+from tessera.webhooks import pod_security
 
 log = logging.getLogger("tessera.admission")
 
@@ -225,6 +226,9 @@ class Admission:
         if not budget.requests_anything:
             ops, warnings = pod_patch(pod, None)
             return allow(uid, counter_patch(spec, False)[1] + ops, warnings)
+        escapes = pod_security.problems(spec)
+        if escapes:
+            return deny(uid, pod_security.refusal(escapes))
         if req.get("operation", "CREATE") == "CREATE":
             violations = check_fit(budget.usage(), [self.quotas.view(q) for q in quotas])
             if violations:
@@ -238,7 +242,8 @@ class Admission:
             first = str(((spec.get("containers") or [{}])[0]).get("name", ""))
             filled.setdefault(first, {}).update(fill)
         ops, warnings = pod_patch(pod, budget.annotation())
-        return allow(uid, fill_patch(spec, filled) + removals + ops, warnings)
+        return allow(uid, fill_patch(spec, filled) + removals + ops
+                     + pod_security.seccomp_patch(spec), warnings)
 
     async def _unenforced(self, ns: str, quotas: list[Obj]) -> str | None:
         """Why a GPUQuota of the namespace is not counted by the API server now, if one

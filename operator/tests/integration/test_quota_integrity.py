@@ -182,6 +182,32 @@ def test_a_resize_outcome_tessera_did_not_seal_is_never_acted_on(
     assert used(cluster, ns).get("memory") == "1Gi"
 
 
+def test_a_gpu_pod_cannot_ask_for_what_would_go_around_its_budget(
+        cluster: Any, namespace: str, ops: Operators, tenant: Path) -> None:
+    """A tenant's privileged GPU pod (or SYS_ADMIN, an unmasked /proc, seccomp Unconfined)
+    could mount a budget of its own over the runtime's: refused at admission; a GPU pod
+    naming no seccomp profile gets the runtime's default one."""
+    ns = namespace
+    setup_quota(cluster, ns)
+    bad = json.loads(pod(ns, "root", ONE_GIB))
+    bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    out = cluster.kubectl("--kubeconfig", str(tenant), "create", "-f", "-",
+                          input=json.dumps(bad))
+    assert out.returncode != 0
+    assert "container 'main' is privileged: not allowed in a pod with a GPU budget" in \
+        out.stderr, out.stderr
+    out = cluster.kubectl("--kubeconfig", str(tenant), "create", "-f", "-",
+                          input=pod(ns, "plain", ONE_GIB))
+    assert out.returncode == 0, out.stderr
+    assert kubectl_json(cluster, "get", "pod", "plain", "-n", ns)["spec"]["securityContext"][
+        "seccompProfile"] == {"type": "RuntimeDefault"}
+    # a pod that asks for no GPU is not tessera's to judge
+    cpu = json.loads(pod(ns, "cpu", None))
+    cpu["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    out = cluster.kubectl("create", "-f", "-", input=json.dumps(cpu))
+    assert out.returncode == 0, out.stderr
+
+
 # -- 2. resize growth never races creates ------------------------------------------------------
 
 async def _resize_and_create(kubeconfig: Path, ns: str, trial: int) -> None:
