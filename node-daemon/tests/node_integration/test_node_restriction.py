@@ -119,7 +119,7 @@ def test_a_daemon_answers_resizes_only_for_the_pods_on_its_node(
         # and not the budget itself, even on its own node
         out = as_token(chart, tmp_path, on_a, "annotate", "pod", "p", "-n", ns,
                        "tessera.dev/budget={}")
-        assert out.returncode != 0 and "tessera.dev/budget] is the budget" in out.stderr, \
+        assert out.returncode != 0 and "tessera.dev/budget] is written only by tessera" in \
             out.stderr
     finally:
         chart.kubectl("delete", "namespace", ns, "--wait=false")
