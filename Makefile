@@ -45,16 +45,17 @@ lint: install
 	$(PY) -m ruff check .
 
 typecheck: install
-	$(PY) -m mypy operator/tessera node-daemon/tessera_node sim/tessera_sim e2e/tessera_e2e
+	$(PY) -m mypy core/tessera operator/tessera_operator node-daemon/tessera_node sim/tessera_sim \
+		e2e/tessera_e2e
 
 # Regenerate crds/ from the API types (a test fails when they differ).
 crds: install
 	$(VENV)/bin/tessera crds --out crds
 
 # Regenerate the chart's admission policies over tessera's pod keys from the table of who
-# writes each key (operator/tessera/api/writers.py; a test fails when they differ).
+# writes each key (core/tessera/api/writers.py; a test fails when they differ).
 policies: install
-	$(PY) -m tessera.webhooks.policy > charts/tessera/templates/budget-protection.yaml
+	$(PY) -m tessera_operator.webhooks.policy > charts/tessera/templates/budget-protection.yaml
 
 # Regenerate the device plugin's gRPC modules from their .proto files (a test fails when the
 # committed ones are stale).
@@ -96,8 +97,9 @@ demo: sysdeps controlplane sim hook
 test: sysdeps install lint typecheck sim hook controlplane
 	$(PY) -m pytest
 
-unit: install
-	$(PY) -m pytest operator/tests node-daemon/tests
+# The tests that need no control plane, no node and no built C (seconds).
+unit: install sim
+	$(PY) -m pytest core/tests operator/tests node-daemon/tests -m "not integration"
 
 bench: sysdeps install sim hook controlplane
 	$(PY) bench/run.py

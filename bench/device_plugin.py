@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.deviceplugin.devices import PluginDevice, Unit, share_id
@@ -63,7 +63,7 @@ class Bare:
 
 
 def pod(i: int) -> dict[str, Any]:
-    budget = PodBudget(containers={"main": ContainerBudget(shares=1, memory_bytes=GIB,
+    budget = BudgetAnnotation(containers={"main": PerShareBudget(shares=1, memory_bytes=GIB,
                                                            cores=10)}).to_annotation()
     return {"metadata": {"name": f"p{i:03d}", "namespace": "ns", "uid": f"u{i}",
                          "annotations": {ANNOTATION_BUDGET: budget}},

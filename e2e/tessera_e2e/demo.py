@@ -279,7 +279,7 @@ def step_live_resize(s: Story) -> None:
 
     t0 = time.monotonic()
     for pod, cores in (("infer-b", 50), ("infer-a", 50)):  # shrink first: the quota holds
-        r = subprocess.run([sys.executable, "-m", "tessera.cli.main", "resize", pod,
+        r = subprocess.run([sys.executable, "-m", "tessera_operator.cli.main", "resize", pod,
                             "-n", TEAM, "--cores", str(cores), "--wait", "30",
                             "--kubeconfig", str(s.cluster.kubeconfig)],
                            capture_output=True, text=True, timeout=90, check=False)

@@ -207,7 +207,7 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 
 
 class OperatorProcess:
-    """One replica: ``python -m tessera.cli.operator run`` as the ServiceAccount."""
+    """One replica: ``python -m tessera_operator.cli.operator run`` as the ServiceAccount."""
 
     def __init__(self, kubeconfig: Path, proxy: Endpoints, logdir: Path, name: str,
                  extra: list[str] | None = None) -> None:
@@ -217,7 +217,7 @@ class OperatorProcess:
         self.log = logdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.proxy = proxy
-        self.args = [sys.executable, "-m", "tessera.cli.operator", "run",
+        self.args = [sys.executable, "-m", "tessera_operator.cli.operator", "run",
                      "--kubeconfig", str(kubeconfig), "--namespace", OPERATOR_NS,
                      "--identity", name, "--webhook-host", "127.0.0.1",
                      "--webhook-port", str(self.webhook_port),

@@ -62,7 +62,7 @@ DEBIAN_PACKAGES = (
 LEFT_OUT = ("usr/share/doc/", "usr/share/man/", "usr/share/info/", "usr/share/lintian/",
             "usr/share/locale/", "usr/share/bug/")
 ENTRYPOINTS = {
-    OPERATOR_IMAGE: ["tessera.cli.main"],
+    OPERATOR_IMAGE: ["tessera_operator.cli.main"],
     NODE_IMAGE: ["tessera_node.cli"],
 }
 

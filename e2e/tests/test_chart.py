@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from tessera.kube.client import Kube, load_credentials
-from tessera.webhooks import config as webhook_config
-from tessera.webhooks.config import ClientConfig
 from tessera_e2e import chart, chartdocs, helm, tessera_images
 from tessera_e2e.build import ensure_helm
 from tessera_e2e.cluster import LocalCluster
 from tessera_e2e.errors import ControlPlaneError
 from tessera_e2e.tessera_images import DEBIAN_PACKAGES
 from tessera_node.settings import DEFAULTS as DAEMON_DEFAULTS
+from tessera_operator.webhooks import config as webhook_config
+from tessera_operator.webhooks.config import ClientConfig
 
 
 def _kinds(text: str) -> list[str]:
@@ -278,7 +278,7 @@ def _secret_rules(docs: list[dict[str, Any]], name: str = "tessera-operator") ->
 
 
 def test_the_operator_renews_its_certificate_with_the_lifetime_value(helm_binary: Path) -> None:
-    from tessera.webhooks.rotation import Policy
+    from tessera_operator.webhooks.rotation import Policy
 
     docs = helm.template(helm_binary, "ts", {"webhook": {"certificate": {
         "lifetimeHours": 48, "checkIntervalSeconds": 30}}})

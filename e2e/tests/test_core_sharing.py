@@ -113,7 +113,7 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
 
 def resize(bed: Bed, namespace: str, pod: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tessera.cli.main", "resize", pod, "-n", namespace,
+        [sys.executable, "-m", "tessera_operator.cli.main", "resize", pod, "-n", namespace,
          "--kubeconfig", str(bed.cluster.kubeconfig), "--wait", "30", *args],
         capture_output=True, text=True, timeout=90)
 

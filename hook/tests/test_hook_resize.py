@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tessera_hook_harness import GIB, GPU_UUID, MIB, Container
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_BUDGET_RESIZE
 from tessera.api.resize import ResizeStatus
 from tessera_node.budget.writer import BudgetWriter
@@ -23,7 +23,7 @@ GPU_MEMORY = 80 * GIB
 
 
 def annotations(memory_mib: int, cores: int, state: str = "Approved") -> dict[str, str]:
-    budget = PodBudget(containers={"main": ContainerBudget.from_totals(1, memory_mib, cores)})
+    budget = BudgetAnnotation(containers={"main": PerShareBudget.from_totals(1, memory_mib, cores)})
     return {ANNOTATION_BUDGET: budget.to_annotation(),
             ANNOTATION_BUDGET_RESIZE: ResizeStatus("r1", state).to_annotation()}  # type: ignore[arg-type]
 

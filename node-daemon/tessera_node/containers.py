@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tessera.api.budget import ContainerBudget
+from tessera.api.budget import PerShareBudget
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SetUpContainer:
     """The GPU (``GPU-…``) or MIG instance (``MIG-…``) UUIDs the container sees, in order."""
     gpus: tuple[str, ...]
     """The UUID of the GPU of each unit (the same as the unit for a whole GPU)."""
-    budget: ContainerBudget | None
+    budget: PerShareBudget | None
     """The budget from the pod's annotation; None when the container was refused."""
     refused: str | None
     """Why the container's budget file is refused (no GPU memory), or None."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.cli.main import main
+from tessera_operator.cli.main import main
 
 TESSERA = Path(sys.executable).parent / "tessera"
 

@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"tessera": ROOT / "operator" / "tessera",
+PACKAGES = {"tessera": ROOT / "core" / "tessera",
+            "tessera_operator": ROOT / "operator" / "tessera_operator",
             "tessera_node": ROOT / "node-daemon" / "tessera_node"}
+PROCESSES = ("tessera_operator", "tessera_node")
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -40,8 +42,8 @@ def _imports(module: str, path: Path) -> set[str]:
 
 
 def _unit(module: str) -> str:
-    """The sibling package a module belongs to: ``tessera.webhooks.admission`` ->
-    ``tessera.webhooks``; a top-level module is its own unit."""
+    """The sibling package a module belongs to: ``tessera_operator.webhooks.admission`` ->
+    ``tessera_operator.webhooks``; a top-level module is its own unit."""
     return ".".join(module.split(".")[:2])
 
 
@@ -81,26 +83,38 @@ def test_no_package_imports_its_siblings_in_a_circle() -> None:
 
 def test_only_the_cli_imports_the_operator_process() -> None:
     offenders = sorted(f"{m} imports {i}" for m, imports in GRAPH.items() for i in imports
-                       if i.startswith("tessera.controller")
-                       and not m.startswith(("tessera.controller", "tessera.cli")))
+                       if i.startswith("tessera_operator.controller")
+                       and not m.startswith(("tessera_operator.controller",
+                                             "tessera_operator.cli")))
     assert offenders == []
 
 
-def test_webhooks_and_the_node_daemon_stand_apart_from_the_controller() -> None:
+def test_webhooks_stand_apart_from_the_controller() -> None:
     edges = _edges()
-    assert "tessera.controller" not in edges.get("tessera.webhooks", set())
-    assert "tessera.controller" not in edges.get("tessera.cache", set())
-    for unit, targets in edges.items():
-        if unit.startswith("tessera_node"):
-            assert not targets & {"tessera.controller", "tessera.webhooks", "tessera.cli"}, unit
+    assert "tessera_operator.controller" not in edges.get("tessera_operator.webhooks", set())
+    assert "tessera_operator.controller" not in edges.get("tessera_operator.cache", set())
+
+
+def test_the_core_imports_no_process_and_no_process_imports_the_other() -> None:
+    """``tessera`` (core/) is what both processes share; the operator and the node daemon
+    each import it and nothing of each other's (the node image ships no operator code)."""
+    offenders = []
+    for mod, imports in GRAPH.items():
+        top = mod.split(".")[0]
+        for imp in imports:
+            other = imp.split(".")[0]
+            if other in PROCESSES and other != top:
+                offenders.append(f"{mod} imports {imp}")
+    assert offenders == []
 
 
 def test_rules_do_no_io() -> None:
     """The pure packages (rules) never reach for the client layer or a process."""
-    io = ("tessera.kube", "tessera.cache", "tessera.controller", "tessera.webhooks",
-          "aiohttp", "kubernetes", "kopf")
+    io = ("tessera.kube", "tessera_operator.cache", "tessera_operator.controller",
+          "tessera_operator.webhooks", "aiohttp", "kubernetes", "kopf")
     for mod, path in _modules():
-        if _unit(mod) in ("tessera.quota", "tessera.mig", "tessera.partition", "tessera.api"):
+        if _unit(mod) in ("tessera_operator.quota", "tessera.mig", "tessera.partition",
+                          "tessera.api"):
             tree = ast.parse(path.read_text())
             names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
             names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

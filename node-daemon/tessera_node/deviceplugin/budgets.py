@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tessera.api.budget import BudgetError, ContainerBudget, PodBudget, parse_budget
+from tessera.api.budget import (
+    BudgetAnnotation,
+    BudgetAnnotationError,
+    PerShareBudget,
+    parse_budget_annotation,
+)
 from tessera.api.names import ANNOTATION_BUDGET
 from tessera_node.budget.formats import BudgetEntry
 
@@ -13,25 +18,25 @@ INITIAL_RATE = 100_000.0
 enough not to throttle; the controller lowers it within its first intervals."""
 
 
-def pod_budget(annotations: Mapping[str, str]) -> PodBudget:
-    """The pod's budget annotation; BudgetError when absent or unreadable."""
+def pod_budget(annotations: Mapping[str, str]) -> BudgetAnnotation:
+    """The pod's budget annotation; BudgetAnnotationError when absent or unreadable."""
     text = annotations.get(ANNOTATION_BUDGET)
     if text is None:
-        raise BudgetError(f"the pod has no {ANNOTATION_BUDGET} annotation")
-    return parse_budget(text)
+        raise BudgetAnnotationError(f"the pod has no {ANNOTATION_BUDGET} annotation")
+    return parse_budget_annotation(text)
 
 
-def container_budget(annotations: Mapping[str, str], container: str) -> ContainerBudget:
-    """The container's budget; BudgetError when the pod has none for it (a GPU container
+def container_budget(annotations: Mapping[str, str], container: str) -> PerShareBudget:
+    """The container's budget; BudgetAnnotationError when the pod has none for it (a GPU container
     admitted by tessera always has one: its absence is an error, not 'unlimited')."""
     found = pod_budget(annotations).containers.get(container)
     if found is None:
-        raise BudgetError(f"{ANNOTATION_BUDGET} has no budget for container {container}")
+        raise BudgetAnnotationError(f"{ANNOTATION_BUDGET} has no budget for container {container}")
     return found
 
 
 def entries(
-    budget: ContainerBudget, units: Sequence[str], whole: bool,
+    budget: PerShareBudget, units: Sequence[str], whole: bool,
     context_bytes: Mapping[str, int],
 ) -> list[BudgetEntry]:
     """One entry per unit, matched by UUID. ``whole``: whole MIG instances (no memory or core
@@ -51,6 +56,6 @@ def entries(
     return out
 
 
-def memory_wanted(budget: ContainerBudget, whole: bool, unit_memory: int | None) -> int | None:
+def memory_wanted(budget: PerShareBudget, whole: bool, unit_memory: int | None) -> int | None:
     """What the container's budget takes of each unit's memory: a whole instance all of it."""
     return unit_memory if whole else budget.memory_bytes

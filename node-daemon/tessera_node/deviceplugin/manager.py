@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.api.budget import BudgetError, ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
 from tessera_node.containers import ContainerRegistry, SetUpContainer
@@ -170,7 +170,7 @@ class Manager:
         whole = resource != VGPU
         try:
             b = budgets.container_budget(pod.annotations, container)
-        except BudgetError as exc:
+        except BudgetAnnotationError as exc:
             return str(exc)
         if not whole and b.shares != len(units):
             return f"budget is for {b.shares} shares, the container got {len(units)}"
@@ -254,8 +254,8 @@ class Manager:
             self.on_refused(pod, ref.container, why)
 
     def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
-                  budget: ContainerBudget | None, refused: str | None,
-                  pod: PodBudget | None = None, view: PodView | None = None) -> None:
+                  budget: PerShareBudget | None, refused: str | None,
+                  pod: BudgetAnnotation | None = None, view: PodView | None = None) -> None:
         gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
         self.registry.put(SetUpContainer(
             key=rec.key, pod_uid=uid, namespace=ref.namespace, pod=ref.pod,
@@ -333,7 +333,7 @@ class Manager:
                                frozenset(self._matched.values())):
             try:
                 needs.append(budgets.container_budget(p.annotations, c).memory_bytes)
-            except BudgetError:
+            except BudgetAnnotationError:
                 continue
         return min(needs) if needs else None
 

@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from tessera.api.budget import BudgetError, ContainerBudget
+from tessera.api.budget import BudgetAnnotationError, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET_RESIZE
 from tessera.api.resize import ResizeStatus
 from tessera_node.budget.formats import BudgetEntry
@@ -74,8 +74,8 @@ def decide(
     if s is None:
         return None
     try:
-        budget: ContainerBudget = container_budget(annotations, container)
-    except BudgetError as exc:
+        budget: PerShareBudget = container_budget(annotations, container)
+    except BudgetAnnotationError as exc:
         return Outcome(replace(s, state="Refused", reason=str(exc)))
     why = overcommit(units, budget.memory_bytes, unit_memory, committed_elsewhere)
     if why is not None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.deviceplugin import fit
@@ -173,7 +173,7 @@ def test_the_library_knows_where_the_plugin_mounts_it() -> None:
 
 
 def budget_of(memory: int, shares: int = 1, container: str = "main") -> str:
-    return PodBudget(containers={container: ContainerBudget(
+    return BudgetAnnotation(containers={container: PerShareBudget(
         shares=shares, memory_bytes=memory, cores=30)}).to_annotation()
 
 

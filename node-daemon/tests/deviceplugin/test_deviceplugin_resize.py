@@ -12,7 +12,7 @@ import pytest
 from test_deviceplugin_devices import G0, G1
 from test_deviceplugin_matching import Cycle, pod
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_BUDGET_RESIZE, VGPU
 from tessera.api.resize import ResizeStatus
 from tessera_node.core_control import plan
@@ -26,8 +26,8 @@ PREVIOUS = "{}"
 
 def budget(containers: dict[str, tuple[int, float]], weight: int = 1, lending: bool = True,
            quota: str | None = "team") -> str:
-    return PodBudget(quota=quota, weight=weight, lending=lending, containers={
-        name: ContainerBudget(shares=1, memory_bytes=mem, cores=cores)
+    return BudgetAnnotation(quota=quota, weight=weight, lending=lending, containers={
+        name: PerShareBudget(shares=1, memory_bytes=mem, cores=cores)
         for name, (mem, cores) in containers.items()}).to_annotation()
 
 

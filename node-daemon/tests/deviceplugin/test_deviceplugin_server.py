@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.deviceplugin.devices import Unit
@@ -56,7 +56,7 @@ def plugins_dir() -> Iterator[Path]:
 
 
 def pod() -> PodView:
-    budget = PodBudget(containers={"main": ContainerBudget(
+    budget = BudgetAnnotation(containers={"main": PerShareBudget(
         shares=1, memory_bytes=GIB, cores=50)}).to_annotation()
     return PodView("u", "ns", "p", "n1", "Pending", False, {"main": {VGPU: 1}}, frozenset(),
                    {ANNOTATION_BUDGET: budget})

@@ -12,7 +12,7 @@ import pytest
 from test_deviceplugin_devices import G0, G1, M0, M1, SNAP
 from test_deviceplugin_matching import Cycle, budget_of, pod
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera.kube.health import Health
 from tessera_node.cli import build_parser, options
@@ -268,8 +268,8 @@ def test_the_registry_learns_each_containers_runtime_id_from_its_pods_status(
     budget only if the registry knows which runtime ID (named in the process's cgroup) is
     which container. The kubelet writes them in the pod's status once the containers start;
     a new allocation of the same devices forgets the old container before its files change."""
-    two = pod("two", {"a": {VGPU: 1}, "b": {VGPU: 1}}, budget=PodBudget(containers={
-        n: ContainerBudget(shares=1, memory_bytes=GIB, cores=10) for n in "ab"
+    two = pod("two", {"a": {VGPU: 1}, "b": {VGPU: 1}}, budget=BudgetAnnotation(containers={
+        n: PerShareBudget(shares=1, memory_bytes=GIB, cores=10) for n in "ab"
     }).to_annotation())
     c = Cycle(tmp_path, [two])
     c.m.allocate(VGPU, [share_id(G0, 0)])

@@ -17,10 +17,10 @@ import pytest
 from cryptography import x509
 
 from tessera.api.names import ANNOTATION_CERT_STEP_AT
-from tessera.webhooks import config as webhook_config
-from tessera.webhooks.certs import make_serving_cert
-from tessera.webhooks.config import ClientConfig
 from tessera_e2e.admission_probe import DryRunCreates
+from tessera_operator.webhooks import config as webhook_config
+from tessera_operator.webhooks.certs import make_serving_cert
+from tessera_operator.webhooks.config import ClientConfig
 
 from .conftest import Operators
 from .harness import OPERATOR_NS, kubectl_json, wait_until

@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from tessera.api.budget import ContainerBudget
+from tessera.api.budget import PerShareBudget
 from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.kube.client import Kube, load_credentials
 from tessera_e2e import dashboard
@@ -206,7 +206,7 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
         set_up = SetUpContainer(
             key=state.name, pod_uid=uid, namespace=ns, pod=pod_name, container=container,
             resource=VGPU, units=(gpu,), gpus=(gpu,),
-            budget=ContainerBudget(shares=1, memory_bytes=256 * MIB, cores=25), refused=None,
+            budget=PerShareBudget(shares=1, memory_bytes=256 * MIB, cores=25), refused=None,
             budget_file=str(state / "budget"), ledger_dir=str(state / "run"), quota="team")
 
         def control() -> None:

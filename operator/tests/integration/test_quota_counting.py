@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from tessera.webhooks.certs import make_serving_cert
 from tessera_e2e.webhooks import ReviewServer
+from tessera_operator.webhooks.certs import make_serving_cert
 
 from .conftest import Operators
 from .harness import kubectl_json, wait_until

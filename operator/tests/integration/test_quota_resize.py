@@ -213,7 +213,7 @@ def test_cli_verb_refusal_and_bad_input(cluster: Any, namespace: str, ops: Opera
     out = cluster.kubectl("create", "-f", "-", input=pod(ns, "a", {
         "tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "2048"}))
     assert out.returncode == 0, out.stderr
-    cli = [sys.executable, "-m", "tessera.cli.main", "resize", "a", "-n", ns,
+    cli = [sys.executable, "-m", "tessera_operator.cli.main", "resize", "a", "-n", ns,
            "--kubeconfig", str(cluster.kubeconfig)]
     r = subprocess.run([*cli, "--memory", "8Gi", "--wait", "20"], capture_output=True,
                        text=True, timeout=60)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera.api import budget as api_budget
-from tessera.quota import (
+from tessera_operator.quota import (
     Limits,
     QuotaPolicy,
     QuotaView,
@@ -20,15 +20,15 @@ from tessera.quota import (
     deny_message,
     recount,
 )
-from tessera.quota.arith import (
+from tessera_operator.quota.arith import (
     ANNOTATION_BUDGET,
     VGPU,
     VGPU_CORES,
     VGPU_MEMORY,
-    BudgetError,
-    parse_budget_annotation,
+    PodRequestError,
+    annotation_usage,
 )
-from tessera.quota.units import memory_mib, mib_quantity
+from tessera_operator.quota.units import memory_mib, mib_quantity
 
 
 def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
@@ -76,19 +76,19 @@ def test_no_tessera_resources_is_no_budget() -> None:
     ({VGPU: "65"}, "tessera.dev/vgpu 65 is more than 64 GPU shares; ask for at most 64"),
 ])
 def test_bad_requests_are_refused_with_reason(limits: dict[str, str], needle: str) -> None:
-    with pytest.raises(BudgetError) as exc:
+    with pytest.raises(PodRequestError) as exc:
         budget_from_pod(pod(limits), POLICY)
     assert needle.split(" 9000")[0] in str(exc.value)
     assert "pydantic" not in str(exc.value) and "validation error" not in str(exc.value)
 
 
 def test_a_zero_memory_default_is_no_default() -> None:
-    with pytest.raises(BudgetError, match=r'GPUQuota "team" default\.memory is 0'):
+    with pytest.raises(PodRequestError, match=r'GPUQuota "team" default\.memory is 0'):
         budget_from_pod(pod({VGPU: "1"}), QuotaPolicy(quota="team", default_memory_mib=0))
 
 
 def test_max_is_per_pod_total_over_containers() -> None:
-    with pytest.raises(BudgetError, match="vgpu-cores 300 in total"):
+    with pytest.raises(PodRequestError, match="vgpu-cores 300 in total"):
         budget_from_pod(pod({VGPU_CORES: "100"}, {VGPU_CORES: "100"}, {VGPU_CORES: "100"}), POLICY)
 
 
@@ -100,7 +100,7 @@ def test_regular_init_container_is_not_summed_with_the_app_containers() -> None:
 
 
 def test_memory_is_mandatory_without_default_and_cores_default_to_whole_share() -> None:
-    with pytest.raises(BudgetError, match="sets no default memory"):
+    with pytest.raises(PodRequestError, match="sets no default memory"):
         budget_from_pod(pod({VGPU: "1"}), QuotaPolicy())
     c = budget_from_pod(pod({VGPU: "2", VGPU_MEMORY: "10"}), QuotaPolicy()).containers[0]
     assert c.cores == 200
@@ -118,7 +118,7 @@ def test_annotation_round_trip_is_exact(containers: list[tuple[int, int, int]]) 
     """Per-share values in the annotation always give back the admitted totals."""
     b = budget_from_pod(pod(*({VGPU: str(n), VGPU_MEMORY: str(m), VGPU_CORES: str(c * n)}
                               for n, m, c in containers)), QuotaPolicy())
-    assert parse_budget_annotation(b.annotation()) == b.usage()
+    assert annotation_usage(b.annotation()) == b.usage()
 
 
 def test_deny_message_names_quota_resource_requested_used_hard() -> None:
@@ -212,7 +212,7 @@ def test_recount_skips_finished_and_unbudgeted_pods() -> None:
 
 
 def test_lending_flows_from_the_quota_into_the_budget() -> None:
-    from tessera.quota.objects import FieldError, policy_of
+    from tessera_operator.quota.objects import FieldError, policy_of
 
     def q(spec: dict[str, Any]) -> dict[str, Any]:
         return {"metadata": {"name": "team"}, "spec": spec}
@@ -224,6 +224,6 @@ def test_lending_flows_from_the_quota_into_the_budget() -> None:
         VGPU_MEMORY: "1024", VGPU_CORES: "20"}}}]}
     raw = json.loads(budget_from_pod(spec, policy).annotation())
     assert raw["lending"] is False and raw["quota"] == "team"
-    assert api_budget.parse_budget(budget_from_pod(spec).annotation()).lending is True
+    assert api_budget.parse_budget_annotation(budget_from_pod(spec).annotation()).lending is True
     with pytest.raises(FieldError, match=r"spec\.lending"):
         policy_of([q({"lending": "no"})])

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.quota.arith import Usage
-from tessera.quota.holders import (
+from tessera_operator.quota.arith import Usage
+from tessera_operator.quota.holders import (
     Holder,
     covers,
     grown,

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.api.budget import parse_budget
-from tessera.quota import QuotaPolicy, Usage, budget_from_pod, recount
-from tessera.quota.arith import (
+from tessera.api.budget import parse_budget_annotation
+from tessera_operator.quota import QuotaPolicy, Usage, budget_from_pod, recount
+from tessera_operator.quota.arith import (
     ANNOTATION_BUDGET,
     VGPU,
     VGPU_CORES,
     VGPU_MEMORY,
-    BudgetError,
+    PodRequestError,
     effective_usage,
     pod_usage,
     usage_of,
@@ -127,7 +127,7 @@ def test_per_pod_max_checks_the_effective_usage() -> None:
     assert usage_both_ways(s) == Usage(6000, 100, 1)
     # a sidecar declared before it runs with it: 4000 + 5000 MiB is over the max
     s = spec([gpu(1000, 10)], [("sidecar", gpu(4000, 10)), ("init", gpu(5000, 10))])
-    with pytest.raises(BudgetError, match="vgpu-memory 9000Mi in total"):
+    with pytest.raises(PodRequestError, match="vgpu-memory 9000Mi in total"):
         budget_from_pod(s, POLICY)
 
 
@@ -135,7 +135,8 @@ def test_annotation_still_lists_every_gpu_container() -> None:
     s = spec([gpu(1000, 10), {"cpu": "1"}],
              [("init", gpu(6000, 80)), ("sidecar", gpu(500, 5)), ("init", {"cpu": "1"})])
     b = budget_from_pod(s, POLICY)
-    assert sorted(parse_budget(b.annotation()).containers) == ["app0", "init0", "sidecar1"]
+    assert sorted(parse_budget_annotation(b.annotation()).containers) == [
+        "app0", "init0", "sidecar1"]
     assert [c.kind for c in b.containers] == ["init", "sidecar", "init", "app", "app"]
     assert usage_both_ways(s) == Usage(6000, 80, 1)
 
@@ -155,8 +156,8 @@ def test_annotation_containers_absent_from_the_spec_count_as_apps() -> None:
     del pod["spec"]
     assert pod_usage(pod) == Usage(7000, 90, 1)
     # without a spec, usage_of sums every container (the plain total)
-    assert usage_of(parse_budget(pod["metadata"]["annotations"][ANNOTATION_BUDGET])) == Usage(
-        7000, 90, 1)
+    annotation = pod["metadata"]["annotations"][ANNOTATION_BUDGET]
+    assert usage_of(parse_budget_annotation(annotation)) == Usage(7000, 90, 1)
 
 
 def test_effective_usage_of_nothing_is_nothing() -> None:
@@ -225,7 +226,7 @@ def test_admission_and_recount_agree_and_stay_between_max_and_sum(
     budgeted = [c for c in b.containers if c.gpus or c.mig]
     assert (admission.pods == 1) == bool(budgeted)
     eff = _flat(admission)
-    plain = _flat(usage_of(parse_budget(b.annotation())))  # every container summed
+    plain = _flat(usage_of(parse_budget_annotation(b.annotation())))  # every container summed
     per_container = [_flat(c.usage()) for c in budgeted]
     for k, v in eff.items():
         assert v <= plain[k], k

@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.quota import managed
-from tessera.quota.arith import Limits
-from tessera.quota.objects import readable_limits
+from tessera_operator.quota import managed
+from tessera_operator.quota.arith import Limits
+from tessera_operator.quota.objects import readable_limits
 
 MEM, CORES = "requests.tessera.dev/vgpu-memory", "requests.tessera.dev/vgpu-cores"
 PODS = "requests.tessera.dev/pod"

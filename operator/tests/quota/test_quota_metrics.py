@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tessera.controller.quota_metrics import QuotaCollector
+from tessera_operator.controller.quota_metrics import QuotaCollector
 
 
 def quota(name: str, hard: dict[str, Any], used: dict[str, Any] | None) -> dict[str, Any]:

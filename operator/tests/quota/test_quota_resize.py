@@ -9,18 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.api.budget import ContainerBudget, PodBudget
+from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.resize import ResizeStatus, digest
-from tessera.quota.arith import QuotaPolicy, Usage, usage_of
-from tessera.quota.resize import ResizeError, parse_request, plan
+from tessera_operator.quota.arith import QuotaPolicy, Usage, usage_of
+from tessera_operator.quota.resize import ResizeError, parse_request, plan
 
 GIB_MIB = 1024
 
 
-def budget(mem_mib: int = 4096, cores: int = 30, shares: int = 1) -> PodBudget:
-    return PodBudget(quota="team", containers={
-        "main": ContainerBudget.from_totals(shares, mem_mib, cores),
-        "side": ContainerBudget.from_totals(1, 1024, 10)})
+def budget(mem_mib: int = 4096, cores: int = 30, shares: int = 1) -> BudgetAnnotation:
+    return BudgetAnnotation(quota="team", containers={
+        "main": PerShareBudget.from_totals(shares, mem_mib, cores),
+        "side": PerShareBudget.from_totals(1, 1024, 10)})
 
 
 def test_grow_and_shrink() -> None:

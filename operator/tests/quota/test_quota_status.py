@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api.conditions import DEGRADED, READY, get_condition
-from tessera.quota import Limits, Usage
-from tessera.quota.status import over_hard, quota_conditions
+from tessera_operator.quota import Limits, Usage
+from tessera_operator.quota.status import over_hard, quota_conditions
 
 
 def test_over_hard_names_each_resource_with_used_and_hard() -> None:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api.names import PREFIX
-from tessera.uninstall.plan import node_patch
+from tessera_operator.uninstall.plan import node_patch
 
 _names = st.text("abcdefgh.-/", min_size=1, max_size=12)
 _keys = st.one_of(_names, _names.map(lambda n: PREFIX + n))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tessera.kube.shutdown import Drain
-from tessera.webhooks import server
+from tessera_operator.webhooks import server
 
 
 class _Admission:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tessera.webhooks.pod_security import problems, refusal, seccomp_patch
+from tessera_operator.webhooks.pod_security import problems, refusal, seccomp_patch
 
 
 def spec(pod_sc: dict[str, Any] | None = None, **container_sc: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The serving certificate's renewal rules (tessera.webhooks.rotation), without I/O.
+"""The serving certificate's renewal rules (tessera_operator.webhooks.rotation), without I/O.
 
 The property: simulated over several lifetimes, with the leader stepping at most one check
 interval apart, the API server catching up with a changed caBundle after a delay, and each
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tessera.webhooks.rotation import Policy, State, Step, after, plan, renew_at
+from tessera_operator.webhooks.rotation import Policy, State, Step, after, plan, renew_at
 
 
 def _policy(lifetime: float, fraction: float, check: float, step_factor: float) -> Policy:
@@ -159,6 +159,6 @@ def test_unsafe_policies_are_named(policy: Policy, says: str) -> None:
 
 
 def test_the_default_policy_is_safe() -> None:
-    from tessera.controller.settings import DEFAULTS as D
+    from tessera_operator.controller.settings import DEFAULTS as D
     assert not Policy(D.cert_lifetime_s, D.cert_renew_fraction, D.cert_step_s,
                       D.cert_check_interval_s).problems()

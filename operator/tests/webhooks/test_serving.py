@@ -14,9 +14,9 @@ import pytest
 from cryptography import x509
 
 from tessera.api.names import ANNOTATION_CERT_STEP_AT
-from tessera.webhooks import server
-from tessera.webhooks.certs import fingerprint, load_bundle, make_serving_cert
-from tessera.webhooks.serving import SecretCerts, Serving, parse_secret, state_of
+from tessera_operator.webhooks import server
+from tessera_operator.webhooks.certs import fingerprint, load_bundle, make_serving_cert
+from tessera_operator.webhooks.serving import SecretCerts, Serving, parse_secret, state_of
 
 
 class _NoAdmission:

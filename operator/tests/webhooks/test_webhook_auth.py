@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, TCPConnector
 
-from tessera.webhooks import server
-from tessera.webhooks.auth import Reviewers, common_names, reviewers, serving_context
-from tessera.webhooks.certs import make_serving_cert
 from tessera_e2e.pki import WEBHOOK_CLIENT_NAME, write_pki
+from tessera_operator.webhooks import server
+from tessera_operator.webhooks.auth import Reviewers, common_names, reviewers, serving_context
+from tessera_operator.webhooks.certs import make_serving_cert
 
 APISERVER = {"subject": ((("organizationName", "k8s"),), (("commonName", "apiserver"),))}
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from tessera.quota.arith import Limits, Usage
-from tessera.quota.objects import (
+from tessera_operator.quota.arith import Limits, Usage
+from tessera_operator.quota.objects import (
     FieldError,
     limits_of,
     policy_of,
@@ -19,9 +19,14 @@ from tessera.quota.objects import (
     used_of,
     view_of,
 )
-from tessera.webhooks.admission import counter_patch, fill_patch, pod_patch
-from tessera.webhooks.certs import make_serving_cert
-from tessera.webhooks.config import POD_MATCH_EXPRESSION, ClientConfig, mutating, validating
+from tessera_operator.webhooks.admission import counter_patch, fill_patch, pod_patch
+from tessera_operator.webhooks.certs import make_serving_cert
+from tessera_operator.webhooks.config import (
+    POD_MATCH_EXPRESSION,
+    ClientConfig,
+    mutating,
+    validating,
+)
 
 
 def apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""Every name tessera puts on the wire, defined once: API group and version, the kinds'
+plural names, labels, annotations, extended resources and finalizers.
+
+The operator, the node daemon, the webhooks, the chart's policies and the tests import these;
+nothing else spells them out.  What each one means and who writes it is in
+``docs/operator.md``.
+"""
+
+from __future__ import annotations
+
+# -- API group and kinds ---------------------------------------------------------------------
+
+GROUP = "tessera.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CATEGORY = "tessera"
+GPUPARTITIONS = "gpupartitions"
+GPUQUOTAS = "gpuquotas"
+PREFIX = f"{GROUP}/"
+"""What every tessera label, annotation and resource name starts with."""
+
+# -- extended resources a container asks for (totals per container) --------------------------
+
+VGPU = f"{GROUP}/vgpu"
+"""N shares, each on a different GPU or MIG instance (advertised by the device plugin)."""
+VGPU_MEMORY = f"{GROUP}/vgpu-memory"
+"""GPU memory in MiB, in total for the container."""
+VGPU_CORES = f"{GROUP}/vgpu-cores"
+"""Percent of one GPU's SMs, in total for the container (150 = one and a half GPUs)."""
+MIG_PREFIX = f"{GROUP}/mig-"
+"""Prefix of whole-MIG-instance resources, e.g. ``tessera.dev/mig-1g.10gb.me``."""
+GPU_POD = f"{GROUP}/pod"
+"""1 on one container of every GPU pod (the webhook writes it): what the managed
+ResourceQuota counts GPU pods by (a ResourceQuota's ``pods`` counts every pod). Each GPU
+node advertises as many as it may run pods."""
+
+# -- pods ------------------------------------------------------------------------------------
+
+ANNOTATION_BUDGET = f"{GROUP}/budget"
+"""JSON, per container: the budget admission granted; the node daemon reads only this."""
+LABEL_BUDGETED = f"{GROUP}/budgeted"
+"""Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
+ANNOTATION_BUDGET_REQUEST = f"{GROUP}/budget-request"
+"""JSON, set by the pod's user: a live resize (new memory/cores totals per container)."""
+ANNOTATION_BUDGET_RESIZE = f"{GROUP}/budget-resize"
+"""JSON, written by tessera: the outcome of the last budget request (Approved by the operator,
+then Applied or Refused by the node daemon, or Refused by the operator); what the operator
+acts on in it carries its seal."""
+LABEL_GROWTH_OF = f"{GROUP}/growth-of"
+"""On a growth holder (a pod tessera creates, never scheduled): the UID of the pod whose
+live-resize growth it holds in the namespace's ResourceQuotas."""
+GROWTH_HOLDER_PREFIX = "tessera-growth-"
+"""Every growth holder's name starts so (users cannot create or evict pods named so)."""
+SCHEDULING_GATE_GROWTH = f"{GROUP}/growth"
+"""The scheduling gate that keeps a growth holder from ever being scheduled."""
+REASON_RESIZED = "BudgetResized"
+"""Event reason on a pod whose resize was applied."""
+REASON_RESIZE_REFUSED = "BudgetResizeRefused"
+"""Event reason on a pod whose resize was refused (the message says why)."""
+
+# -- Nodes (written by each node's daemon on its own Node) -----------------------------------
+
+LABEL_GPU_PRODUCT = f"{GROUP}/gpu.product"
+LABEL_GPU_COUNT = f"{GROUP}/gpu.count"
+LABEL_MIG_CAPABLE = f"{GROUP}/mig.capable"
+ANNOTATION_GPUS = f"{GROUP}/gpus"
+"""JSON list, one object per GPU (the inventory contract)."""
+ANNOTATION_PARTITION_STATUS = f"{GROUP}/partition-status"
+"""JSON object keyed by GPUPartition: what the daemon did for each (the report contract)."""
+ANNOTATION_NODE_FINDINGS = f"{GROUP}/node-findings"
+"""JSON list of what the daemon found wrong or foreign on its node (another GPU device plugin
+or MIG manager, a model table that disagrees with NVML, a GPU of unknown model)."""
+ANNOTATION_GPU_COMMITMENTS = f"{GROUP}/gpu-commitments"
+"""JSON object keyed by GPU/MIG UUID: the memory budgets committed there and the memory it
+has (written by the daemon; what it decides resizes against)."""
+NODE_DAEMON = "tessera-node"
+"""The node daemon's name: its User-Agent (so its field manager) and its Events' component."""
+
+# -- other GPU stacks a node daemon recognises on its node (it never touches them) -----------
+
+NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
+"""Extended resource NVIDIA's device plugin advertises."""
+NVIDIA_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""Extended resources of NVIDIA's device plugin in its mixed MIG strategy."""
+NVIDIA_DEVICE_PLUGIN_SOCKET = "nvidia-gpu.sock"
+"""Socket NVIDIA's device plugin registers in the kubelet's device-plugins directory."""
+NVIDIA_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+"""Label NVIDIA's MIG manager enacts (and ``nvidia.com/mig.config.state`` reports)."""
+NVIDIA_MIG_MANAGER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.mig-manager"
+"""Label by which NVIDIA's GPU Operator schedules its MIG manager on a node."""
+NVIDIA_DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+"""Label by which NVIDIA's GPU Operator schedules its device plugin on a node."""
+
+# -- the operator's own bookkeeping ----------------------------------------------------------
+
+FINALIZER_RESET = f"{GROUP}/reset"
+"""Held on ``deletionPolicy: Reset`` partitions until their GPUs are reset."""
+
+# -- the ResourceQuota each GPUQuota manages (the race-free count at admission) --------------
+
+MANAGED_QUOTA_PREFIX = "gpuquota-"
+"""A GPUQuota ``team`` manages the ResourceQuota ``gpuquota-team`` in its namespace (so the
+API server's refusal, ``exceeded quota: gpuquota-team``, names the GPUQuota)."""
+LABEL_GPUQUOTA = f"{GROUP}/gpuquota"
+"""On a managed ResourceQuota: the GPUQuota that owns it (its name, or, past 63 characters,
+a cut of it ending in a digest: :func:`tessera_operator.quota.managed.label_value`)."""
+ANNOTATION_GPUQUOTA_NAME = f"{GROUP}/gpuquota-name"
+"""On a managed ResourceQuota: the owning GPUQuota's full name (for people; tessera matches
+by the owner reference's UID)."""
+QUOTA_REQUESTS_PREFIX = "requests."
+"""What a ResourceQuota calls an extended resource it counts (``requests.tessera.dev/…``)."""
+ANNOTATION_CERT_STEP_AT = f"{GROUP}/certificate-step-at"
+"""On the webhook serving Secret: when the leader wrote the last step of a certificate
+renewal (seconds since the epoch)."""
+SEAL_KEY_SECRET = "tessera-seal-key"
+"""The Secret (operator namespace) holding the key the leader seals resize records with."""
+SEAL_KEY_FIELD = "key"
+"""Its data field."""

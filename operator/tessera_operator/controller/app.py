@@ -1,0 +1,287 @@
+"""The operator process: webhooks on every replica, reconciliation on the Lease holder.
+
+Every replica serves the admission webhooks (from the certificate shared in a Secret), so
+admission keeps working through a failover.  Every replica also watches the GPUQuotas (the
+admission cache).  Only the replica holding the Lease writes the webhook configurations,
+runs kopf's GPUPartition watch, the server-side filtered Node, Pod and ResourceQuota
+watches and the status loops; its controller reconciles GPUQuotas (their status and the
+ResourceQuota each manages) from the replica's quota watch rather than from a second one
+through kopf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
+from tessera.kube import serve
+from tessera.kube.client import ApiError, Credentials, Kube, load_credentials, path
+from tessera.kube.health import Health, supervise
+from tessera.kube.loops import measure_lag
+from tessera.kube.shutdown import Drain
+from tessera_operator import metrics
+from tessera_operator.cache.managed import ManagedQuotaCache
+from tessera_operator.cache.quotas import QuotaCache
+from tessera_operator.controller import quota_metrics
+from tessera_operator.controller.leader import LeaderElector
+from tessera_operator.controller.reconcile import Controller
+from tessera_operator.controller.seal import seal_key
+from tessera_operator.controller.settings import Options
+from tessera_operator.webhooks import server
+from tessera_operator.webhooks.admission import Admission
+from tessera_operator.webhooks.auth import reviewers
+from tessera_operator.webhooks.config import ClientConfig, apply_configurations, patch_ca_bundles
+from tessera_operator.webhooks.rotation import Policy, Step
+from tessera_operator.webhooks.serving import (
+    EXTERNAL,
+    SecretCerts,
+    Serving,
+    ensure_secret,
+    read_secret,
+)
+from tessera_operator.webhooks.serving import step as serving_step
+
+log = logging.getLogger("tessera.operator")
+
+
+def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
+    """Thin kopf handlers: raw events into the controller; kopf stores nothing on objects.
+
+    Only ``on.event`` handlers are registered, so kopf writes no diff-base or progress
+    annotations and adds no finalizers: GitOps sees no churn from kopf's bookkeeping.
+    """
+    reg = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=reg)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        settings.peering.standalone = True
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=GROUP, v1=False)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled", v1=False)
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+
+    @kopf.on.login(registry=reg)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf logs in again after a 401: the service account token is read afresh then
+        token = creds.current_token(0)
+        return kopf.ConnectionInfo(server=creds.server, ca_path=creds.ca_path,
+                                   token=token, certificate_path=creds.cert_path,
+                                   private_key_path=creds.key_path, scheme="Bearer"
+                                   if token else None)
+
+    @kopf.on.event(GROUP, VERSION, GPUPARTITIONS, registry=reg)
+    async def partition_event(type: str | None, body: Any, **_: Any) -> None:
+        ctl.on_partition(type, _plain(body))
+
+    return reg
+
+
+async def run_kopf(registry: kopf.OperatorRegistry, stop: asyncio.Event,
+                   take_signals: Callable[[], None]) -> None:
+    """kopf until ``stop`` is set: what ``kopf.operator`` does (spawn its tasks, run them),
+    with the process's own signal handlers put back in between. kopf, started in the main
+    thread, installs SIGTERM/SIGINT handlers that stop it at once: the leader, the one
+    replica running kopf, stopped without draining its webhook connections (a create in
+    flight got EOF) and, once it had led, ignored SIGTERM after losing the lead."""
+    existing = asyncio.all_tasks()
+    tasks = await kopf.spawn_tasks(registry=registry, clusterwide=True, standalone=True,
+                                   stop_flag=stop)
+    take_signals()
+    await kopf.run_tasks(tasks, ignored=existing)
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    import copy
+    return copy.deepcopy(dict(body))
+
+
+async def _first_secret(kube: Kube, opts: Options, hosts: list[str]) -> SecretCerts:
+    if opts.webhook_certificate != EXTERNAL:
+        return await ensure_secret(kube, opts.namespace, opts.secret_name, hosts,
+                                   opts.cert_lifetime_s)
+    while True:  # cert-manager may not have issued it yet: not serving until it has
+        found = await read_secret(kube, opts.namespace, opts.secret_name)
+        if found is not None:
+            return found
+        log.warning("waiting for the webhook certificate Secret (external certificate)",
+                    extra={"secret": opts.secret_name})
+        await asyncio.sleep(2)
+
+
+async def whoami(kube: Kube) -> str | None:
+    """The user the operator authenticates as (a SelfSubjectReview, which every
+    authenticated user may create): the webhook admits growth holders only from it."""
+    try:
+        review = await kube.create(path("authentication.k8s.io", "v1", "selfsubjectreviews"),
+                                   {"apiVersion": "authentication.k8s.io/v1",
+                                    "kind": "SelfSubjectReview"})
+    except ApiError as exc:
+        log.error("cannot tell who this operator is: growth holders will be refused",
+                  extra={"error": exc.message})
+        return None
+    return str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+
+
+async def run(opts: Options) -> None:
+    creds = load_credentials(opts.kubeconfig)
+    kube = Kube(creds)
+    hosts = [*opts.cert_hosts, opts.service_name, f"{opts.service_name}.{opts.namespace}.svc",
+             f"{opts.service_name}.{opts.namespace}.svc.cluster.local"]
+    policy = Policy(opts.cert_lifetime_s, opts.cert_renew_fraction, opts.cert_step_s,
+                    opts.cert_check_interval_s)
+    serving = Serving(await _first_secret(kube, opts, hosts),
+                      Path(tempfile.mkdtemp(prefix="tessera-webhook-")), opts.webhook_client_ca)
+    senders = reviewers(opts.webhook_client_ca, opts.webhook_client_names)
+    if senders is None:
+        log.warning("admission reviews are not authenticated (no --webhook-client-ca): "
+                    "anyone reaching the webhook port can post reviews (they change nothing, "
+                    "but cost the operator CPU)")
+    elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
+                            opts.lease_duration_s, opts.lease_renew_s)
+    health = Health(stuck_after_s=opts.stuck_after_s)
+    store = QuotaCache(kube, health=health)
+    counts = ManagedQuotaCache(kube, health=health)
+    adm = Admission(kube, store, counts, await whoami(kube))
+    ctl = Controller(kube, store, opts.recount_interval_s, health=health,
+                     holder_image=opts.growth_holder_image)
+    quota_metrics.register(store.snapshot, counts.get)
+
+    def client_config() -> ClientConfig:
+        ca = serving.current.ca_pem
+        return (ClientConfig(ca, url=opts.webhook_url) if opts.webhook_url else
+                ClientConfig(ca, service_name=opts.service_name,
+                             service_namespace=opts.namespace))
+
+    drain = Drain(opts.shutdown_drain_s)
+
+    def not_ready() -> list[str]:
+        return ((["not synced yet"] if not (store.synced and counts.synced) else [])
+                + (["stopping"] if drain.draining else []))
+
+    runners = [
+        await server.start(server.webhook_app(adm, senders, closing=lambda: drain.draining),
+                           opts.webhook_host, opts.webhook_port, serving.tls),
+        await serve.start(serve.health_app(health, not_ready=not_ready),
+                          opts.health_host, opts.health_port),
+    ]
+    lag = asyncio.create_task(measure_lag(metrics.LOOP_LAG_SECONDS.observe))
+    log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
+                               "identity": opts.identity})
+
+    def follow(sc: SecretCerts | None) -> None:
+        if sc is None:
+            log.warning("webhook certificate Secret is gone; serving the last one read",
+                        extra={"secret": opts.secret_name})
+        else:
+            serving.update(sc)
+
+    async def follow_certificate() -> None:
+        """Every replica: serve what the Secret holds now."""
+        while True:
+            await asyncio.sleep(opts.cert_check_interval_s)
+            follow(await read_secret(kube, opts.namespace, opts.secret_name))
+
+    async def publish_configurations() -> None:
+        if opts.webhook_configurations == "ca-bundle":
+            if opts.webhook_certificate == EXTERNAL:
+                return  # cert-manager's CA injector owns the caBundle
+            for url in await patch_ca_bundles(kube, client_config()):
+                log.error("webhook configuration missing: install it with the chart",
+                          extra={"configuration": url})
+        else:
+            await apply_configurations(kube, client_config())
+
+    async def keep_configurations() -> None:
+        while True:
+            await publish_configurations()
+            await asyncio.sleep(opts.webhook_config_interval_s)
+
+    async def renew_certificate() -> None:
+        """The leader: the renewal step due now; a new CA bundle is published at once."""
+        while True:
+            if await serving_step(kube, opts.namespace, opts.secret_name, hosts,
+                                  policy) is not Step.KEEP:
+                follow(await read_secret(kube, opts.namespace, opts.secret_name))
+                await publish_configurations()
+            await asyncio.sleep(opts.cert_check_interval_s)
+
+    leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,
+                   "pods": ctl.watch_pods, "partitions": ctl.partition_loop,
+                   "growth-holders": ctl.watch_holders, "holders": ctl.settle_loop,
+                   "quotas": ctl.quota_loop}
+    if opts.webhook_certificate != EXTERNAL:
+        leader_work["certificate"] = renew_certificate
+
+    async def lead() -> None:
+        ctl.lead_with(await seal_key(kube, opts.namespace))
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(run_kopf(kopf_registry(ctl, creds), stop, take_signals),
+                                     name="kopf")]
+        for name, work in leader_work.items():
+            task = asyncio.create_task(supervise(name, work, health), name=name)
+            health.track(name, task)
+            tasks.append(task)
+        store.subscribe(ctl.on_quota)
+        counts.subscribe(ctl.on_managed)
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+        finally:
+            store.subscribe(None)
+            counts.subscribe(None)
+            stop.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            take_signals()  # kopf leaves its handlers behind, on a future that is done
+            health.forget(*leader_work, "nodes", "pods", "growth-holders")
+            ctl.partitions.clear()
+            ctl.quotas.clear()
+            ctl.forget_quota_work()
+
+    loop = asyncio.get_running_loop()
+    quota_watch = asyncio.create_task(supervise("quota-cache", store.watch, health),
+                                      name="quota-cache")
+    health.track("quota-cache", quota_watch)
+    counts_watch = asyncio.create_task(supervise("managed-quota-cache", counts.watch, health),
+                                       name="managed-quota-cache")
+    health.track("managed-quota-cache", counts_watch)
+    cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
+                                                health), name="certificate-follow")
+    main = asyncio.create_task(elector.run(lead))
+
+    def take_signals() -> None:
+        """SIGTERM and SIGINT start the drain (again after kopf replaced the handlers)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, drain.stop, lambda: main.cancel())
+
+    take_signals()
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+    finally:
+        for task in (quota_watch, counts_watch, cert_follow, lag):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await elector.release()
+        log.info("closing the webhook and health servers")
+        for r in runners:
+            await r.cleanup()
+        await kube.close()
+        log.info("stopped", extra={"identity": opts.identity})

@@ -1,0 +1,350 @@
+"""What the webhooks decide: budgets and tessera's quota check for pods, checks for the CRs.
+
+A pod's budget is filled in and written by the mutating webhook, which also checks it
+against the namespace's per-pod ``max`` and against every GPUQuota's ``hard`` and
+``status.used`` from this replica's cache, and refuses with tessera's message (what is over,
+by how much, which quota) when it clearly does not fit.  It writes nothing to the API
+server: the race-free count is the API server's own, against the ResourceQuota each
+GPUQuota manages (:mod:`tessera_operator.quota.managed`), which refuses what tessera's check let
+through on a count a moment old -- and while that count cannot be kept (the ResourceQuota
+gone, not tessera's, holding other limits) the webhook refuses every GPU pod of the
+namespace itself, saying why.
+
+What a user may not write is removed from every pod it admits: the keys of
+:func:`tessera.api.writers.tessera_only_pod_keys` (the budget and its label, a resize's
+outcome, a growth holder's label), then the budget is written anew.  Growth holders
+(:mod:`tessera_operator.quota.holders`) pass unchanged, and only when the operator itself creates
+them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from tessera.api.inventory import from_node
+from tessera.api.names import (
+    ANNOTATION_BUDGET,
+    GPU_POD,
+    GPUPARTITIONS,
+    GPUQUOTAS,
+    GROUP,
+    GROWTH_HOLDER_PREFIX,
+    LABEL_BUDGETED,
+    LABEL_GPU_PRODUCT,
+    LABEL_GROWTH_OF,
+    PREFIX,
+    VERSION,
+)
+from tessera.api.partition import GPUPartitionSpec
+from tessera.api.quota import GPUQuotaSpec
+from tessera.api.writers import tessera_only_pod_keys
+from tessera.kube.client import ApiError, Kube, Obj, path
+from tessera.partition import PartitionView, resolve, spec_errors
+from tessera_operator import metrics
+from tessera_operator.cache.managed import ManagedQuotaCache
+from tessera_operator.cache.quotas import QuotaCache
+from tessera_operator.quota import managed
+from tessera_operator.quota.arith import (
+    PodRequestError,
+    Usage,
+    budget_from_pod,
+    check_fit,
+    deny_message,
+)
+from tessera_operator.quota.holders import is_holder
+from tessera_operator.quota.objects import (
+    FieldError,
+    carries_policy,
+    limits_of,
+    policy_of,
+    readable_limits,
+    used_of,
+)
+from tessera_operator.quota.status import over_hard
+from tessera_operator.webhooks import pod_security
+
+log = logging.getLogger("tessera.admission")
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def allow(uid: str, patch: list[dict[str, Any]] | None = None,
+          warnings: list[str] | None = None) -> Obj:
+    out: Obj = {"uid": uid, "allowed": True}
+    if patch:
+        out["patchType"] = "JSONPatch"
+        out["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if warnings:
+        out["warnings"] = warnings
+    return out
+
+
+def deny(uid: str, message: str, code: int = 403) -> Obj:
+    reason = {403: "Forbidden", 409: "AlreadyExists", 422: "Invalid"}.get(code, "BadRequest")
+    return {"uid": uid, "allowed": False,
+            "status": {"code": code, "reason": reason, "message": message}}
+
+
+def pod_patch(pod: Mapping[str, Any], annotation: str | None
+              ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Remove every key a user may not write, then write the budget annotation and its label
+    (none when ``annotation`` is None); and a warning for each key the pod carried that is
+    not what tessera writes now."""
+    meta = pod.get("metadata") or {}
+    want = {("annotations", ANNOTATION_BUDGET): annotation,
+            ("labels", LABEL_BUDGETED): None if annotation is None else "true"}
+    ops: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for section, kind in (("annotations", "annotation"), ("labels", "label")):
+        raw = meta.get(section)
+        present: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        exists = isinstance(raw, Mapping)
+        for key in tessera_only_pod_keys(kind):  # type: ignore[arg-type]
+            value = want.get((section, key))
+            if key in present and present[key] != value:
+                warnings.append(f"metadata.{section}[{key}] removed: it is written only by "
+                                f"tessera")
+            if value is None:
+                if key in present:
+                    ops.append({"op": "remove", "path": f"/metadata/{section}/{_esc(key)}"})
+            elif present.get(key) == value:
+                continue
+            elif not exists:
+                ops.append({"op": "add", "path": f"/metadata/{section}", "value": {key: value}})
+                exists = True
+            else:
+                ops.append({"op": "add", "path": f"/metadata/{section}/{_esc(key)}",
+                            "value": value})
+    return ops, warnings
+
+
+def counter_patch(spec: Mapping[str, Any], gpu_pod: bool
+                  ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """``tessera.dev/pod``: 1 on the first app container of a GPU pod (what the managed
+    ResourceQuota counts GPU pods by), nowhere else; what to fill into that container (for
+    :func:`fill_patch`) and the removals elsewhere."""
+    fill: dict[str, int] = {}
+    ops: list[dict[str, Any]] = []
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            first = gpu_pod and kind == "containers" and i == 0
+            res = c.get("resources") or {}
+            if first:
+                lim, req = (res.get("limits") or {}).get(GPU_POD), (res.get("requests")
+                                                                    or {}).get(GPU_POD)
+                if str(lim) != "1" or (req is not None and str(req) != "1"):
+                    fill[GPU_POD] = 1
+                continue
+            for section in ("limits", "requests"):
+                if GPU_POD in (res.get(section) or {}):
+                    ops.append({"op": "remove", "path": f"/spec/{kind}/{i}/resources/"
+                                f"{section}/{_esc(GPU_POD)}"})
+    return fill, ops
+
+
+def fill_patch(spec: Mapping[str, Any], filled: Mapping[str, Mapping[str, int]]
+               ) -> list[dict[str, Any]]:
+    """Add the filled-in resources to the containers' limits (and requests, if they list
+    tessera resources: an extended resource's request must equal its limit)."""
+    ops: list[dict[str, Any]] = []
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            add = filled.get(str(c.get("name")))
+            if not add:
+                continue
+            values = {k: str(v) for k, v in add.items()}
+            base = f"/spec/{kind}/{i}/resources"
+            res = c.get("resources")
+            if not res:
+                ops.append({"op": "add", "path": base, "value": {"limits": values}})
+                continue
+            for section in ("limits", "requests"):
+                have = res.get(section)
+                if section == "requests" and not any(
+                        k.startswith(PREFIX) for k in (have or {})):
+                    continue
+                if not have:
+                    ops.append({"op": "add", "path": f"{base}/{section}", "value": values})
+                else:
+                    ops.extend({"op": "add", "path": f"{base}/{section}/{_esc(k)}", "value": v}
+                               for k, v in values.items())
+    return ops
+
+
+@dataclass
+class Admission:
+    """Pod and CR admission (every replica serves it)."""
+
+    kube: Kube
+    quotas: QuotaCache
+    managed: ManagedQuotaCache
+    operator_user: str | None = None
+    """The operator's own user name (its ServiceAccount): the only creator of holders."""
+
+    # -- pods ---------------------------------------------------------------------------
+    #
+    # One mutating webhook (reinvoked when a later mutating webhook changes the pod, so the
+    # budget it writes always matches the pod as stored): defaults filled in, the per-pod
+    # max and tessera's quota check, the budget annotation and label written.  No API call.
+
+    async def mutate_pod(self, req: Mapping[str, Any]) -> Obj:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            resp = await self._mutate(req)
+            result = "allowed" if resp["allowed"] else "denied"
+            return resp
+        finally:
+            metrics.ADMISSION_SECONDS.labels("pods", result).observe(
+                time.perf_counter() - started)
+
+    async def _mutate(self, req: Mapping[str, Any]) -> Obj:
+        uid = str(req.get("uid", ""))
+        pod = req.get("object") or {}
+        if is_holder(pod):
+            user = str((req.get("userInfo") or {}).get("username") or "")
+            if self.operator_user is not None and user == self.operator_user:
+                return allow(uid)
+            return deny(uid, f"pods named {GROWTH_HOLDER_PREFIX}… or labelled {LABEL_GROWTH_OF} "
+                             f"are tessera's growth holders: only the operator creates them")
+        ns = _namespace(req)
+        quotas = await self.quotas.quotas(ns)
+        try:
+            budget = budget_from_pod(pod.get("spec") or {}, policy_of(quotas))
+        except (PodRequestError, FieldError) as exc:
+            return deny(uid, str(exc))
+        spec = pod.get("spec") or {}
+        if not budget.requests_anything:
+            ops, warnings = pod_patch(pod, None)
+            return allow(uid, counter_patch(spec, False)[1] + ops, warnings)
+        escapes = pod_security.problems(spec)
+        if escapes:
+            return deny(uid, pod_security.refusal(escapes))
+        if req.get("operation", "CREATE") == "CREATE":
+            violations = check_fit(budget.usage(), [self.quotas.view(q) for q in quotas])
+            if violations:
+                return deny(uid, deny_message(violations))
+            unenforced = await self._unenforced(ns, quotas)
+            if unenforced:
+                return deny(uid, unenforced)
+        filled = {c.name: dict(c.filled) for c in budget.containers if c.filled}
+        fill, removals = counter_patch(spec, True)
+        if fill:
+            first = str(((spec.get("containers") or [{}])[0]).get("name", ""))
+            filled.setdefault(first, {}).update(fill)
+        ops, warnings = pod_patch(pod, budget.annotation())
+        return allow(uid, fill_patch(spec, filled) + removals + ops
+                     + pod_security.seccomp_patch(spec), warnings)
+
+    async def _unenforced(self, ns: str, quotas: list[Obj]) -> str | None:
+        """Why a GPUQuota of the namespace is not counted by the API server now, if one
+        is not: every GPU pod of the namespace is refused until it is."""
+        for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
+            name = str(q["metadata"]["name"])
+            rq = await self.managed.lookup(ns, managed.managed_name(name))
+            problem = managed.enforcement(q, readable_limits(q), rq)
+            if problem is None:
+                continue
+            why = problem[1]
+            for c in (q.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "Ready" and c.get("reason") in managed.REASONS:
+                    why = str(c.get("message") or why)  # the leader knows more (e.g. whose)
+            return (f'GPUQuota "{name}" cannot be enforced now: {why}. GPU pods of this '
+                    f"namespace are refused until it counts again; retry in a few seconds")
+        return None
+
+    # -- GPUPartition ---------------------------------------------------------------------
+
+    async def review_partition(self, req: Mapping[str, Any]) -> Obj:
+        uid = str(req.get("uid", ""))
+        obj = req.get("object") or {}
+        try:
+            spec = GPUPartitionSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as exc:
+            return deny(uid, _pydantic_message("spec", exc), 422)
+        errors = spec_errors(spec)
+        if errors:
+            return deny(uid, "; ".join(f"{f}: {r}" for f, r in errors), 422)
+        try:
+            warnings = await self._partition_warnings(obj, spec)
+        except (ApiError, OSError) as exc:  # warnings are best effort
+            log.warning("no partition warnings", extra={"error": str(exc)})
+            warnings = []
+        return allow(uid, warnings=warnings)
+
+    async def _partition_warnings(self, obj: Mapping[str, Any],
+                                  spec: GPUPartitionSpec) -> list[str]:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name"))
+        nodes = (await self.kube.list(path("", "v1", "nodes"), LABEL_GPU_PRODUCT, cached=True)
+                 ).get("items") or []
+        parts = (await self.kube.list(path(GROUP, VERSION, GPUPARTITIONS),
+                                      cached=True)).get("items") or []
+        views = [PartitionView(name, spec, 1, str(meta.get("creationTimestamp") or "~"))]
+        for p in parts:
+            pname = str(p["metadata"]["name"])
+            if pname == name:
+                continue
+            try:
+                views.append(PartitionView(pname, GPUPartitionSpec.model_validate(p["spec"]), 1,
+                                           str(p["metadata"].get("creationTimestamp", ""))))
+            except (ValidationError, KeyError):
+                continue
+        res = resolve(views, [from_node(n) for n in nodes])[name]
+        out = [f"node {pr.node}: {pr.message}" for pr in res.problems[:5]]
+        if len(res.problems) > 5:
+            out.append(f"… and {len(res.problems) - 5} more problems (see status)")
+        return out
+
+    # -- GPUQuota -------------------------------------------------------------------------
+
+    async def review_quota(self, req: Mapping[str, Any]) -> Obj:
+        uid = str(req.get("uid", ""))
+        obj = req.get("object") or {}
+        ns = str(req.get("namespace") or "")
+        name = str((obj.get("metadata") or {}).get("name"))
+        raw_spec = obj.get("spec") or {}
+        try:
+            GPUQuotaSpec.model_validate(raw_spec)
+        except ValidationError as exc:
+            return deny(uid, _pydantic_message("spec", exc), 422)
+        warnings: list[str] = []
+        others = [q for q in (await self.kube.list(
+            path(GROUP, VERSION, GPUQUOTAS, ns), cached=True)).get("items") or []
+            if q["metadata"]["name"] != name]
+        if carries_policy(raw_spec):
+            holder = next((q for q in others if carries_policy(q.get("spec") or {})), None)
+            if holder is not None:
+                other = holder["metadata"]["name"]
+                return deny(uid, f"spec: only one GPUQuota per namespace may set default, max, "
+                                 f"weight or lending, and gpuquota/{other} does",
+                            422)
+        try:
+            limits = limits_of(raw_spec)
+        except FieldError as exc:
+            return deny(uid, str(exc), 422)
+        used = used_of(obj.get("status")) or Usage()
+        for res, u, limit in over_hard(limits, used):
+            warnings.append(f"spec.hard.{res} {limit} is below what admitted pods use now "
+                            f"({u}): they keep running, new pods are refused")
+        return allow(uid, warnings=warnings)
+
+
+def _namespace(req: Mapping[str, Any]) -> str:
+    pod = req.get("object") or {}
+    return str(req.get("namespace") or (pod.get("metadata") or {}).get("namespace", ""))
+
+
+def _pydantic_message(prefix: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    return f"{prefix}.{loc}: {first['msg']}" if loc else f"{prefix}: {first['msg']}"
