@@ -35,10 +35,11 @@ ifneq ($(SYSDEPS_OK),yes)
 		prometheus
 endif
 
-$(STAMP): pyproject.toml
+# The three distributions, editable, and the tools (pyproject.toml: the workspace).
+$(STAMP): pyproject.toml core/pyproject.toml operator/pyproject.toml node-daemon/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e ./core -e ./operator -e ./node-daemon -e '.[dev]'
 	touch $@
 
 lint: install

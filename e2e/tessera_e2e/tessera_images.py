@@ -5,15 +5,16 @@ The recipe (the same one `images/Dockerfile` states for people who build with Do
 1. **base** layer: Debian bookworm's packages for a Python 3.11 runtime (``DEBIAN_PACKAGES``),
    fetched with ``apt-get download`` and unpacked with ``dpkg-deb`` (no maintainer scripts:
    these packages need none to run), without their documentation;
-2. **app** layer: tessera's wheel and its dependencies' wheels, installed from PyPI by pip
-   into Debian's ``dist-packages`` (versions constrained to the ones the checkout's virtual
-   environment was tested with);
+2. **app** layer: the process's wheels -- tessera-core and tessera-operator, or tessera-core
+   and tessera-node -- and their dependencies' wheels, installed from PyPI by pip into
+   Debian's ``dist-packages`` (versions constrained to the ones the checkout's virtual
+   environment was tested with): each image holds only what its process imports;
 3. node daemon only: ``libtessera.so`` (hook/build) at ``/opt/tessera/lib``, which the
    daemon installs at start into a host directory versioned by its content.
 
 The operator image runs as UID 65532; the node daemon's needs root (charts/tessera/README.md,
 "Privileges").
-Both images share their two lower layers, so a node's containerd stores them once.
+Both images share their base layer, so a node's containerd stores it once.
 
 Reproducible as the test images are (``images.layer_tar``: fixed metadata, sorted entries,
 uncompressed layers): the same ``.deb`` files, wheels and libtessera give the same digest.
@@ -65,6 +66,11 @@ ENTRYPOINTS = {
     OPERATOR_IMAGE: ["tessera_operator.cli.main"],
     NODE_IMAGE: ["tessera_node.cli"],
 }
+PROJECTS = {
+    OPERATOR_IMAGE: (REPO / "core", REPO / "operator"),
+    NODE_IMAGE: (REPO / "core", REPO / "node-daemon"),
+}
+"""The distributions each image installs (each a pyproject.toml of its own)."""
 
 
 @dataclass(frozen=True)
@@ -157,16 +163,19 @@ def constraints(python: Path) -> str:
                    if line and not line.startswith(("-e ", "#")))
 
 
-def app_files(python: Path, work: Path) -> dict[str, ImageFile]:
-    """tessera's wheel and its dependencies, as installed into Debian's dist-packages."""
+def app_files(python: Path, work: Path, projects: Sequence[Path]) -> dict[str, ImageFile]:
+    """The ``projects``' wheels and their dependencies, as installed into Debian's
+    dist-packages."""
     wheels, target = work / "wheels", work / "site"
+    shutil.rmtree(wheels, ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)
     (work / "constraints.txt").write_text(constraints(python))
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "SOURCE_DATE_EPOCH": "0"}
     _run([str(python), "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir",
-          str(wheels), str(REPO)], "building tessera's wheel", env=env)
-    wheel = next(wheels.glob("tessera-*.whl"))
+          str(wheels), *map(str, projects)], "building tessera's wheels", env=env)
     _run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", "--only-binary=:all:",
-          "--target", str(target), "--constraint", str(work / "constraints.txt"), str(wheel)],
+          "--target", str(target), "--constraint", str(work / "constraints.txt"),
+          "--find-links", str(wheels), *map(str, sorted(wheels.glob("*.whl")))],
          "pip install into the image (PyPI)", env=env)
     files: dict[str, ImageFile] = {}
     for path in sorted(target.rglob("*")):
@@ -212,9 +221,9 @@ def _inputs_digest(debs: list[Path], python: Path, hook_build: Path, tag: str) -
     for deb in debs:
         digest.update(deb.name.encode() + b"\0")
     digest.update(constraints(python).encode())
-    sources = [REPO / "pyproject.toml", hook_build.resolve() / "libtessera.so",
-               *sorted((REPO / "operator" / "tessera").rglob("*.py")),
-               *sorted((REPO / "node-daemon" / "tessera_node").rglob("*.py"))]
+    sources = [hook_build.resolve() / "libtessera.so"]
+    for project in sorted({p for projects in PROJECTS.values() for p in projects}):
+        sources += [project / "pyproject.toml", *sorted(project.rglob("tessera*/**/*.py"))]
     for path in sources:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
@@ -236,12 +245,12 @@ def ensure_tessera_images(layout: Layout, python: Path, hook_build: Path, tag: s
     with tempfile.TemporaryDirectory(prefix="tessera-app-image-") as scratch:
         started = time.monotonic()
         base = base_files(debs)
-        app = app_files(python, Path(scratch))
         node_lib = libtessera_files(hook_build)
         shared = time.monotonic() - started
-        for name, layers, user in ((OPERATOR_IMAGE, [base, app], f"{OPERATOR_UID}"),
-                                   (NODE_IMAGE, [base, app, node_lib], "0")):
+        for name, extra, user in ((OPERATOR_IMAGE, [], f"{OPERATOR_UID}"),
+                                  (NODE_IMAGE, [node_lib], "0")):
             began = time.monotonic()
+            layers = [base, app_files(python, Path(scratch), PROJECTS[name]), *extra]
             ref = f"{name}:{tag}"
             module = ENTRYPOINTS[name][0]
             check_runs(layers, module, Path(scratch))

@@ -149,3 +149,61 @@ def test_wire_names_are_spelled_once() -> None:
             if "tessera.dev" in value and value != "tessera.dev/v1alpha1":
                 found.append(f"{mod}:{line}: {value!r}")
     assert found == []
+
+
+DISTRIBUTIONS = {"tessera": ROOT / "core", "tessera_operator": ROOT / "operator",
+                 "tessera_node": ROOT / "node-daemon"}
+MODULE_OF = {"PyYAML": "yaml", "nvidia-ml-py": "pynvml", "grpcio": "grpc",
+             "protobuf": "google", "prometheus-client": "prometheus_client",
+             "tessera-core": "tessera"}
+"""Distribution name -> the top-level module it installs (where the two differ)."""
+
+
+def _declared(project: Path) -> set[str]:
+    import re
+    import tomllib
+
+    deps = tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0] for d in deps}
+    return {MODULE_OF.get(n, n.replace("-", "_").lower()) for n in names}
+
+
+def test_each_distribution_declares_what_its_code_imports_and_no_more() -> None:
+    """The three wheels (core/, operator/, node-daemon/: each image installs its process's
+    two) carry exactly the dependencies their code imports: the node image has no kopf or
+    cryptography, the operator image no grpc or pynvml."""
+    import sys
+
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for top, project in DISTRIBUTIONS.items():
+        imported: set[str] = set()
+        for mod, path in _modules():
+            if mod.split(".")[0] != top:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported.update(a.name.split(".")[0] for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    imported.add(node.module.split(".")[0])
+        third_party = imported - stdlib - {top, "pydantic_core", "grpc_tools"}
+        assert third_party == _declared(project), (top, third_party, _declared(project))
+
+
+def test_the_three_distributions_and_the_chart_carry_one_version() -> None:
+    import tomllib
+
+    import tessera
+    import tessera_node
+    import tessera_operator
+
+    chart = (ROOT / "charts" / "tessera" / "Chart.yaml").read_text()
+    app = next(line.split(":", 1)[1].strip().strip('"') for line in chart.splitlines()
+               if line.startswith("appVersion:"))
+    versions = {tomllib.loads((p / "pyproject.toml").read_text())["project"]["version"]
+                for p in DISTRIBUTIONS.values()}
+    versions |= {tessera.__version__, tessera_operator.__version__,
+                 getattr(tessera_node, "__version__", app)}
+    assert versions == {app}
+    for p in (ROOT / "operator", ROOT / "node-daemon"):
+        deps = tomllib.loads((p / "pyproject.toml").read_text())["project"]["dependencies"]
+        assert f"tessera-core=={app}" in deps, p
