@@ -1,12 +1,12 @@
 """The operator process: webhooks on every replica, reconciliation on the Lease holder.
 
-Every replica serves the admission webhooks (from the certificate shared in a Secret), so
-admission keeps working through a failover.  Every replica also watches the GPUQuotas (the
-admission cache).  Only the replica holding the Lease writes the webhook configurations,
-runs kopf's GPUPartition watch, the server-side filtered Node, Pod and ResourceQuota
-watches and the status loops; its controller reconciles GPUQuotas (their status and the
-ResourceQuota each manages) from the replica's quota watch rather than from a second one
-through kopf.
+Every replica serves the admission webhooks (from the certificate shared in a Secret,
+:mod:`tessera_operator.webhooks.lifecycle`), so admission keeps working through a failover.
+Every replica also watches the GPUQuotas and the ResourceQuotas they manage (the admission
+caches).  Only the replica holding the Lease writes the webhook configurations, renews the
+certificate, runs kopf's GPUPartition watch and the controllers
+(:mod:`tessera_operator.controller.controllers`), which reconcile GPUQuotas from the
+replica's own watches rather than from second ones through kopf.
 """
 
 from __future__ import annotations
@@ -32,28 +32,21 @@ from tessera_operator import metrics
 from tessera_operator.cache.managed import ManagedQuotaCache
 from tessera_operator.cache.quotas import QuotaCache
 from tessera_operator.controller import quota_metrics
+from tessera_operator.controller.controllers import Controllers
 from tessera_operator.controller.leader import LeaderElector
-from tessera_operator.controller.reconcile import Controller
 from tessera_operator.controller.seal import seal_key
 from tessera_operator.controller.settings import Options
 from tessera_operator.webhooks import server
 from tessera_operator.webhooks.admission import Admission
 from tessera_operator.webhooks.auth import reviewers
-from tessera_operator.webhooks.config import ClientConfig, apply_configurations, patch_ca_bundles
-from tessera_operator.webhooks.rotation import Policy, Step
-from tessera_operator.webhooks.serving import (
-    EXTERNAL,
-    SecretCerts,
-    Serving,
-    ensure_secret,
-    read_secret,
-)
-from tessera_operator.webhooks.serving import step as serving_step
+from tessera_operator.webhooks.lifecycle import WebhookCertificates
+from tessera_operator.webhooks.rotation import Policy
+from tessera_operator.webhooks.serving import EXTERNAL
 
 log = logging.getLogger("tessera.operator")
 
 
-def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
+def kopf_registry(ctl: Controllers, creds: Credentials) -> kopf.OperatorRegistry:
     """Thin kopf handlers: raw events into the controller; kopf stores nothing on objects.
 
     Only ``on.event`` handlers are registered, so kopf writes no diff-base or progress
@@ -85,7 +78,7 @@ def kopf_registry(ctl: Controller, creds: Credentials) -> kopf.OperatorRegistry:
 
     @kopf.on.event(GROUP, VERSION, GPUPARTITIONS, registry=reg)
     async def partition_event(type: str | None, body: Any, **_: Any) -> None:
-        ctl.on_partition(type, _plain(body))
+        ctl.partitions.on_partition(type, _plain(body))
 
     return reg
 
@@ -109,19 +102,6 @@ def _plain(body: Any) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-async def _first_secret(kube: Kube, opts: Options, hosts: list[str]) -> SecretCerts:
-    if opts.webhook_certificate != EXTERNAL:
-        return await ensure_secret(kube, opts.namespace, opts.secret_name, hosts,
-                                   opts.cert_lifetime_s)
-    while True:  # cert-manager may not have issued it yet: not serving until it has
-        found = await read_secret(kube, opts.namespace, opts.secret_name)
-        if found is not None:
-            return found
-        log.warning("waiting for the webhook certificate Secret (external certificate)",
-                    extra={"secret": opts.secret_name})
-        await asyncio.sleep(2)
-
-
 async def whoami(kube: Kube) -> str | None:
     """The user the operator authenticates as (a SelfSubjectReview, which every
     authenticated user may create): the webhook admits growth holders only from it."""
@@ -136,15 +116,29 @@ async def whoami(kube: Kube) -> str | None:
     return str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
 
 
-async def run(opts: Options) -> None:
-    creds = load_credentials(opts.kubeconfig)
-    kube = Kube(creds)
+def certificates(kube: Kube, opts: Options) -> WebhookCertificates:
+    """The webhooks' serving certificate and configurations, as the flags say."""
     hosts = [*opts.cert_hosts, opts.service_name, f"{opts.service_name}.{opts.namespace}.svc",
              f"{opts.service_name}.{opts.namespace}.svc.cluster.local"]
-    policy = Policy(opts.cert_lifetime_s, opts.cert_renew_fraction, opts.cert_step_s,
-                    opts.cert_check_interval_s)
-    serving = Serving(await _first_secret(kube, opts, hosts),
-                      Path(tempfile.mkdtemp(prefix="tessera-webhook-")), opts.webhook_client_ca)
+    return WebhookCertificates(
+        kube, opts.namespace, opts.secret_name, hosts,
+        Policy(opts.cert_lifetime_s, opts.cert_renew_fraction, opts.cert_step_s,
+               opts.cert_check_interval_s),
+        external=opts.webhook_certificate == EXTERNAL,
+        applies_configurations=opts.webhook_configurations == "apply",
+        webhook_url=opts.webhook_url, service_name=opts.service_name,
+        config_interval_s=opts.webhook_config_interval_s)
+
+
+async def run(opts: Options) -> None:
+    """Every replica: the webhooks, the GPUQuota and managed-ResourceQuota watches, the
+    certificate it serves; the replica holding the Lease also runs kopf, the controllers
+    and the certificate's renewal."""
+    creds = load_credentials(opts.kubeconfig)
+    kube = Kube(creds)
+    certs = certificates(kube, opts)
+    serving = await certs.start(Path(tempfile.mkdtemp(prefix="tessera-webhook-")),
+                                opts.webhook_client_ca)
     senders = reviewers(opts.webhook_client_ca, opts.webhook_client_names)
     if senders is None:
         log.warning("admission reviews are not authenticated (no --webhook-client-ca): "
@@ -156,16 +150,9 @@ async def run(opts: Options) -> None:
     store = QuotaCache(kube, health=health)
     counts = ManagedQuotaCache(kube, health=health)
     adm = Admission(kube, store, counts, await whoami(kube))
-    ctl = Controller(kube, store, opts.recount_interval_s, health=health,
-                     holder_image=opts.growth_holder_image)
+    ctl = Controllers.build(kube, store, opts.recount_interval_s, health=health,
+                            holder_image=opts.growth_holder_image)
     quota_metrics.register(store.snapshot, counts.get)
-
-    def client_config() -> ClientConfig:
-        ca = serving.current.ca_pem
-        return (ClientConfig(ca, url=opts.webhook_url) if opts.webhook_url else
-                ClientConfig(ca, service_name=opts.service_name,
-                             service_namespace=opts.namespace))
-
     drain = Drain(opts.shutdown_drain_s)
 
     def not_ready() -> list[str]:
@@ -181,50 +168,7 @@ async def run(opts: Options) -> None:
     lag = asyncio.create_task(measure_lag(metrics.LOOP_LAG_SECONDS.observe))
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
-
-    def follow(sc: SecretCerts | None) -> None:
-        if sc is None:
-            log.warning("webhook certificate Secret is gone; serving the last one read",
-                        extra={"secret": opts.secret_name})
-        else:
-            serving.update(sc)
-
-    async def follow_certificate() -> None:
-        """Every replica: serve what the Secret holds now."""
-        while True:
-            await asyncio.sleep(opts.cert_check_interval_s)
-            follow(await read_secret(kube, opts.namespace, opts.secret_name))
-
-    async def publish_configurations() -> None:
-        if opts.webhook_configurations == "ca-bundle":
-            if opts.webhook_certificate == EXTERNAL:
-                return  # cert-manager's CA injector owns the caBundle
-            for url in await patch_ca_bundles(kube, client_config()):
-                log.error("webhook configuration missing: install it with the chart",
-                          extra={"configuration": url})
-        else:
-            await apply_configurations(kube, client_config())
-
-    async def keep_configurations() -> None:
-        while True:
-            await publish_configurations()
-            await asyncio.sleep(opts.webhook_config_interval_s)
-
-    async def renew_certificate() -> None:
-        """The leader: the renewal step due now; a new CA bundle is published at once."""
-        while True:
-            if await serving_step(kube, opts.namespace, opts.secret_name, hosts,
-                                  policy) is not Step.KEEP:
-                follow(await read_secret(kube, opts.namespace, opts.secret_name))
-                await publish_configurations()
-            await asyncio.sleep(opts.cert_check_interval_s)
-
-    leader_work = {"webhook-config": keep_configurations, "nodes": ctl.watch_nodes,
-                   "pods": ctl.watch_pods, "partitions": ctl.partition_loop,
-                   "growth-holders": ctl.watch_holders, "holders": ctl.settle_loop,
-                   "quotas": ctl.quota_loop}
-    if opts.webhook_certificate != EXTERNAL:
-        leader_work["certificate"] = renew_certificate
+    leader_work = {**certs.leader_tasks(), **ctl.tasks()}
 
     async def lead() -> None:
         ctl.lead_with(await seal_key(kube, opts.namespace))
@@ -235,8 +179,8 @@ async def run(opts: Options) -> None:
             task = asyncio.create_task(supervise(name, work, health), name=name)
             health.track(name, task)
             tasks.append(task)
-        store.subscribe(ctl.on_quota)
-        counts.subscribe(ctl.on_managed)
+        store.subscribe(ctl.quotas.on_quota)
+        counts.subscribe(ctl.quotas.on_managed)
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
@@ -249,20 +193,16 @@ async def run(opts: Options) -> None:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             take_signals()  # kopf leaves its handlers behind, on a future that is done
-            health.forget(*leader_work, "nodes", "pods", "growth-holders")
-            ctl.partitions.clear()
-            ctl.quotas.clear()
-            ctl.forget_quota_work()
+            health.forget(*leader_work)
+            ctl.forget()
 
     loop = asyncio.get_running_loop()
-    quota_watch = asyncio.create_task(supervise("quota-cache", store.watch, health),
-                                      name="quota-cache")
-    health.track("quota-cache", quota_watch)
-    counts_watch = asyncio.create_task(supervise("managed-quota-cache", counts.watch, health),
-                                       name="managed-quota-cache")
-    health.track("managed-quota-cache", counts_watch)
-    cert_follow = asyncio.create_task(supervise("certificate-follow", follow_certificate,
-                                                health), name="certificate-follow")
+    everyone = {"quota-cache": store.watch, "managed-quota-cache": counts.watch,
+                "certificate-follow": certs.follow_loop}
+    background = [asyncio.create_task(supervise(name, work, health), name=name)
+                  for name, work in everyone.items()]
+    for name, task in zip(everyone, background, strict=True):
+        health.track(name, task)
     main = asyncio.create_task(elector.run(lead))
 
     def take_signals() -> None:
@@ -275,7 +215,7 @@ async def run(opts: Options) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await main
     finally:
-        for task in (quota_watch, counts_watch, cert_follow, lag):
+        for task in (*background, lag):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

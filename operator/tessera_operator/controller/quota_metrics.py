@@ -24,7 +24,7 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from tessera_operator.quota import managed
 from tessera_operator.quota.arith import Limits, Usage
-from tessera_operator.quota.objects import readable_limits, view_of
+from tessera_operator.quota.objects import view_of
 
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
 
@@ -61,11 +61,11 @@ class QuotaCollector(Collector):
         for obj in list(self.quotas()):
             meta = obj.get("metadata") or {}
             key = [str(meta.get("namespace", "")), str(meta.get("name", ""))]
+            view = view_of(obj)
             if self.counts is not None:
                 rq = self.counts(key[0], managed.managed_name(key[1]))
                 enforced.add_metric(key, float(managed.enforcement(
-                    obj, readable_limits(obj), rq) is None))
-            view = view_of(obj)
+                    obj, view.readable_limits, rq) is None))
             if view.problem is None:
                 for resource, value in resources(view.hard):
                     hard.add_metric([*key, resource], value)

@@ -122,7 +122,7 @@ class Resizer:
         tag = digest(req)
         try:
             current = parse_budget_annotation(str(ann.get(ANNOTATION_BUDGET) or ""))
-            p = plan(current, req, policy_of(quotas), spec)
+            p = plan(current, req, policy_of([self.cache.view(q) for q in quotas]), spec)
         except (ResizeError, BudgetAnnotationError, FieldError) as exc:
             return await self._refuse(pod, ResizeStatus(tag, "Refused", str(exc)))
         if p.grow.memory_mib or p.grow.cores:

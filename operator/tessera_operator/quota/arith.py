@@ -54,6 +54,18 @@ class PodRequestError(ValueError):
     """A pod's request is wrong on its own or against the per-pod max (message says why)."""
 
 
+class FieldError(ValueError):
+    """A GPUQuota field that cannot be read; the message names the field and the fix."""
+
+    def __init__(self, quota: str | None, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.short = f"{field}: {reason}"
+        """The field and why, as the validating webhook refuses a GPUQuota with it."""
+        where = f'GPUQuota "{quota}" ' if quota else ""
+        super().__init__(f"{where}{field} {value!r} cannot be read ({reason}): fix the "
+                         f"GPUQuota; until then it admits no GPU pods")
+
+
 @dataclass(frozen=True)
 class Usage:
     """What a pod uses, or what a quota has in use / allows."""
@@ -163,6 +175,18 @@ class QuotaView:
     such a quota admits nothing, as a ResourceQuota without status does not."""
     problem: str | None = None
     """Why this quota cannot be enforced (a field that cannot be read): it admits nothing."""
+    policy: QuotaPolicy | None = None
+    """The per-pod policy it carries (default, max, weight, lending), if any."""
+    carries_policy: bool = False
+    """Its spec names a policy field (read or not)."""
+    error: FieldError | None = None
+    """The error ``problem`` came from (raised where a policy is asked of this quota)."""
+
+    @property
+    def readable_limits(self) -> Limits | None:
+        """``hard``, or None when the spec cannot be read (its managed ResourceQuota then
+        admits nothing: :func:`tessera_operator.quota.managed.hard_of`)."""
+        return None if self.problem is not None else self.hard
 
 
 @dataclass(frozen=True)
@@ -420,6 +444,14 @@ def pod_usage(pod: Mapping[str, Any]) -> Usage:
         return annotation_usage(raw, pod.get("spec") or {})
     except (ValueError, TypeError, KeyError):
         return Usage()
+
+
+def total(usages: Iterable[Usage]) -> Usage:
+    """The sum of what several pods (or holders) hold."""
+    out = Usage()
+    for u in usages:
+        out = out + u
+    return out
 
 
 def recount(pods: Iterable[Mapping[str, Any]]) -> Usage:

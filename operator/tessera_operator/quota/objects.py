@@ -1,142 +1,133 @@
-"""GPUQuota objects (raw API dicts) to and from the arithmetic's values.
+"""GPUQuota objects (raw API dicts) to and from the arithmetic's values: one reader.
 
-Quantities are read with apimachinery's exact parser (:mod:`tessera_operator.quota.units`).  A spec
-value that cannot be read is an error naming the field (:class:`FieldError`): the quota then
-admits nothing and says why in its conditions, it never means "no limit".  A status that
-cannot be read (someone edited it by hand) counts as never counted: admission waits for the
-operator's next count, which rewrites it.
+A GPUQuota's spec is read once per version of the object, by the API type itself
+(:class:`tessera.api.quota.GPUQuotaSpec`, the model the CRD is generated from, quantities
+with apimachinery's exact parser), into one value: :class:`~tessera_operator.quota.arith.QuotaView`
+(its limits, its per-pod policy if it carries one, what it has in use, and the problem if a
+field cannot be read).  Admission, the leader's reconcile, the metrics and the resize all
+take that value (:meth:`tessera_operator.cache.quotas.QuotaCache.view` keeps it per
+resourceVersion).  A spec value that cannot be read is an error naming the field
+(:class:`FieldError`): the quota then admits nothing and says why in its conditions; it
+never means "no limit".  A status that cannot be read (someone edited it by hand) counts as
+never counted: admission waits for the operator's next count, which rewrites it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tessera_operator.quota.arith import Limits, QuotaPolicy, QuotaView, Usage
-from tessera_operator.quota.units import count, memory_mib, mib_quantity
+from pydantic import ValidationError
+
+from tessera.api.meta import FieldPathError
+from tessera.api.quantity import Quantity
+from tessera.api.quota import GPUQuotaSpec, PodBudgetLimits, QuotaUsage
+from tessera_operator.quota.arith import FieldError, Limits, QuotaPolicy, QuotaView, Usage
+from tessera_operator.quota.units import MIB, mib_quantity
+
+__all__ = ["FieldError", "limits_of", "policy_of", "status_patch", "summary", "used_of",
+           "used_to_status", "view_of"]
+
+POLICY_FIELDS = ("default", "max", "weight", "lending")
 
 
-class FieldError(ValueError):
-    """A GPUQuota field that cannot be read; the message names the field and the fix."""
+def _at(raw: Any, loc: tuple[int | str, ...]) -> Any:
+    for part in loc:
+        if isinstance(raw, Mapping) and part in raw:
+            raw = raw[part]
+        else:
+            return None
+    return raw
 
-    def __init__(self, quota: str | None, field: str, value: Any, reason: str) -> None:
-        self.field = field
-        where = f'GPUQuota "{quota}" ' if quota else ""
-        super().__init__(f"{where}{field} {value!r} cannot be read ({reason}): fix the "
-                         f"GPUQuota; until then it admits no GPU pods")
 
-
-def _read(quota: str | None, field: str, value: Any, conv: Any) -> int | None:
-    if value is None:
-        return None
+def _spec(spec: Any, quota: str | None) -> GPUQuotaSpec:
+    """The spec as the API type reads it; :class:`FieldError` naming the first field that
+    it cannot read."""
+    if not isinstance(spec, Mapping):
+        raise FieldError(quota, "spec", spec, "must be an object")
     try:
-        out: int = conv(value)
-    except (ValueError, TypeError) as exc:
-        raise FieldError(quota, field, value, str(exc)) from None
-    if out < 0:
-        raise FieldError(quota, field, value, "must not be negative")
-    return out
+        return GPUQuotaSpec.model_validate(spec)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldPathError):
+            loc = tuple(cause.path.split("."))
+        reason = str(cause) if cause is not None else first["msg"]
+        field = ".".join(["spec", *map(str, loc)])
+        raise FieldError(quota, field, _at(spec, loc), reason) from None
 
 
-def _mig(quota: str | None, field: str, raw: Any) -> dict[str, int]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise FieldError(quota, field, raw, "must map MIG profiles to counts")
-    out = {}
-    for k, v in raw.items():
-        n = _read(quota, f"{field}.{k}", v, count)
-        if n is not None:
-            out[str(k)] = n
-    return out
+def _mib(q: Quantity | None) -> int | None:
+    return None if q is None else math.ceil(q.value / MIB)
+
+
+def _limits(s: GPUQuotaSpec) -> Limits:
+    h = s.hard
+    if h is None:
+        return Limits()
+    return Limits(_mib(h.memory), h.cores, h.pods, dict(h.mig_instances or {}))
+
+
+def _policy(s: GPUQuotaSpec, quota: str) -> QuotaPolicy | None:
+    """The per-pod policy this quota carries (``default``, ``max``, ``weight``, ``lending``),
+    or None when it carries none."""
+    if all(getattr(s, f) is None for f in POLICY_FIELDS):
+        return None
+    d, m = s.default or PodBudgetLimits(), s.max or PodBudgetLimits()
+    return QuotaPolicy(quota=quota, default_memory_mib=_mib(d.memory), default_cores=d.cores,
+                       max_memory_mib=_mib(m.memory), max_cores=m.cores, weight=s.weight or 1,
+                       lending=True if s.lending is None else s.lending)
 
 
 def limits_of(spec: Mapping[str, Any], quota: str | None = None) -> Limits:
     """``spec.hard``; raises :class:`FieldError` naming a field that cannot be read."""
-    hard = spec.get("hard") or {}
-    if not isinstance(hard, Mapping):
-        raise FieldError(quota, "spec.hard", hard, "must be an object")
-    return Limits(_read(quota, "spec.hard.memory", hard.get("memory"), memory_mib),
-                  _read(quota, "spec.hard.cores", hard.get("cores"), count),
-                  _read(quota, "spec.hard.pods", hard.get("pods"), count),
-                  _mig(quota, "spec.hard.migInstances", hard.get("migInstances")))
-
-
-def readable_limits(quota: Mapping[str, Any]) -> Limits | None:
-    """A GPUQuota object's ``spec.hard``, or None when a field cannot be read (its managed
-    ResourceQuota then admits no GPU pod: :func:`tessera_operator.quota.managed.hard_of`)."""
-    try:
-        return limits_of(quota.get("spec") or {})
-    except FieldError:
-        return None
-
-
-def _usage(raw: Mapping[str, Any]) -> Usage:
-    return Usage(_read(None, "memory", raw.get("memory"), memory_mib) or 0,
-                 _read(None, "cores", raw.get("cores"), count) or 0,
-                 _read(None, "pods", raw.get("pods"), count) or 0,
-                 _mig(None, "migInstances", raw.get("migInstances")))
+    return _limits(_spec(spec, quota))
 
 
 def used_of(status: Mapping[str, Any] | None) -> Usage | None:
-    """``status.used``; None when never counted (or unreadable: the next count rewrites it)."""
+    """``status.used``, read by the API type; None when never counted (or unreadable: the
+    next count rewrites it)."""
     used = (status or {}).get("used")
     if not isinstance(used, Mapping):
         return None
     try:
-        return _usage(used)
-    except (ValueError, TypeError):
+        u = QuotaUsage.model_validate(used)
+    except ValidationError:
         return None
+    return Usage(_mib(u.memory) or 0, u.cores, u.pods,
+                 {k: v for k, v in u.mig_instances.items() if v})
 
 
 def view_of(obj: Mapping[str, Any]) -> QuotaView:
-    """The quota as admission decides on it; a spec it cannot read makes it refuse all."""
+    """The quota, read once: what admission, the count and the metrics decide on.  A spec
+    it cannot read makes it refuse all (``problem`` names the field)."""
     meta = obj.get("metadata") or {}
     name = str(meta.get("name"))
     used = used_of(obj.get("status"))
-    problem = None
+    raw = obj.get("spec") or {}
+    carries = isinstance(raw, Mapping) and any(raw.get(f) is not None for f in POLICY_FIELDS)
     try:
-        limits = limits_of(obj.get("spec") or {})
+        spec = _spec(raw, name)
     except FieldError as exc:  # says the field; refusals name the quota
-        limits, problem = Limits(), str(exc)
-    return QuotaView(name, limits, used or Usage(), str(meta.get("resourceVersion", "")),
-                     used is not None, problem)
+        text = str(exc)
+        problem = text.split(" ", 2)[2] if text.startswith("GPUQuota ") else text
+        return QuotaView(name, Limits(), used or Usage(), str(meta.get("resourceVersion", "")),
+                         used is not None, problem, carries_policy=carries, error=exc)
+    return QuotaView(name, _limits(spec), used or Usage(), str(meta.get("resourceVersion", "")),
+                     used is not None, None, _policy(spec, name), carries_policy=carries)
 
 
-def carries_policy(spec: Mapping[str, Any]) -> bool:
-    return any(spec.get(k) is not None for k in ("default", "max", "weight", "lending"))
-
-
-def policy_of(quotas: Iterable[Mapping[str, Any]]) -> QuotaPolicy:
-    """The namespace's per-pod policy: from the (one) quota carrying default/max/weight.
-
-    Raises :class:`FieldError` naming a field that cannot be read.
-    """
-    carriers = sorted((q for q in quotas if carries_policy(q.get("spec") or {})),
-                      key=lambda q: str((q.get("metadata") or {}).get("name")))
-    if not carriers:
-        return QuotaPolicy()
-    q = carriers[0]
-    name = str((q.get("metadata") or {}).get("name"))
-    spec = q.get("spec") or {}
-    d, m = spec.get("default") or {}, spec.get("max") or {}
-    weight = _read(name, "spec.weight", spec.get("weight"), count)
-    return QuotaPolicy(
-        quota=name,
-        default_memory_mib=_read(name, "spec.default.memory", d.get("memory"), memory_mib),
-        default_cores=_read(name, "spec.default.cores", d.get("cores"), count),
-        max_memory_mib=_read(name, "spec.max.memory", m.get("memory"), memory_mib),
-        max_cores=_read(name, "spec.max.cores", m.get("cores"), count),
-        weight=weight or 1,
-        lending=_lending(name, spec.get("lending")))
-
-
-def _lending(quota: str, raw: Any) -> bool:
-    if raw is None:
-        return True
-    if not isinstance(raw, bool):
-        raise FieldError(quota, "spec.lending", raw, "must be true or false")
-    return raw
+def policy_of(views: Iterable[QuotaView]) -> QuotaPolicy:
+    """The namespace's per-pod policy: from the (one) quota carrying default/max/weight/
+    lending.  Raises :class:`FieldError` when that quota's spec cannot be read."""
+    for v in sorted((v for v in views if v.carries_policy), key=lambda v: v.name):
+        if v.error is not None:
+            raise v.error
+        if v.policy is not None:
+            return v.policy
+    return QuotaPolicy()
 
 
 def used_to_status(u: Usage) -> dict[str, Any]:
@@ -162,19 +153,15 @@ def _keys(raw: Any) -> set[str]:
     return {str(k) for k in raw} if isinstance(raw, Mapping) else set()
 
 
-def status_patch(obj: Mapping[str, Any], used: Usage) -> dict[str, Any]:
-    """Merge patch writing ``used`` and the summary only if ``obj`` is current; MIG profiles
-    that dropped to zero are nulled so the merge patch removes them."""
+def status_patch(obj: Mapping[str, Any], used: Usage, limits: Limits) -> dict[str, Any]:
+    """Merge patch writing ``used`` and the summary (against ``limits``) only if ``obj`` is
+    current; MIG profiles that dropped to zero are nulled so the merge patch removes them."""
     status = obj.get("status") or {}
     out = used_to_status(used)
     raw_used = status.get("used")
     for k in _keys(raw_used.get("migInstances") if isinstance(raw_used, Mapping) else None):
         if k not in used.mig:
             out["migInstances"][k] = None
-    try:
-        limits = limits_of(obj.get("spec") or {})
-    except FieldError:
-        limits = Limits()
     meta = obj.get("metadata") or {}
     return {"metadata": {"resourceVersion": meta.get("resourceVersion")},
             "status": {"used": out, "summary": summary(limits, used)}}

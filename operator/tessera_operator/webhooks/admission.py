@@ -44,7 +44,6 @@ from tessera.api.names import (
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec
-from tessera.api.quota import GPUQuotaSpec
 from tessera.api.writers import tessera_only_pod_keys
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.partition import PartitionView, resolve, spec_errors
@@ -54,20 +53,12 @@ from tessera_operator.cache.quotas import QuotaCache
 from tessera_operator.quota import managed
 from tessera_operator.quota.arith import (
     PodRequestError,
-    Usage,
     budget_from_pod,
     check_fit,
     deny_message,
 )
 from tessera_operator.quota.holders import is_holder
-from tessera_operator.quota.objects import (
-    FieldError,
-    carries_policy,
-    limits_of,
-    policy_of,
-    readable_limits,
-    used_of,
-)
+from tessera_operator.quota.objects import FieldError, policy_of, view_of
 from tessera_operator.quota.status import over_hard
 from tessera_operator.webhooks import pod_security
 
@@ -219,7 +210,8 @@ class Admission:
         ns = _namespace(req)
         quotas = await self.quotas.quotas(ns)
         try:
-            budget = budget_from_pod(pod.get("spec") or {}, policy_of(quotas))
+            budget = budget_from_pod(pod.get("spec") or {},
+                                     policy_of([self.quotas.view(q) for q in quotas]))
         except (PodRequestError, FieldError) as exc:
             return deny(uid, str(exc))
         spec = pod.get("spec") or {}
@@ -251,7 +243,7 @@ class Admission:
         for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
             name = str(q["metadata"]["name"])
             rq = await self.managed.lookup(ns, managed.managed_name(name))
-            problem = managed.enforcement(q, readable_limits(q), rq)
+            problem = managed.enforcement(q, self.quotas.view(q).readable_limits, rq)
             if problem is None:
                 continue
             why = problem[1]
@@ -312,28 +304,20 @@ class Admission:
         obj = req.get("object") or {}
         ns = str(req.get("namespace") or "")
         name = str((obj.get("metadata") or {}).get("name"))
-        raw_spec = obj.get("spec") or {}
-        try:
-            GPUQuotaSpec.model_validate(raw_spec)
-        except ValidationError as exc:
-            return deny(uid, _pydantic_message("spec", exc), 422)
+        view = view_of(obj)
+        if view.error is not None:
+            return deny(uid, view.error.short, 422)
         warnings: list[str] = []
-        others = [q for q in (await self.kube.list(
+        others = [view_of(q) for q in (await self.kube.list(
             path(GROUP, VERSION, GPUQUOTAS, ns), cached=True)).get("items") or []
             if q["metadata"]["name"] != name]
-        if carries_policy(raw_spec):
-            holder = next((q for q in others if carries_policy(q.get("spec") or {})), None)
+        if view.carries_policy:
+            holder = next((q for q in others if q.carries_policy), None)
             if holder is not None:
-                other = holder["metadata"]["name"]
                 return deny(uid, f"spec: only one GPUQuota per namespace may set default, max, "
-                                 f"weight or lending, and gpuquota/{other} does",
+                                 f"weight or lending, and gpuquota/{holder.name} does",
                             422)
-        try:
-            limits = limits_of(raw_spec)
-        except FieldError as exc:
-            return deny(uid, str(exc), 422)
-        used = used_of(obj.get("status")) or Usage()
-        for res, u, limit in over_hard(limits, used):
+        for res, u, limit in over_hard(view.hard, view.used):
             warnings.append(f"spec.hard.{res} {limit} is below what admitted pods use now "
                             f"({u}): they keep running, new pods are refused")
         return allow(uid, warnings=warnings)

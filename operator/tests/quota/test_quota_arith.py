@@ -212,10 +212,10 @@ def test_recount_skips_finished_and_unbudgeted_pods() -> None:
 
 
 def test_lending_flows_from_the_quota_into_the_budget() -> None:
-    from tessera_operator.quota.objects import FieldError, policy_of
+    from tessera_operator.quota.objects import FieldError, policy_of, view_of
 
-    def q(spec: dict[str, Any]) -> dict[str, Any]:
-        return {"metadata": {"name": "team"}, "spec": spec}
+    def q(spec: dict[str, Any]) -> QuotaView:
+        return view_of({"metadata": {"name": "team"}, "spec": spec})
 
     assert policy_of([q({"weight": 3})]).lending is True
     policy = policy_of([q({"lending": False})])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tessera_operator.quota import managed
 from tessera_operator.quota.arith import Limits
-from tessera_operator.quota.objects import readable_limits
+from tessera_operator.quota.objects import view_of
 
 MEM, CORES = "requests.tessera.dev/vgpu-memory", "requests.tessera.dev/vgpu-cores"
 PODS = "requests.tessera.dev/pod"
@@ -126,7 +126,7 @@ def test_a_managed_quota_counts_only_while_it_is_there_ours_and_no_looser() -> N
 def test_a_quota_whose_hard_cannot_be_read_has_no_limits_so_its_managed_quota_admits_nothing(
         ) -> None:
     bad = {**gpuquota(), "spec": {"hard": {"memory": "lots", "cores": 100}}}
-    assert readable_limits(bad) is None
-    assert managed.hard_of(readable_limits(bad)) == managed.hard_of(None)
+    assert view_of(bad).readable_limits is None
+    assert managed.hard_of(view_of(bad).readable_limits) == managed.hard_of(None)
     good = {**gpuquota(), "spec": {"hard": {"memory": "4Gi", "cores": 100}}}
-    assert readable_limits(good) == Limits(memory_mib=4096, cores=100)
+    assert view_of(good).readable_limits == Limits(memory_mib=4096, cores=100)

@@ -150,7 +150,7 @@ def test_quota_objects_round_trip_and_tolerate_garbage() -> None:
     assert limits_of(q["spec"]) == Limits(40960, 400, None, {"1g.10gb": 4})
     v = view_of(q)
     assert v.used == Usage(2048, 10, 1, {"1g.10gb": 1}) and v.resource_version == "7"
-    patch = status_patch(q, Usage(1024, 5, 1))
+    patch = status_patch(q, Usage(1024, 5, 1), v.hard)
     assert patch["metadata"] == {"resourceVersion": "7"}
     assert patch["status"]["used"] == {"memory": "1Gi", "cores": 5, "pods": 1,
                                        "migInstances": {"1g.10gb": None}}
@@ -189,9 +189,9 @@ def test_policy_comes_from_the_quota_carrying_defaults() -> None:
     quotas = [quota_obj("hard-only", {"hard": {"pods": 3}}),
               quota_obj("defaults", {"default": {"memory": "1Gi", "cores": 20},
                                      "max": {"memory": "8Gi"}, "weight": 3})]
-    p = policy_of(quotas)
+    p = policy_of(map(view_of, quotas))
     assert (p.quota, p.default_memory_mib, p.default_cores, p.max_memory_mib, p.max_cores,
             p.weight) == ("defaults", 1024, 20, 8192, None, 3)
-    assert policy_of([quotas[0]]).quota is None
+    assert policy_of([view_of(quotas[0])]).quota is None
     with pytest.raises(FieldError, match=r'GPUQuota "defaults" spec\.default\.memory '):
-        policy_of([quota_obj("defaults", {"default": {"memory": "1Gb"}})])
+        policy_of([view_of(quota_obj("defaults", {"default": {"memory": "1Gb"}}))])
