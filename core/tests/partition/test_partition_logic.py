@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tessera.api.conditions import get_condition
 from tessera.api.inventory import GPUInventory, from_node, node_labels, to_annotation
@@ -217,3 +219,44 @@ def test_large_partitions_keep_status_under_the_etcd_object_limit() -> None:
     p = pv("p", spec(None), nodes=big)
     st = aggregate(p, resolve([p], [node(n) for n in big])["p"], None)
     assert st.ready_node_count == 250 and st.nodes == out
+
+
+# -- properties -----------------------------------------------------------------------------
+
+_NODES = st.lists(st.tuples(st.sampled_from(["H100-80GB", "A100-40GB"]), st.integers(1, 4),
+                            st.sampled_from(["x", "y"])), min_size=1, max_size=5)
+_PARTS = st.lists(st.tuples(st.sampled_from([None, "x", "y"]),
+                            st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1,
+                                                          max_size=3, unique=True)),
+                            st.sampled_from(["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]),
+                            st.sampled_from([None, {"1g.10gb": 2}, {"7g.80gb": 1}])),
+                  min_size=1, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_NODES, _PARTS)
+def test_no_gpu_is_claimed_twice_and_each_goes_to_the_oldest_that_can_hold_it(
+        raw_nodes: list[tuple[str, int, str]],
+        raw_parts: list[tuple[str | None, list[int] | None, str, dict[str, int] | None]]
+) -> None:
+    nodes = [node(f"n{i}", model, n, pool=pool) for i, (model, n, pool) in enumerate(raw_nodes)]
+    parts = [pv(f"p{i}", spec(profiles, {"matchLabels": {"pool": pool}} if pool else None,
+                              **({"indices": idx} if idx else {})), created)
+             for i, (pool, idx, created, profiles) in enumerate(raw_parts)]
+    out = resolve(parts, nodes)
+    claims = [(c.node, c.index, name) for name, r in out.items() for c in r.claims]
+    assert len({(n, i) for n, i, _ in claims}) == len(claims), "a GPU claimed twice"
+    by_gpu = {(n, i): name for n, i, name in claims}
+    ordered = sorted(parts, key=lambda p: (p.created, p.name))
+    for (n, i), owner in by_gpu.items():
+        # no older partition that selects this GPU and can hold its layout lost it
+        for p in ordered:
+            if p.name == owner:
+                break
+            assert all((c.node, c.index) != (n, i) for c in out[p.name].claims)
+            assert not any(pr.node == n and f"GPU {i} " in pr.message + " "
+                           and pr.reason == "GPUClaimed" for pr in out[p.name].problems)
+    # the same answer whatever order the partitions and nodes come in
+    again = resolve(list(reversed(parts)), list(reversed(nodes)))
+    assert {k: [(c.node, c.index) for c in r.claims] for k, r in again.items()} == {
+        k: [(c.node, c.index) for c in r.claims] for k, r in out.items()}
