@@ -16,7 +16,6 @@ from pydantic import Field, ValidationError
 from tessera.api.meta import ApiModel
 from tessera.api.profile import ProfileName
 
-BUDGET_VERSION = 1
 MIB = 1 << 20
 MAX_SHARES = 64
 """Most GPU shares one container may hold (a node has at most this many GPUs and MIG

@@ -173,17 +173,6 @@ def to_bytes(text: str | int) -> int:
     return integral
 
 
-def format_bytes(count: int) -> str:
-    """Shortest exact binary form of a byte count: 42949672960 -> ``40Gi``."""
-    if count == 0:
-        return "0"
-    for suffix, exponent in sorted(_BINARY_SUFFIXES.items(), key=lambda kv: -kv[1]):
-        unit = 2**exponent
-        if count % unit == 0:
-            return f"{count // unit}{suffix}"
-    return str(count)
-
-
 class Quantity:
     """A quantity as written in a manifest, compared and hashed by its exact value.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from tessera.api.names import MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import MIG_PREFIX
 from tessera.api.profile import PROFILE_NAME_PATTERN
 
 _PROFILE_RE = re.compile(PROFILE_NAME_PATTERN)
@@ -35,8 +35,3 @@ def profile_from_resource(resource: str) -> str | None:
     profile = base.group(0) + ("+" + tail[1:] if tail.startswith(".") else tail)
     return profile if _PROFILE_RE.fullmatch(profile) else None
 
-
-def is_tessera_resource(resource: str) -> bool:
-    if resource in (VGPU, VGPU_MEMORY, VGPU_CORES):
-        return True
-    return profile_from_resource(resource) is not None

@@ -66,16 +66,3 @@ class LabelSelector(ApiModel):
         if any(labels.get(k) != v for k, v in wanted.items()):
             return False
         return all(r.matches(labels) for r in self.match_expressions or [])
-
-    def to_query(self) -> str:
-        """The ``labelSelector`` query string the API server understands."""
-        terms = [f"{k}={v}" for k, v in sorted((self.match_labels or {}).items())]
-        for r in self.match_expressions or []:
-            if r.operator == "Exists":
-                terms.append(r.key)
-            elif r.operator == "DoesNotExist":
-                terms.append(f"!{r.key}")
-            else:
-                op = "in" if r.operator == "In" else "notin"
-                terms.append(f"{r.key} {op} ({','.join(r.values or [])})")
-        return ",".join(terms)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from tessera.models import get_model, model_ids
+from tessera.models import get_model
 
 
 @dataclass(frozen=True)
@@ -179,20 +179,3 @@ def profile(model_id: str, name: str) -> Profile:
         raise UnknownProfileError(
             f"unknown MIG profile {name!r} for {model_id}; valid profiles: {valid}"
         ) from None
-
-
-def profile_by_smi_id(model_id: str, smi_profile_id: int) -> Profile:
-    """Resolve the profile ID nvidia-smi prints (``-lgi``) on a model."""
-    for p in profiles(model_id):
-        if p.smi_profile_id == smi_profile_id:
-            return p
-    valid = ", ".join(str(p.smi_profile_id) for p in profiles(model_id))
-    raise UnknownProfileError(
-        f"unknown MIG profile ID {smi_profile_id} for {model_id}; valid IDs: {valid}"
-    )
-
-
-@cache
-def all_profile_names() -> frozenset[str]:
-    """Every profile name valid on at least one known model (what admission can check early)."""
-    return frozenset(p.name for m in model_ids() for p in profiles(m))

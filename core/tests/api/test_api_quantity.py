@@ -15,9 +15,7 @@ from tessera.api.quantity import (
     QUANTITY_PATTERN,
     Quantity,
     QuantityError,
-    format_bytes,
     parse_quantity,
-    to_bytes,
 )
 
 DEC = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -138,13 +136,6 @@ def test_decimal_suffix_steps_are_1000(n: int, pair: tuple[str, str]) -> None:
     assert parse_quantity(f"{n}{big}")[0] == parse_quantity(f"{n * 1000}{small}")[0]
     exp = DEC[big]
     assert parse_quantity(f"{n}{big}")[0] == parse_quantity(f"{n}e{exp}")[0]
-
-
-@given(st.integers(0, 2**62))
-def test_format_bytes_round_trips(count: int) -> None:
-    text = format_bytes(count)
-    assert to_bytes(text) == count
-    assert len(text) <= len(str(count))
 
 
 @given(st.from_regex(re.compile(QUANTITY_PATTERN), fullmatch=True))

@@ -34,10 +34,4 @@ def test_matches(labels: dict[str, str], selected: bool) -> None:
 
 def test_empty_selects_everything() -> None:
     assert LabelSelector.model_validate({}).matches({"any": "thing"})
-    assert LabelSelector.model_validate({}).to_query() == ""
 
-
-def test_query_string() -> None:
-    assert SEL.to_query() == (
-        "tessera.dev/gpu.product=H100-80GB,pool in (a,b),!cordon,zone notin (z9),rack"
-    )

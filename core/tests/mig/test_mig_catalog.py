@@ -5,13 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from mig_oracle import NAMES, geometry
+from mig_oracle import geometry
 
 from tessera.mig.catalog import (
     UnknownProfileError,
-    all_profile_names,
     profile,
-    profile_by_smi_id,
     profiles,
     slice_counts,
 )
@@ -59,9 +57,6 @@ def test_nvidia_smi_and_nvml_ids_differ_as_on_real_gpus() -> None:
     }
     a30 = {p.name: p.smi_profile_id for p in profiles("A30-24GB")}
     assert a30 == {"1g.6gb": 14, "1g.6gb+me": 21, "2g.12gb": 5, "2g.12gb+me": 6, "4g.24gb": 0}
-    assert profile_by_smi_id("H100-80GB", 9).name == "3g.40gb"
-    with pytest.raises(UnknownProfileError, match="valid IDs"):
-        profile_by_smi_id("H100-80GB", 99)
 
 
 def test_real_lgip_figures_are_used_where_known() -> None:
@@ -102,8 +97,3 @@ def test_unknown_model_is_reported_by_the_model_table() -> None:
     with pytest.raises(UnknownModelError, match="known models"):
         profiles("T4-16GB")
 
-
-def test_all_profile_names_is_the_union_over_models() -> None:
-    expected = {name for names in NAMES.values() for name in names}
-    assert all_profile_names() == expected
-    assert "3g.71gb" in all_profile_names() and "3g.99gb" not in all_profile_names()

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from tessera_operator.cli.errors import CLIError
 from tessera_operator.controller.settings import DEFAULTS as D
+from tessera_operator.webhooks.serving import EXTERNAL, GENERATE
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError("--recount-interval must be positive")
     policy = Policy(args.cert_lifetime, D.cert_renew_fraction, args.cert_step,
                     args.cert_check_interval)
-    if args.webhook_certificate == "generate" and policy.problems():
+    if args.webhook_certificate == GENERATE and policy.problems():
         raise CLIError("; ".join(policy.problems()))
     if args.cert_check_interval <= 0:
         raise CLIError("--cert-check-interval must be positive")
@@ -93,7 +94,7 @@ def register(subparsers: Any) -> None:
     r.add_argument("--webhook-config-interval", type=float,
                    default=D.webhook_config_interval_s,
                    help="seconds between re-applies of the webhook configurations")
-    r.add_argument("--webhook-certificate", choices=("generate", "external"),
+    r.add_argument("--webhook-certificate", choices=(GENERATE, EXTERNAL),
                    default=D.webhook_certificate,
                    help="generate: the operator makes the serving certificate and renews it "
                    "before it expires; external: another party (cert-manager) writes the "

@@ -9,6 +9,9 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from tessera_operator.webhooks.certs import DEFAULT_LIFETIME_S
+from tessera_operator.webhooks.serving import GENERATE
+
 
 @dataclass
 class Options:
@@ -26,12 +29,12 @@ class Options:
     service_name: str = "tessera-webhook"
     cert_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
     secret_name: str = "tessera-webhook-tls"
-    webhook_certificate: str = "generate"
+    webhook_certificate: str = GENERATE
     """Who makes the serving certificate in Secret ``secret_name``: ``generate``, the
     operator (it creates the Secret, renews the certificate before it expires and keeps the
     configurations' caBundle current); ``external``, someone else (cert-manager, whose CA
     injector sets the caBundle): the operator only reads the Secret and follows its changes."""
-    cert_lifetime_s: float = 365 * 86400.0
+    cert_lifetime_s: float = DEFAULT_LIFETIME_S
     """Lifetime of each serving certificate the operator makes (``generate``)."""
     cert_renew_fraction: float = 2 / 3
     """A renewal starts when this fraction of the served certificate's lifetime has passed."""

@@ -56,10 +56,6 @@ def usage_fields(u: Usage) -> dict[str, int]:
     return {"memoryMiB": u.memory_mib, "cores": u.cores}
 
 
-def usage_from_fields(raw: Mapping[str, int]) -> Usage:
-    return Usage(int(raw.get("memoryMiB", 0)), int(raw.get("cores", 0)))
-
-
 def parse_request(text: str) -> dict[str, tuple[int | None, int | None]]:
     """Container -> (memory MiB, cores), None where unchanged. Errors name the field."""
     try:

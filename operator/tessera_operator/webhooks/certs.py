@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-DEFAULT_LIFETIME_S = 3650 * 86400.0
+DEFAULT_LIFETIME_S = 365 * 86400.0
+"""A serving certificate's lifetime unless told otherwise (``--cert-lifetime``'s default)."""
 MAX_BACKDATE_S = 300.0
 """Certificates start this much in the past (clock skew between the nodes), or a tenth of
 their lifetime when that is shorter."""
