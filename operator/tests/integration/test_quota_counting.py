@@ -411,8 +411,9 @@ def test_a_limit_the_operator_cannot_read_refuses_pods_and_says_which(
                 .returncode == 0, 20, 0.5)
         finally:
             ops.ensure_running()
-        says = ("spec.hard.memory '40GB' cannot be read (quantity '40GB' has an invalid "
-                "suffix): fix the GPUQuota; until then it admits no GPU pods")
+        says = ("spec.hard.memory '40GB' cannot be read ('40GB' is not a non-negative "
+                "Kubernetes quantity (e.g. 40Gi, 512Mi, 8G)): fix the GPUQuota; until then it "
+                "admits no GPU pods")
         wait_until("the condition", lambda: any(
             c["type"] == "Ready" and c["status"] == "False" and c["reason"] ==
             "SpecUnreadable" and c["message"] == says
