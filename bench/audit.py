@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim")]
 
 from tessera.kube.client import Credentials, Kube  # noqa: E402
-from tessera_e2e.audit_workloads import Cgroups, Workload, require  # noqa: E402
-from tessera_e2e.node_daemons import SimNode  # noqa: E402
+from tessera_e2e.gpubed.daemons import SimNode  # noqa: E402
+from tessera_e2e.gpubed.workloads import Cgroups, Workload, require  # noqa: E402
 from tessera_node.audit.registry import StaticRegistry, TesseraContainer  # noqa: E402
 from tessera_node.audit.runner import AuditRunner  # noqa: E402
 from tessera_node.budget.formats import BudgetEntry, BudgetFile  # noqa: E402

@@ -34,16 +34,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "operator"),
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "core"),
+                str(REPO / "operator"),
                 str(REPO / "node-daemon")]
 
 from tessera.api.names import ANNOTATION_BUDGET_REQUEST, ANNOTATION_BUDGET_RESIZE  # noqa: E402
 from tessera.api.resize import ResizeStatus, digest  # noqa: E402
 from tessera.kube.client import Kube, load_credentials, path  # noqa: E402
-from tessera_e2e.build import ensure_built, ensure_containerd  # noqa: E402
-from tessera_e2e.cluster import LocalCluster  # noqa: E402
-from tessera_e2e.gpu_bed import Bed, gpu_bed, gpu_pod, vgpu  # noqa: E402
-from tessera_e2e.operators import wait_until  # noqa: E402
+from tessera_e2e.controlplane.build import ensure_built, ensure_containerd  # noqa: E402
+from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu  # noqa: E402
+from tessera_e2e.operator.replicas import wait_until  # noqa: E402
 from tessera_node.budget.formats import read_budget  # noqa: E402
 
 NS = "bench-resize"

@@ -30,20 +30,21 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "operator"),
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "core"),
+                str(REPO / "operator"),
                 str(REPO / "node-daemon")]
 
 from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_PARTITION_STATUS  # noqa: E402
-from tessera_e2e.build import build_inputs  # noqa: E402
-from tessera_e2e.cache import default_layout  # noqa: E402
-from tessera_e2e.cluster import LocalCluster  # noqa: E402
-from tessera_e2e.node_daemons import (  # noqa: E402
+from tessera_e2e.controlplane.build import build_inputs  # noqa: E402
+from tessera_e2e.controlplane.cache import default_layout  # noqa: E402
+from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.gpubed.daemons import (  # noqa: E402
     NodeDaemonProcess,
     SimNode,
     create_node,
     daemon_kubeconfig,
 )
-from tessera_e2e.operators import install, wait_until  # noqa: E402
+from tessera_e2e.operator.replicas import install, wait_until  # noqa: E402
 
 NODES = int(os.environ.get("NODES", "50"))
 GPUS = 8

@@ -1,5 +1,5 @@
 """Operator benchmarks against the real local control plane (two replicas behind a Service
-port the kernel balances, as kube-proxy does: :class:`tessera_e2e.service.KernelService`).
+port the kernel balances, as kube-proxy does: :class:`tessera_e2e.operator.service.KernelService`).
 
 1. admission latency p50/p99 at 50 pods/s with quota contention (every create counts on
    the same GPUQuota), end to end as the client sees it (API server + tessera's mutating
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "e2e")]
+sys.path[:0] = [str(REPO / "core"), str(REPO / "operator"), str(REPO / "e2e")]
 
 from tessera.api.inventory import GPUInventory, node_labels, to_annotation  # noqa: E402
 from tessera.api.names import (  # noqa: E402
@@ -65,10 +65,10 @@ from tessera.api.partition import (  # noqa: E402
 from tessera.api.resize import ResizeStatus, digest  # noqa: E402
 from tessera.kube.client import ApiError, Kube, load_credentials, path  # noqa: E402
 from tessera.mig import catalog  # noqa: E402
-from tessera_e2e.build import build_inputs  # noqa: E402
-from tessera_e2e.cache import default_layout  # noqa: E402
-from tessera_e2e.cluster import LocalCluster  # noqa: E402
-from tessera_e2e.operators import (  # noqa: E402
+from tessera_e2e.controlplane.build import build_inputs  # noqa: E402
+from tessera_e2e.controlplane.cache import default_layout  # noqa: E402
+from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.operator.replicas import (  # noqa: E402
     OPERATOR_NS,
     OperatorProcess,
     lease_holder,
@@ -76,7 +76,7 @@ from tessera_e2e.operators import (  # noqa: E402
     render_chart,
     wait_until,
 )
-from tessera_e2e.service import KernelService  # noqa: E402
+from tessera_e2e.operator.service import KernelService  # noqa: E402
 
 
 def pct(xs: list[float], p: float) -> float:

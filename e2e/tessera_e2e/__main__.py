@@ -11,14 +11,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from tessera_e2e import chartdocs
-from tessera_e2e.build import ensure_built, ensure_containerd, ensure_helm
-from tessera_e2e.cache import default_layout
-from tessera_e2e.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
+from tessera_e2e.chart import docs as chartdocs
+from tessera_e2e.chart.tessera_images import APP_VERSION, ensure_tessera_images
+from tessera_e2e.controlplane.build import ensure_built, ensure_containerd, ensure_helm
+from tessera_e2e.controlplane.cache import default_layout
+from tessera_e2e.controlplane.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.demo import DEMO_GPUS, main_demo
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.images import PAUSE, WORKLOAD, ensure_images
-from tessera_e2e.tessera_images import APP_VERSION, REPO, ensure_tessera_images
+from tessera_e2e.nodes.images import PAUSE, WORKLOAD, ensure_images
+from tessera_e2e.paths import REPO
 
 
 def _wait_for_interrupt() -> None:

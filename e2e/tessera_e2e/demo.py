@@ -20,10 +20,9 @@ from typing import Any
 
 import yaml
 
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.errors import ControlPlaneError
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.paths import REPO as REPO_ROOT
 
 DEMO_GPUS = (("H100-80GB", "H100-80GB"), ("A100-40GB",))
 """The demo's nodes' simulated GPUs: node-0, node-1."""
@@ -113,7 +112,7 @@ class Story:
         self.say = say
         self.started = started
         self.repo = repo
-        self.bed: Any = None  # tessera_e2e.gpu_bed.Bed (needs sim/ on the path)
+        self.bed: Any = None  # tessera_e2e.gpubed.bed.Bed (needs sim/ on the path)
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         result = self.cluster.kubectl(*args, input=input)
@@ -145,7 +144,7 @@ def step_crds_and_examples(s: Story) -> None:
 
 
 def step_tessera(s: Story, logdir: Path, stack: Any) -> None:
-    from tessera_e2e.gpu_bed import gpu_bed
+    from tessera_e2e.gpubed.bed import gpu_bed
 
     s.bed = stack.enter_context(gpu_bed(s.cluster, logdir, operators=("operator",)))
     s.say("3. tessera operator (leader, admission webhooks) and tessera-node on each node "
@@ -161,7 +160,7 @@ def partitions_ready(s: Story) -> list[dict[str, Any]] | None:
 
 
 def step_partitions(s: Story) -> None:
-    from tessera_e2e.operators import wait_until
+    from tessera_e2e.operator.replicas import wait_until
 
     active = wait_until("the partitions selecting the nodes Ready",
                         lambda: partitions_ready(s), 300, 1)
@@ -171,7 +170,7 @@ def step_partitions(s: Story) -> None:
 
 
 def step_quota(s: Story) -> None:
-    from tessera_e2e.operators import wait_until
+    from tessera_e2e.operator.replicas import wait_until
 
     s.kubectl("create", "namespace", TEAM)
     s.cluster.wait_for_service_account(TEAM)
@@ -190,7 +189,7 @@ WORKLOADS = (  # name, node, budget MiB, cores, what it holds, MIG resource
 
 def step_workloads(s: Story) -> None:
     from tessera.api.resources import mig_resource_name
-    from tessera_e2e.gpu_bed import gpu_pod, vgpu
+    from tessera_e2e.gpubed.bed import gpu_pod, vgpu
 
     for name, node, mib, cores, hold, mig in WORKLOADS:
         limits = {mig_resource_name(mig): "1"} if mig else vgpu(mib, cores)
@@ -212,7 +211,7 @@ def step_workloads(s: Story) -> None:
 
 
 def _wait_logs(s: Story, pod: str, needle: str) -> str:
-    from tessera_e2e.operators import wait_until
+    from tessera_e2e.operator.replicas import wait_until
 
     found: str = wait_until(f"{pod}'s output", lambda: (
         out if needle in (out := s.bed.logs(TEAM, pod)) else None), 60, 0.5)
@@ -238,7 +237,7 @@ def _split(shares: dict[str, float]) -> str:
 
 
 def step_achieved_shares(s: Story) -> None:
-    from tessera_e2e.operators import wait_until
+    from tessera_e2e.operator.replicas import wait_until
 
     wait_until("both inference pods under a core controller", lambda: all(
         p in s.bed.core_busy("node-0", TEAM) for p in SPINNERS), 60, 1)
@@ -250,7 +249,7 @@ def step_achieved_shares(s: Story) -> None:
 
 
 def step_refused(s: Story) -> None:
-    from tessera_e2e.gpu_bed import gpu_pod, vgpu
+    from tessera_e2e.gpubed.bed import gpu_pod, vgpu
 
     s.bed.apply(TEAM, gpu_pod("greedy", "cuda-alloc 3000", vgpu(2048, 10), node="node-0"))
     done = s.bed.wait_phase(TEAM, "greedy", {"Succeeded", "Failed"}, 120)

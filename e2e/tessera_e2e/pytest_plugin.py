@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tessera_e2e.build import build_inputs
-from tessera_e2e.cache import BINARIES, default_layout
-from tessera_e2e.cluster import DEFAULT_NODES, LocalCluster
-from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.controlplane.build import build_inputs
+from tessera_e2e.controlplane.cache import BINARIES, default_layout
+from tessera_e2e.controlplane.cluster import DEFAULT_NODES, LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
 
 if TYPE_CHECKING:  # imported when used: they need sim/ and node-daemon/ on the path
-    from tessera_e2e.chart_bed import ChartDaemon
-    from tessera_e2e.gpu_bed import Bed
+    from tessera_e2e.chart.bed import ChartDaemon
+    from tessera_e2e.gpubed.bed import Bed
 
 _kept_logs: list[str] = []
 
@@ -100,7 +100,7 @@ def node_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def chart_bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory,
               request: pytest.FixtureRequest) -> Iterator[Bed[ChartDaemon]]:
-    from tessera_e2e.chart_bed import chart_bed as installed_chart
+    from tessera_e2e.chart.bed import chart_bed as installed_chart
 
     try:
         with installed_chart(bin_dir, tmp_path_factory.mktemp("chart-bed"),

@@ -12,11 +12,13 @@ import pytest
 import yaml
 
 from tessera.kube.client import Kube, load_credentials
-from tessera_e2e import chart, chartdocs, helm, tessera_images
-from tessera_e2e.build import ensure_helm
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.tessera_images import DEBIAN_PACKAGES
+from tessera_e2e.chart import docs as chartdocs
+from tessera_e2e.chart import helm, tessera_images
+from tessera_e2e.chart import render as chart
+from tessera_e2e.chart.tessera_images import DEBIAN_PACKAGES
+from tessera_e2e.controlplane.build import ensure_helm
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_node.settings import DEFAULTS as DAEMON_DEFAULTS
 from tessera_operator.webhooks import config as webhook_config
 from tessera_operator.webhooks.config import ClientConfig

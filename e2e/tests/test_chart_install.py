@@ -28,9 +28,7 @@ import pytest
 import yaml
 
 from tessera.api.names import API_VERSION, MIG_PREFIX, PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
-from tessera_e2e.admission_probe import DryRunCreates
-from tessera_e2e.cache import Layout, default_layout
-from tessera_e2e.chart_bed import (
+from tessera_e2e.chart.bed import (
     LIBTESSERA_BUILD,
     NS,
     TAG,
@@ -44,12 +42,14 @@ from tessera_e2e.chart_bed import (
     say,
     wait_daemons_ready,
 )
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.helm import Helm, get_json
-from tessera_e2e.node_daemons import node_smi
-from tessera_e2e.operators import wait_until
-from tessera_e2e.tessera_images import ensure_tessera_images
+from tessera_e2e.chart.helm import Helm, get_json
+from tessera_e2e.chart.tessera_images import ensure_tessera_images
+from tessera_e2e.controlplane.cache import Layout, default_layout
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.gpubed.daemons import node_smi
+from tessera_e2e.operator.admission_probe import DryRunCreates
+from tessera_e2e.operator.replicas import wait_until
 from tessera_node.deviceplugin.library import version_of
 from tessera_node.deviceplugin.response import preload_line
 from tessera_node.settings import DEFAULTS, LIB_DIR

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.build import build_inputs
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.pki import WEBHOOK_CLIENT_NAME, write_pki
-from tessera_e2e.webhooks import ReviewServer
+from tessera_e2e.controlplane.build import build_inputs
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.pki import WEBHOOK_CLIENT_NAME, write_pki
+from tessera_e2e.operator.webhooks import ReviewServer
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.cache import Layout
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.processes import is_running
+from tessera_e2e.controlplane.cache import Layout
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.controlplane.processes import is_running
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +40,8 @@ def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
 RUNNER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from tessera_e2e.cache import Layout
-    from tessera_e2e.cluster import LocalCluster
+    from tessera_e2e.controlplane.cache import Layout
+    from tessera_e2e.controlplane.cluster import LocalCluster
     cluster = LocalCluster(Path(sys.argv[1]), Layout(Path(sys.argv[2])), controllers=True,
                            report=lambda line: None).start()
     pids = [c.process.pid for c in cluster.components]

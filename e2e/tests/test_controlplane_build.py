@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.build import (
+from tessera_e2e.controlplane.build import (
     PACKAGES,
     build_inputs,
     ensure_built,
@@ -19,9 +19,9 @@ from tessera_e2e.build import (
     sources_digest,
     version_ldflags,
 )
-from tessera_e2e.cache import BINARIES, Layout
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.pins import MODULE_DIR, load_pins, parse_pins
+from tessera_e2e.controlplane.cache import BINARIES, Layout
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.controlplane.pins import MODULE_DIR, load_pins, parse_pins
 
 GO_MOD = """module x
 go 1.24.0

@@ -8,7 +8,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera_e2e.pki import WEBHOOK_CLIENT_NAME, write_pki
+from tessera_e2e.controlplane.pki import WEBHOOK_CLIENT_NAME, write_pki
 
 
 def test_certificates_chain_and_name_the_right_subjects(tmp_path: Path) -> None:

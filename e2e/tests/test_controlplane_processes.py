@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.processes import RunDirectory, is_running, sweep_killed_runs
+from tessera_e2e.controlplane.processes import RunDirectory, is_running, sweep_killed_runs
 
 SLEEPER = "import time, sys; time.sleep(300)"
 

@@ -24,9 +24,9 @@ from tessera.api.names import (
     ANNOTATION_GPU_COMMITMENTS,
     REASON_RESIZED,
 )
-from tessera_e2e.chart_bed import ChartDaemon
-from tessera_e2e.gpu_bed import Bed, gpu_pod, vgpu
-from tessera_e2e.operators import wait_until
+from tessera_e2e.chart.bed import ChartDaemon
+from tessera_e2e.gpubed.bed import Bed, gpu_pod, vgpu
+from tessera_e2e.operator.replicas import wait_until
 from tessera_node.budget.formats import read_budget
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.demo import REPO_ROOT, apply_examples, crd_files, example_files, install_crds
-from tessera_e2e.errors import ControlPlaneError
 
 pytestmark = pytest.mark.integration
 

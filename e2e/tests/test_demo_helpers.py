@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.cluster import LocalCluster
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.demo import example_namespaces, install_crds
-from tessera_e2e.errors import ControlPlaneError
 
 
 def test_empty_crds_directory_fails_rather_than_skips(tmp_path: Path) -> None:

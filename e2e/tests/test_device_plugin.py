@@ -20,9 +20,9 @@ import pytest
 from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.api.resources import mig_resource_name
 from tessera.mig.catalog import profile
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.gpu_bed import BUDGET_WAIT_S, SHARES, Bed, gpu_bed, gpu_pod, vgpu
-from tessera_e2e.operators import wait_until
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.gpubed.bed import BUDGET_WAIT_S, SHARES, Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.operator.replicas import wait_until
 from tessera_node.budget.formats import read_budget
 
 pytestmark = pytest.mark.integration

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.gpu_bed import Bed, gpu_bed, gpu_pod, vgpu
-from tessera_e2e.nodeconfig import KUBELET_ROOT
-from tessera_e2e.operators import wait_until
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.nodes.config import KUBELET_ROOT
+from tessera_e2e.operator.replicas import wait_until
 from tessera_node.audit.runner import REASON_OVER_BUDGET, REASON_TAMPERED
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from tessera.api.names import API_VERSION, VGPU
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.gpu_bed import Bed, gpu_bed, gpu_pod, vgpu
-from tessera_e2e.operators import wait_until
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.operator.replicas import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.cache import Layout
-from tessera_e2e.cgroups import hierarchies
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.operators import wait_until
-from tessera_e2e.processes import cmdline, is_running, process_start_time
+from tessera_e2e.controlplane.cache import Layout
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.processes import cmdline, is_running, process_start_time
+from tessera_e2e.nodes.cgroups import hierarchies
+from tessera_e2e.operator.replicas import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -218,8 +218,8 @@ RUNNER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     sys.path.insert(0, sys.argv[3])
-    from tessera_e2e.cache import Layout
-    from tessera_e2e.cluster import LocalCluster
+    from tessera_e2e.controlplane.cache import Layout
+    from tessera_e2e.controlplane.cluster import LocalCluster
     from test_node_lifecycle import Footprint, _run_pods
     cluster = LocalCluster(Path(sys.argv[1]), Layout(Path(sys.argv[2])), nodes=1,
                            report=lambda line: None).start()

@@ -12,9 +12,16 @@ from pathlib import Path
 
 import yaml
 
-from tessera_e2e.cache import Layout
-from tessera_e2e.cluster import SERVICE_CIDR, SIM_BUILD
-from tessera_e2e.images import (
+from tessera_e2e.controlplane.cache import Layout
+from tessera_e2e.controlplane.cluster import SERVICE_CIDR, SIM_BUILD
+from tessera_e2e.nodes.config import (
+    NodeSettings,
+    cni_conflist,
+    containerd_toml,
+    kube_proxy_config,
+    kubelet_config,
+)
+from tessera_e2e.nodes.images import (
     PAUSE,
     WORKLOAD,
     ImageFile,
@@ -22,14 +29,7 @@ from tessera_e2e.images import (
     layer_tar,
     oci_archive,
 )
-from tessera_e2e.network import SLOTS, Plan
-from tessera_e2e.nodeconfig import (
-    NodeSettings,
-    cni_conflist,
-    containerd_toml,
-    kube_proxy_config,
-    kubelet_config,
-)
+from tessera_e2e.nodes.network import SLOTS, Plan
 
 FILES = {"bin/hello": ImageFile(b"#!/bin/sh\necho hello\n", 0o755),
          "bin/sh": ImageFile(link="busybox")}

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.build import build_inputs
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.images import WORKLOAD
-from tessera_e2e.node import GPU_DIR
-from tessera_e2e.operators import wait_until
-from tessera_e2e.pins import load_containerd_version
+from tessera_e2e.controlplane.build import build_inputs
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.pins import load_containerd_version
+from tessera_e2e.nodes.images import WORKLOAD
+from tessera_e2e.nodes.node import GPU_DIR
+from tessera_e2e.operator.replicas import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api.names import GROUP
-from tessera_e2e import dashboard
-from tessera_e2e.argocd import HEALTH_SCRIPT, VALUES
-from tessera_e2e.prometheus import find_tool
+from tessera_e2e.operate import dashboard
+from tessera_e2e.operate.argocd import HEALTH_SCRIPT, VALUES
+from tessera_e2e.operate.prometheus import find_tool
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "tessera-rules.yaml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "tessera-rules.test.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "tessera-dashboard.json"
-EXPORTERS = [REPO / "operator" / "tessera", REPO / "node-daemon" / "tessera_node"]
+EXPORTERS = [REPO / "core" / "tessera", REPO / "operator" / "tessera_operator",
+             REPO / "node-daemon" / "tessera_node"]
 
 
 def load_dashboard() -> Any:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tessera_e2e.service import KernelService
+from tessera_e2e.operator.service import KernelService
 
 
 class _Backend:

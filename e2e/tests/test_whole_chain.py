@@ -18,9 +18,9 @@ import pytest
 from tessera.api.names import API_VERSION, VGPU, VGPU_CORES
 from tessera.api.resources import mig_resource_name
 from tessera.mig.catalog import profile
-from tessera_e2e.chart_bed import ChartDaemon
-from tessera_e2e.gpu_bed import SHARES, Bed, gpu_pod, vgpu
-from tessera_e2e.operators import wait_until
+from tessera_e2e.chart.bed import ChartDaemon
+from tessera_e2e.gpubed.bed import SHARES, Bed, gpu_pod, vgpu
+from tessera_e2e.operator.replicas import wait_until
 from tessera_node.budget.formats import read_budget
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.node_daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
-from tessera_e2e.operators import install
+from tessera_e2e.gpubed.daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
+from tessera_e2e.operator.replicas import install
 
 StartDaemon = Callable[..., NodeDaemonProcess]
 

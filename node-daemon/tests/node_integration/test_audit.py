@@ -19,9 +19,9 @@ from prometheus_client import generate_latest
 
 from tessera.api.names import API_VERSION
 from tessera.kube.client import Kube, load_credentials
-from tessera_e2e.audit_workloads import LIBTESSERA, Cgroups, Workload, require
-from tessera_e2e.node_daemons import SimNode, create_node, daemon_kubeconfig
-from tessera_e2e.operators import wait_until
+from tessera_e2e.gpubed.daemons import SimNode, create_node, daemon_kubeconfig
+from tessera_e2e.gpubed.workloads import LIBTESSERA, Cgroups, Workload, require
+from tessera_e2e.operator.replicas import wait_until
 from tessera_node.audit.registry import StaticRegistry, TesseraContainer
 from tessera_node.audit.runner import REASON_FOREIGN, REASON_OVER_BUDGET, AuditRunner
 from tessera_node.budget.formats import BudgetEntry, BudgetFile

@@ -18,8 +18,9 @@ import pytest
 
 from tessera.api.names import FINALIZER_RESET
 from tessera.api.partition import NodePartitionStatus
-from tessera_e2e.node_daemons import NodeDaemonProcess
-from tessera_e2e.operators import REPO, wait_until
+from tessera_e2e.gpubed.daemons import NodeDaemonProcess
+from tessera_e2e.operator.replicas import wait_until
+from tessera_e2e.paths import REPO
 
 from .conftest import StartDaemon
 from .test_node_daemon import events, reports

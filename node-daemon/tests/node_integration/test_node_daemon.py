@@ -22,8 +22,8 @@ from tessera.api.names import (
 from tessera.api.node_report import parse_reports
 from tessera.api.partition import NodePartitionStatus
 from tessera.models import get_model
-from tessera_e2e.node_daemons import NodeDaemonProcess, node_json
-from tessera_e2e.operators import json_stream, wait_until
+from tessera_e2e.gpubed.daemons import NodeDaemonProcess, node_json
+from tessera_e2e.operator.replicas import json_stream, wait_until
 from tessera_sim.node import gpu_uuid
 
 from .conftest import StartDaemon

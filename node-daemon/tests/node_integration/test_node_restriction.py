@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.node_daemons import DAEMON_SA, bound_token, create_node
-from tessera_e2e.operators import OPERATOR_NS, token_kubeconfig
+from tessera_e2e.gpubed.daemons import DAEMON_SA, bound_token, create_node
+from tessera_e2e.operator.replicas import OPERATOR_NS, token_kubeconfig
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.operators import LocalOperators
+from tessera_e2e.operator.replicas import LocalOperators
 
 Operators = LocalOperators
 

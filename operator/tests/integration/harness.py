@@ -1,13 +1,12 @@
-"""Test helpers over :mod:`tessera_e2e.operators` (the operator on a local cluster)."""
+"""Test helpers over :mod:`tessera_e2e.operator.replicas` (the operator on a local cluster)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from tessera_e2e.operators import (
+from tessera_e2e.operator.replicas import (
     OPERATOR_NS,
-    REPO,
     LocalOperators,
     OperatorProcess,
     RoundRobinProxy,
@@ -15,7 +14,8 @@ from tessera_e2e.operators import (
     render_chart,
     wait_until,
 )
-from tessera_e2e.operators import lease_holder as _lease_holder
+from tessera_e2e.operator.replicas import lease_holder as _lease_holder
+from tessera_e2e.paths import REPO
 
 __all__ = ["OPERATOR_NS", "REPO", "LocalOperators", "OperatorProcess", "RoundRobinProxy",
            "kubectl_json", "lease_holder", "operator_kubeconfig", "render_chart", "wait_until"]

@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 
 from tessera.api.names import ANNOTATION_CERT_STEP_AT
-from tessera_e2e.admission_probe import DryRunCreates
+from tessera_e2e.operator.admission_probe import DryRunCreates
 from tessera_operator.webhooks import config as webhook_config
 from tessera_operator.webhooks.certs import make_serving_cert
 from tessera_operator.webhooks.config import ClientConfig

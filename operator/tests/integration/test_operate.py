@@ -6,7 +6,7 @@ and two tessera-node daemons on simulated GPU nodes, scraped by a real Prometheu
   generation not yet observed, Progressing with the Ready condition's message;
 - every Grafana dashboard query, its variables expanded (All and each value) and
   ``$__rate_interval`` replaced, returns series, except those on metrics still pending
-  (``tessera_e2e.dashboard.PENDING``), which must return none;
+  (``tessera_e2e.operate.dashboard.PENDING``), which must return none;
 - "daemon down" (deploy/prometheus/tessera-rules.yaml, its ``for`` shortened to 2 s) fires
   for the daemon that is stopped, and only for it;
 - the per-container panels and the audit's alerts on live data: on the first node a real
@@ -45,12 +45,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 from tessera.api.budget import PerShareBudget
 from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.kube.client import Kube, load_credentials
-from tessera_e2e import dashboard
-from tessera_e2e.argocd import HEALTH_SCRIPT, ensure_argocd_health, evaluate
-from tessera_e2e.audit_workloads import LIBTESSERA, Cgroups, Workload, require
-from tessera_e2e.node_daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
-from tessera_e2e.operators import free_port
-from tessera_e2e.prometheus import LocalPrometheus, scaled_rules
+from tessera_e2e.gpubed.daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
+from tessera_e2e.gpubed.workloads import LIBTESSERA, Cgroups, Workload, require
+from tessera_e2e.operate import dashboard
+from tessera_e2e.operate.argocd import HEALTH_SCRIPT, ensure_argocd_health, evaluate
+from tessera_e2e.operate.prometheus import LocalPrometheus, scaled_rules
+from tessera_e2e.operator.replicas import free_port
 from tessera_node import metrics as node_metrics
 from tessera_node.audit.registry import StaticRegistry, TesseraContainer
 from tessera_node.audit.runner import AuditRunner

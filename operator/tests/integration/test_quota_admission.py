@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.quotas import enforced, managed_rq, wait_admitting
+from tessera_e2e.operator.quotas import enforced, managed_rq, wait_admitting
 
 from .conftest import Operators
 from .harness import kubectl_json, wait_until

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.webhooks import ReviewServer
+from tessera_e2e.operator.webhooks import ReviewServer
 from tessera_operator.webhooks.certs import make_serving_cert
 
 from .conftest import Operators

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from tessera.kube.client import ApiError, Kube, load_credentials, path
-from tessera_e2e.node_daemons import bound_token, create_node
-from tessera_e2e.operators import render_chart, token_kubeconfig
-from tessera_e2e.quotas import managed_rq, wait_admitting
-from tessera_e2e.tenants import tenant_kubeconfig
+from tessera_e2e.gpubed.daemons import bound_token, create_node
+from tessera_e2e.operator.quotas import managed_rq, wait_admitting
+from tessera_e2e.operator.replicas import render_chart, token_kubeconfig
+from tessera_e2e.operator.tenants import tenant_kubeconfig
 
 from .conftest import Operators
 from .harness import kubectl_json, wait_until

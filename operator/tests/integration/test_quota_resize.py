@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tessera_e2e.node_daemons import bound_token, create_node
-from tessera_e2e.operators import token_kubeconfig
-from tessera_e2e.quotas import managed_rq
+from tessera_e2e.gpubed.daemons import bound_token, create_node
+from tessera_e2e.operator.quotas import managed_rq
+from tessera_e2e.operator.replicas import token_kubeconfig
 from tessera_node.deviceplugin.resize import decide
 
 from .conftest import Operators

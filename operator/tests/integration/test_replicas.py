@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tessera.kube.client import ApiError, Kube, load_credentials, path
-from tessera_e2e.operators import json_stream
-from tessera_e2e.quotas import managed_rq
+from tessera_e2e.operator.quotas import managed_rq
+from tessera_e2e.operator.replicas import json_stream
 
 from .conftest import Operators
 from .harness import kubectl_json, lease_holder, wait_until

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tessera.kube.client import ApiError, Credentials, Kube, load_credentials
-from tessera_e2e.node_daemons import bound_token, create_node
-from tessera_e2e.operators import OPERATOR_NS
+from tessera_e2e.gpubed.daemons import bound_token, create_node
+from tessera_e2e.operator.replicas import OPERATOR_NS
 
 from .conftest import Operators
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, TCPConnector
 
-from tessera_e2e.pki import WEBHOOK_CLIENT_NAME, write_pki
+from tessera_e2e.controlplane.pki import WEBHOOK_CLIENT_NAME, write_pki
 from tessera_operator.webhooks import server
 from tessera_operator.webhooks.auth import Reviewers, common_names, reviewers, serving_context
 from tessera_operator.webhooks.certs import make_serving_cert

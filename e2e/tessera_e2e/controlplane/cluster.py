@@ -26,16 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from tessera_e2e.build import containerd_product
-from tessera_e2e.cache import Layout, default_layout
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.images import ensure_images
-from tessera_e2e.kubeconfig import write_kubeconfig
-from tessera_e2e.network import TestbedNetwork, delete_link
-from tessera_e2e.node import Node, NodeBinaries, sweep_node
-from tessera_e2e.nodeconfig import CNI_BIN_DIR, RUNC
-from tessera_e2e.pki import Pki, issue, write_pki
-from tessera_e2e.processes import Component, RunDirectory, sweep_killed_runs
+from tessera_e2e.controlplane.build import containerd_product
+from tessera_e2e.controlplane.cache import Layout, default_layout
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.controlplane.kubeconfig import write_kubeconfig
+from tessera_e2e.controlplane.pki import Pki, issue, write_pki
+from tessera_e2e.controlplane.processes import Component, RunDirectory, sweep_killed_runs
+from tessera_e2e.nodes.config import CNI_BIN_DIR, RUNC
+from tessera_e2e.nodes.images import ensure_images
+from tessera_e2e.nodes.network import TestbedNetwork, delete_link
+from tessera_e2e.nodes.node import Node, NodeBinaries, sweep_node
+from tessera_e2e.paths import REPO
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
@@ -49,7 +50,7 @@ APISERVER_STOP_GRACE_S = 2.0  # after nodes (see stop())
 # evicted within seconds (defaults 5 s / 50 s); the kubelets renew their lease every 3 s.
 NODE_MONITOR_PERIOD = "2s"
 NODE_MONITOR_GRACE = "20s"
-SIM_BUILD = Path(__file__).resolve().parents[2] / "sim" / "build"
+SIM_BUILD = REPO / "sim" / "build"
 # What nodes use from Debian's packages (`make sysdeps`): runc, the CNI plugins, iptables.
 NODE_TOOLS = (RUNC, f"{CNI_BIN_DIR}/bridge", f"{CNI_BIN_DIR}/host-local",
               f"{CNI_BIN_DIR}/portmap", "/usr/sbin/iptables")

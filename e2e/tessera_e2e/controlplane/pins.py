@@ -9,8 +9,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULE_DIR = Path(__file__).resolve().parent.parent / "controlplane"
-CONTAINERD_MODULE_DIR = Path(__file__).resolve().parent.parent / "containerd"
+from tessera_e2e.paths import E2E
+
+MODULE_DIR = E2E / "controlplane"
+CONTAINERD_MODULE_DIR = E2E / "containerd"
 
 KUBERNETES_MODULE = "k8s.io/kubernetes"
 CONTROLPLANE_MODULE = "tessera.dev/e2e/controlplane"

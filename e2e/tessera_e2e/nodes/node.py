@@ -31,12 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera_e2e.cgroups import NodeCgroup
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.images import PAUSE, Image, import_images
-from tessera_e2e.kubeconfig import write_kubeconfig
-from tessera_e2e.network import TestbedNetwork, run
-from tessera_e2e.nodeconfig import (
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.controlplane.kubeconfig import write_kubeconfig
+from tessera_e2e.controlplane.pki import Pki, issue
+from tessera_e2e.controlplane.processes import Component, RunDirectory
+from tessera_e2e.nodes.cgroups import NodeCgroup
+from tessera_e2e.nodes.config import (
     CNI_CONF_DIR,
     CONTAINERD_SOCKET,
     KUBELET_PORT,
@@ -48,8 +48,8 @@ from tessera_e2e.nodeconfig import (
     kube_proxy_config,
     kubelet_config,
 )
-from tessera_e2e.pki import Pki, issue
-from tessera_e2e.processes import Component, RunDirectory
+from tessera_e2e.nodes.images import PAUSE, Image, import_images
+from tessera_e2e.nodes.network import TestbedNetwork, run
 
 # Inside the node: where its own directories are mounted (host side: <node>/root/<same>).
 NODE_MOUNTS = ("run", "var/lib", "var/log")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tessera_e2e.operators import Kubectl
+from tessera_e2e.operator.replicas import Kubectl
 
 
 class DryRunCreates:

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from tessera_e2e.operators import free_port, wait_until
-from tessera_e2e.processes import die_with_parent, terminate
+from tessera_e2e.controlplane.processes import die_with_parent, terminate
+from tessera_e2e.operator.replicas import free_port, wait_until
 
 Series = list[dict[str, Any]]
 

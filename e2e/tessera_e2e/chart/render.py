@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tessera_e2e.paths import REPO
+
 CHART = REPO / "charts" / "tessera"
 # Rendered here; the other templates (Deployment, DaemonSet, webhooks, hooks) need Helm
-# (tessera_e2e.helm) and are installed by `helm install` in the chart tests.
+# (tessera_e2e.chart.helm) and are installed by `helm install` in the chart tests.
 PERMISSION_TEMPLATES = ("budget-protection.yaml", "networkpolicy.yaml", "node-daemon-rbac.yaml",
                         "node-restriction.yaml", "rbac.yaml")
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.DOTALL)

@@ -18,16 +18,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tessera_e2e.build import (
+from tessera_e2e.controlplane.build import (
     Product,
     Reporter,
     ensure_product,
     sources_digest,
 )
-from tessera_e2e.cache import Layout, default_layout
-from tessera_e2e.pins import _required_version
+from tessera_e2e.controlplane.cache import Layout, default_layout
+from tessera_e2e.controlplane.pins import _required_version
+from tessera_e2e.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 MODULE_DIR = REPO / "e2e" / "argocd-health"
 MODULE = "tessera/e2e/argocd-health"
 BINARY = "argocd-health"

@@ -22,16 +22,16 @@ from typing import Any
 
 import yaml
 
-from tessera_e2e.node import GPU_DIR, Node
-from tessera_e2e.operators import (
+from tessera_e2e.controlplane.processes import die_with_parent, terminate
+from tessera_e2e.nodes.node import GPU_DIR, Node
+from tessera_e2e.operator.replicas import (
     OPERATOR_NS,
-    REPO,
     Kubectl,
     free_port,
     token_kubeconfig,
     wait_until,
 )
-from tessera_e2e.processes import die_with_parent, terminate
+from tessera_e2e.paths import REPO
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node
 
@@ -191,8 +191,8 @@ def json_records(log: str, since: float = 0.0) -> list[dict[str, Any]]:
 
 
 def daemon_pythonpath() -> str:
-    return os.pathsep.join([str(REPO / "operator"), str(REPO / "node-daemon"),
-                            os.environ.get("PYTHONPATH", "")])
+    return os.pathsep.join([str(REPO / "core"), str(REPO / "operator"),
+                            str(REPO / "node-daemon"), os.environ.get("PYTHONPATH", "")])
 
 
 LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"

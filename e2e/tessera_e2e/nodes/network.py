@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.controlplane.errors import ControlPlaneError
 
 SLOTS = 32
 BRIDGE_PREFIX = "tessera"

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 import yaml
 
-from tessera_e2e import chart
-from tessera_e2e.processes import die_with_parent
+from tessera_e2e.chart import render as chart
+from tessera_e2e.controlplane.processes import die_with_parent
+from tessera_e2e.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "tessera-system"
 Kubectl = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -232,7 +232,7 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(REPO / "operator"), os.environ.get("PYTHONPATH", "")])}
+            [str(REPO / "core"), str(REPO / "operator"), os.environ.get("PYTHONPATH", "")])}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=log,
                                          env=env, preexec_fn=die_with_parent())

@@ -31,10 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera_e2e.cache import Layout
-from tessera_e2e.errors import ControlPlaneError
+from tessera_e2e.controlplane.cache import Layout
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.paths import E2E
 
-SOURCES = Path(__file__).resolve().parent.parent / "images"
+SOURCES = E2E / "images"
 REPOSITORY = "tessera.local"
 PAUSE = f"{REPOSITORY}/pause:1"
 WORKLOAD = f"{REPOSITORY}/workload:1"

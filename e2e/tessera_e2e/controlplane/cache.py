@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera_e2e.pins import Pins
+from tessera_e2e.controlplane.pins import Pins
 
 BINARIES = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet",

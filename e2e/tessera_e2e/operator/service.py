@@ -1,7 +1,7 @@
 """A Service's virtual port on loopback, load-balanced by the kernel as kube-proxy does.
 
 The benchmarks put the operator's replicas behind this instead of
-:class:`tessera_e2e.operators.RoundRobinProxy`: that proxy copies every byte through a
+:class:`tessera_e2e.operator.replicas.RoundRobinProxy`: that proxy copies every byte through a
 Python thread of the benchmark's own process, so it measured the proxy (and the client's
 event loop beside it) as part of tessera's admission latency.  In a cluster the API server
 reaches a webhook Service through kube-proxy's iptables rules: the kernel rewrites each new
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.operators import free_port
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.operator.replicas import free_port
 
 
 class KernelService:

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from tessera_e2e.pki import Pki
+from tessera_e2e.controlplane.pki import Pki
 
 CONTEXT = "tessera-local"
 

@@ -22,17 +22,24 @@ from typing import Any
 
 import yaml
 
-from tessera_e2e.build import ensure_containerd, ensure_helm
-from tessera_e2e.cache import default_layout
-from tessera_e2e.chart import CHART
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.gpu_bed import Bed
-from tessera_e2e.helm import Helm, get_json, import_into_nodes, label_gpu_nodes, values_for_testbed
-from tessera_e2e.images import Image
-from tessera_e2e.node import Node
-from tessera_e2e.node_daemons import http_get, json_records, node_smi
-from tessera_e2e.operators import OPERATOR_NS, REPO, wait_until
-from tessera_e2e.tessera_images import ensure_tessera_images
+from tessera_e2e.chart.helm import (
+    Helm,
+    get_json,
+    import_into_nodes,
+    label_gpu_nodes,
+    values_for_testbed,
+)
+from tessera_e2e.chart.render import CHART
+from tessera_e2e.chart.tessera_images import ensure_tessera_images
+from tessera_e2e.controlplane.build import ensure_containerd, ensure_helm
+from tessera_e2e.controlplane.cache import default_layout
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.gpubed.bed import Bed
+from tessera_e2e.gpubed.daemons import http_get, json_records, node_smi
+from tessera_e2e.nodes.images import Image
+from tessera_e2e.nodes.node import Node
+from tessera_e2e.operator.replicas import OPERATOR_NS, wait_until
+from tessera_e2e.paths import REPO
 
 NS = OPERATOR_NS  # the release namespace
 TAG = "0.1.0"

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tessera_e2e.cache import Layout, default_layout
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.pins import (
+from tessera_e2e.controlplane.cache import Layout, default_layout
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.controlplane.pins import (
     CONTAINERD_MODULE,
     CONTAINERD_MODULE_DIR,
     CONTROLPLANE_MODULE,
@@ -38,6 +38,7 @@ from tessera_e2e.pins import (
     load_go_directive,
     load_pins,
 )
+from tessera_e2e.paths import E2E
 
 MIN_GO = (1, 24)
 HEARTBEAT_S = 30.0
@@ -181,7 +182,7 @@ def containerd_product(layout: Layout, module_dir: Path = CONTAINERD_MODULE_DIR)
 
 
 HELM_MODULE = "helm.sh/helm/v3"
-HELM_MODULE_DIR = Path(__file__).resolve().parent.parent / "helm"
+HELM_MODULE_DIR = E2E / "helm"
 
 
 def helm_product(layout: Layout, module_dir: Path = HELM_MODULE_DIR) -> Product:
@@ -350,7 +351,7 @@ def _verify_versions(bin_dir: Path, product: Product) -> None:
         if want not in out:
             raise ControlPlaneError(
                 f"built {name} reports {out.strip()!r}, expected version {want}: "
-                "check the -X ldflags in tessera_e2e/build.py"
+                "check the -X ldflags in tessera_e2e/controlplane/build.py"
             )
 
 

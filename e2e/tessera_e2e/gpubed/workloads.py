@@ -12,7 +12,8 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tessera_e2e.paths import REPO
+
 WORKLOAD = REPO / "sim" / "tests" / "workload.py"
 LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
 CGROUP_ROOT = Path("/sys/fs/cgroup/pids")

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tessera_e2e.operators import token_kubeconfig
+from tessera_e2e.operator.replicas import token_kubeconfig
 
 
 def tenant_kubeconfig(cluster: Any, ns: str, directory: Path, name: str = "tenant") -> Path:

@@ -17,11 +17,11 @@ from subprocess import CompletedProcess
 from typing import Any, Generic, Protocol, TypeVar
 
 from tessera.api.names import API_VERSION, MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.images import WORKLOAD
-from tessera_e2e.node_daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
-from tessera_e2e.operators import LocalOperators, wait_until
-from tessera_e2e.quotas import wait_admitting
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.gpubed.daemons import KubeletNodeDaemon, daemon_kubeconfig, node_json
+from tessera_e2e.nodes.images import WORKLOAD
+from tessera_e2e.operator.quotas import wait_admitting
+from tessera_e2e.operator.replicas import LocalOperators, wait_until
 
 SHARES = 10  # the daemon's default shares per GPU
 BUDGET_WAIT_S = 8  # how long libtessera waits for a pending budget file

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tessera_e2e.operators import wait_until
+from tessera_e2e.operator.replicas import wait_until
 
 
 def managed_rq(cluster: Any, ns: str, name: str = "team") -> dict[str, Any] | None:

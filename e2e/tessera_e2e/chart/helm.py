@@ -1,4 +1,4 @@
-"""charts/tessera installed with the real helm (built by ``tessera_e2e.build.ensure_helm``)
+"""charts/tessera installed with the real helm (``tessera_e2e.controlplane.build.ensure_helm``)
 onto a test bed cluster with real nodes: tessera's images are imported into every node's
 containerd (never pulled), the nodes' simulated GPUs stand in for the driver.
 """
@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
-from tessera_e2e.chart import CHART
-from tessera_e2e.cluster import LocalCluster
-from tessera_e2e.images import REPOSITORY, Image, import_images
-from tessera_e2e.node import GPU_DIR
-from tessera_e2e.nodeconfig import CONTAINERD_SOCKET
+from tessera_e2e.chart.render import CHART
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.nodes.config import CONTAINERD_SOCKET
+from tessera_e2e.nodes.images import REPOSITORY, Image, import_images
+from tessera_e2e.nodes.node import GPU_DIR
 
 RELEASE = "tessera"
 # What GPU feature discovery puts on a GPU node; the chart's default daemon affinity wants it.

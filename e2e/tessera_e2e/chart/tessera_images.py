@@ -39,11 +39,11 @@ from pathlib import Path
 
 import yaml
 
-from tessera_e2e.cache import Layout
-from tessera_e2e.errors import ControlPlaneError
-from tessera_e2e.images import REPOSITORY, Image, ImageFile, layer_tar, oci_layered_archive
+from tessera_e2e.controlplane.cache import Layout
+from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.nodes.images import REPOSITORY, Image, ImageFile, layer_tar, oci_layered_archive
+from tessera_e2e.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 OPERATOR_IMAGE = f"{REPOSITORY}/tessera-operator"
 NODE_IMAGE = f"{REPOSITORY}/tessera-node"
 PYTHON = "/usr/bin/python3.11"
