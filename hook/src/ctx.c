@@ -6,7 +6,8 @@
  * The primary context of a device exists once per process however often it is retained: it
  * is charged at the retain that finds it uncounted and given back when the driver reports it
  * inactive after a release or a reset. */
-#include "hook.h"
+#include "count.h"
+#include "startup.h"
 
 /* Reserve what one context on ordinal ord holds.  CUDA_SUCCESS with *entry (-1: nothing to
  * count) and *bytes set, or the error to return (a device outside the budget gets none). */
@@ -16,7 +17,7 @@ static CUresult ctx_reserve(int ord, int *entry, uint64_t *bytes)
     CUresult r = resolve_entry(&ord, entry);
     if (r != CUDA_SUCCESS || *entry < 0)
         return r;
-    uint64_t b = __atomic_load_n(&cur_ctx[*entry], __ATOMIC_RELAXED);
+    uint64_t b = budget_context_bytes(*entry);
     if (b == 0) {
         *entry = -1; /* contexts cost nothing on this device */
         return CUDA_SUCCESS;
@@ -36,7 +37,7 @@ EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CU_READY();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
     struct rec have;
-    if (!pctx || mode == MODE_OFF || rec_get(K_PRIMARY, (uint64_t)dev, 0, &have))
+    if (!pctx || budget_mode() == MODE_OFF || rec_get(K_PRIMARY, (uint64_t)dev, 0, &have))
         return REAL(cuDevicePrimaryCtxRetain)(pctx, dev); /* counted while it lives */
     int e;
     uint64_t b;
@@ -69,8 +70,8 @@ static CUresult primary_released(CUresult r, CUdevice dev)
 {
     unsigned int flags;
     int active = 1;
-    if (r == CUDA_SUCCESS && mode != MODE_OFF && r_cuDevicePrimaryCtxGetState &&
-        r_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
+    if (r == CUDA_SUCCESS && budget_mode() != MODE_OFF && drv.cuDevicePrimaryCtxGetState &&
+        drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
         forget(K_PRIMARY, (uint64_t)dev);
     return r;
 }

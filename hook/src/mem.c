@@ -1,13 +1,9 @@
 /* libtessera: device memory.  Every allocation path reserves the bytes in the container's
  * ledger first, then calls the driver, then records what the object holds (or gives the
  * reservation back); frees give the bytes back after the driver succeeds.  The
- * stream-ordered allocator (pools) is in pool.c, contexts in ctx.c. */
-#include "hook.h"
-
-#include <stdlib.h>
-#include <string.h>
-
-__thread int in_hook __attribute__((tls_model("initial-exec")));
+ * stream-ordered allocator is in mem_async.c, contexts in ctx.c. */
+#include "count.h"
+#include "startup.h"
 
 /* Device-pointer paths: every argument struct starts with the CUdeviceptr * it fills. */
 static void undo_ptr(void *a) { REAL(cuMemFree_v2)(**(CUdeviceptr **)a); }
