@@ -76,30 +76,18 @@ static CUresult primary_released(CUresult r, CUdevice dev)
     return r;
 }
 
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxRelease_v2);
-    return primary_released(REAL(cuDevicePrimaryCtxRelease_v2)(dev), dev);
-}
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxRelease);
-    return primary_released(REAL(cuDevicePrimaryCtxRelease)(dev), dev);
-}
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxReset_v2);
-    return primary_released(REAL(cuDevicePrimaryCtxReset_v2)(dev), dev);
-}
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxReset);
-    return primary_released(REAL(cuDevicePrimaryCtxReset)(dev), dev);
-}
+/* Release, reset and destroy: after the driver's call, `then` gives back what it released. */
+#define RELEASE_HOOK(name, type, then)                                  \
+    EXPORT CUresult CUDAAPI name(type x)                                \
+    {                                                                   \
+        CU_READY();                                                     \
+        REAL_OR_FAIL(name);                                             \
+        return then(REAL(name)(x), x);                                  \
+    }
+RELEASE_HOOK(cuDevicePrimaryCtxRelease_v2, CUdevice, primary_released)
+RELEASE_HOOK(cuDevicePrimaryCtxRelease, CUdevice, primary_released)
+RELEASE_HOOK(cuDevicePrimaryCtxReset_v2, CUdevice, primary_released)
+RELEASE_HOOK(cuDevicePrimaryCtxReset, CUdevice, primary_released)
 
 /* ---- contexts of their own: cuCtxCreate in its three current signatures ---- */
 struct a_ctx {
@@ -177,15 +165,5 @@ static CUresult ctx_destroyed(CUresult r, CUcontext c)
         forget(K_CTX, (uint64_t)(uintptr_t)c);
     return r;
 }
-EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext c)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuCtxDestroy_v2);
-    return ctx_destroyed(REAL(cuCtxDestroy_v2)(c), c);
-}
-EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext c)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuCtxDestroy);
-    return ctx_destroyed(REAL(cuCtxDestroy)(c), c);
-}
+RELEASE_HOOK(cuCtxDestroy_v2, CUcontext, ctx_destroyed)
+RELEASE_HOOK(cuCtxDestroy, CUcontext, ctx_destroyed)

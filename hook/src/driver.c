@@ -61,8 +61,8 @@ void cu_init(void)
 void nvml_init(void)
 {
     void *h = open_lib("libnvidia-ml.so.1", LIB_NVML);
-    if (!h)
-        return;
-    RESOLVE(h, nvmlDeviceGetUUID, "nvmlDeviceGetUUID");
-    RESOLVE(h, nvmlDeviceGetIndex, "nvmlDeviceGetIndex");
+    if (h) {
+        RESOLVE(h, nvmlDeviceGetUUID, "nvmlDeviceGetUUID");
+        RESOLVE(h, nvmlDeviceGetIndex, "nvmlDeviceGetIndex");
+    }
 }

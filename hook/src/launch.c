@@ -7,57 +7,32 @@
 
 #include <stdlib.h>
 
-EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                      unsigned bx, unsigned by, unsigned bz, unsigned sh,
-                                      CUstream s, void **params, void **extra)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuLaunchKernel);
-    spend(1);
-    return REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, sh, s, params, extra);
-}
-EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                           unsigned bx, unsigned by, unsigned bz, unsigned sh,
-                                           CUstream s, void **params, void **extra)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuLaunchKernel_ptsz);
-    spend(1);
-    return REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, sh, s, params, extra);
-}
-EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **x)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuLaunchKernelEx);
-    spend(1);
-    return REAL(cuLaunchKernelEx)(c, f, p, x);
-}
-EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **x)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuLaunchKernelEx_ptsz);
-    spend(1);
-    return REAL(cuLaunchKernelEx_ptsz)(c, f, p, x);
-}
-EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                 unsigned bx, unsigned by, unsigned bz, unsigned sh,
-                                                 CUstream s, void **params)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuLaunchCooperativeKernel);
-    spend(1);
-    return REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, sh, s, params);
-}
-EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
-                                                      unsigned gz, unsigned bx, unsigned by,
-                                                      unsigned bz, unsigned sh, CUstream s,
-                                                      void **params)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuLaunchCooperativeKernel_ptsz);
-    spend(1);
-    return REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, sh, s, params);
-}
+/* A launch spends `cost` tokens (kernels), then is the driver's.  Each comes with its
+ * per-thread-default-stream twin, of the same parameters. */
+#define LAUNCH_HOOK(name, params, args, cost)                                              \
+    EXPORT CUresult CUDAAPI name params                                                    \
+    {                                                                                      \
+        CU_READY();                                                                        \
+        REAL_OR_FAIL(name);                                                                \
+        spend(cost);                                                                       \
+        return REAL(name) args;                                                            \
+    }
+#define KERNEL_PARAMS                                                                      \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,        \
+     unsigned bz, unsigned sh, CUstream s, void **params, void **extra)
+#define COOPERATIVE_PARAMS                                                                 \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,        \
+     unsigned bz, unsigned sh, CUstream s, void **params)
+#define EX_PARAMS (const CUlaunchConfig *c, CUfunction f, void **p, void **x)
+#define KERNEL_ARGS (f, gx, gy, gz, bx, by, bz, sh, s, params, extra)
+#define COOPERATIVE_ARGS (f, gx, gy, gz, bx, by, bz, sh, s, params)
+
+LAUNCH_HOOK(cuLaunchKernel, KERNEL_PARAMS, KERNEL_ARGS, 1)
+LAUNCH_HOOK(cuLaunchKernel_ptsz, KERNEL_PARAMS, KERNEL_ARGS, 1)
+LAUNCH_HOOK(cuLaunchKernelEx, EX_PARAMS, (c, f, p, x), 1)
+LAUNCH_HOOK(cuLaunchKernelEx_ptsz, EX_PARAMS, (c, f, p, x), 1)
+LAUNCH_HOOK(cuLaunchCooperativeKernel, COOPERATIVE_PARAMS, COOPERATIVE_ARGS, 1)
+LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, COOPERATIVE_PARAMS, COOPERATIVE_ARGS, 1)
 
 /* A graph costs what its kernels cost: counted once, at instantiation. */
 static uint64_t graph_kernels(CUgraph g, int depth)
@@ -119,20 +94,8 @@ static uint64_t graph_cost(CUgraphExec ex)
     return rec_get(K_GEXEC, (uint64_t)(uintptr_t)ex, 0, &rc) ? rc.bytes : 1;
 }
 
-EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec ex, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuGraphLaunch);
-    spend(graph_cost(ex));
-    return REAL(cuGraphLaunch)(ex, s);
-}
-EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec ex, CUstream s)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuGraphLaunch_ptsz);
-    spend(graph_cost(ex));
-    return REAL(cuGraphLaunch_ptsz)(ex, s);
-}
+LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec ex, CUstream s), (ex, s), graph_cost(ex))
+LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec ex, CUstream s), (ex, s), graph_cost(ex))
 
 /* Graph memory nodes: the driver maps their memory at launch, from a per-device graph pool
  * that nothing here sees, so none of it would be counted.  While a budget is in force they

@@ -30,9 +30,11 @@ static const struct counted PATH_POOL = {K_PTR, call_pool, key_ptr, undo_async};
 static const struct counted PATH_POOL_PTSZ = {K_PTR, call_pool_ptsz, key_ptr, undo_async};
 
 /* An allocation from a->pool (NULL: the device's current pool), counted on the device of the
- * current context. */
+ * current context.  A NULL pointer is the driver's to refuse. */
 static CUresult pool_alloc(const struct counted *c, struct a_async *a)
 {
+    if (!a->p)
+        return c->call(a);
     int ord = -1, e;
     CUresult r = resolve_entry(&ord, &e);
     if (r != CUDA_SUCCESS || e < 0)
@@ -74,8 +76,6 @@ EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
     CU_READY();
     REAL_OR_FAIL(cuMemAllocAsync);
-    if (!dptr)
-        return REAL(cuMemAllocAsync)(dptr, n, s);
     struct a_async a = {dptr, n, s, NULL, REAL(cuMemFreeAsync)};
     return pool_alloc(&PATH_ASYNC, &a);
 }
@@ -83,8 +83,6 @@ EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstre
 {
     CU_READY();
     REAL_OR_FAIL(cuMemAllocAsync_ptsz);
-    if (!dptr)
-        return REAL(cuMemAllocAsync_ptsz)(dptr, n, s);
     struct a_async a = {dptr, n, s, NULL, REAL(cuMemFreeAsync_ptsz)};
     return pool_alloc(&PATH_ASYNC_PTSZ, &a);
 }
@@ -92,19 +90,15 @@ EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUm
 {
     CU_READY();
     REAL_OR_FAIL(cuMemAllocFromPoolAsync);
-    if (!dptr || !pool)
-        return REAL(cuMemAllocFromPoolAsync)(dptr, n, pool, s);
     struct a_async a = {dptr, n, s, pool, REAL(cuMemFreeAsync)};
-    return pool_alloc(&PATH_POOL, &a);
+    return pool ? pool_alloc(&PATH_POOL, &a) : call_pool(&a); /* NULL: the driver's to refuse */
 }
 EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
     CU_READY();
     REAL_OR_FAIL(cuMemAllocFromPoolAsync_ptsz);
-    if (!dptr || !pool)
-        return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, n, pool, s);
     struct a_async a = {dptr, n, s, pool, REAL(cuMemFreeAsync_ptsz)};
-    return pool_alloc(&PATH_POOL_PTSZ, &a);
+    return pool ? pool_alloc(&PATH_POOL_PTSZ, &a) : call_pool_ptsz(&a); /* NULL: the driver's to refuse */
 }
 
 /* The freed bytes stay counted, as kept by their pool, until it is settled. */
