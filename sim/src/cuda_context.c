@@ -312,67 +312,34 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxGetDevice(CUdevice *d)
+/* The context a query names: `c`, or the current one when NULL.  Caller holds g_mu. */
+static CUresult ctx_named(CUcontext *c)
 {
-    ENTER();
-    if (!d)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUcontext c = NULL;
-    CUresult rc = need_ctx(&c);
-    if (rc == CUDA_SUCCESS)
-        *d = c->dev;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    if (!*c)
+        return need_ctx(c);
+    return ctx_usable(*c) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
-{
-    ENTER();
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUcontext c = NULL;
-    CUresult rc = need_ctx(&c);
-    if (rc == CUDA_SUCCESS)
-        *flags = c->flags;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuCtxGetId(CUcontext c, unsigned long long *id)
-{
-    ENTER();
-    if (!id)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = CUDA_SUCCESS;
-    if (!c)
-        rc = need_ctx(&c);
-    else if (!ctx_usable(c))
-        rc = CUDA_ERROR_INVALID_CONTEXT;
-    if (rc == CUDA_SUCCESS)
-        *id = c->id;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuCtxGetApiVersion(CUcontext c, unsigned int *v)
-{
-    ENTER();
-    if (!v)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = CUDA_SUCCESS;
-    if (!c)
-        rc = need_ctx(&c);
-    else if (!ctx_usable(c))
-        rc = CUDA_ERROR_INVALID_CONTEXT;
-    if (rc == CUDA_SUCCESS)
-        *v = 3020;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
+/* What a context says of itself: `named` is the context asked about (NULL: the current one),
+ * `value` the answer, of context c. */
+#define CTX_GETTER(fn, params, named, value)            \
+    EXPORT CUresult fn params                           \
+    {                                                   \
+        ENTER();                                        \
+        if (!out)                                       \
+            return CUDA_ERROR_INVALID_VALUE;            \
+        pthread_mutex_lock(&g_mu);                      \
+        CUcontext c = named;                            \
+        CUresult rc = ctx_named(&c);                    \
+        if (rc == CUDA_SUCCESS)                         \
+            *out = value;                               \
+        pthread_mutex_unlock(&g_mu);                    \
+        return rc;                                      \
+    }
+CTX_GETTER(cuCtxGetDevice, (CUdevice *out), NULL, c->dev)
+CTX_GETTER(cuCtxGetFlags, (unsigned int *out), NULL, c->flags)
+CTX_GETTER(cuCtxGetId, (CUcontext ctx, unsigned long long *out), ctx, c->id)
+CTX_GETTER(cuCtxGetApiVersion, (CUcontext ctx, unsigned int *out), ctx, 3020)
 
 EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {

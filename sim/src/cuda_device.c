@@ -239,37 +239,30 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
-{
-    ENTER();
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CHECK_DEV(d);
-    sim_copy_str(name, (size_t)len, g_dev[d].name);
-    return CUDA_SUCCESS;
-}
+/* The queries of one device d: `missing` (an output that is NULL or has no room) is
+ * CUDA_ERROR_INVALID_VALUE, a device that is not there CUDA_ERROR_INVALID_DEVICE, else
+ * `answer`. */
+#define DEVICE_QUERY(fn, params, missing, answer)       \
+    EXPORT CUresult fn params                           \
+    {                                                   \
+        ENTER();                                        \
+        if (missing)                                    \
+            return CUDA_ERROR_INVALID_VALUE;            \
+        CHECK_DEV(d);                                   \
+        answer;                                         \
+        return CUDA_SUCCESS;                            \
+    }
+static const struct sim_gpu *gpu_of(CUdevice d) { return &sim_state()->gpu[g_dev[d].gpu]; }
 
-EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
-{
-    ENTER();
-    if (!u)
-        return CUDA_ERROR_INVALID_VALUE;
-    CHECK_DEV(d);
-    memcpy(u->bytes, g_dev[d].uuid_bytes, 16);
-    return CUDA_SUCCESS;
-}
-
+DEVICE_QUERY(cuDeviceGetName, (char *name, int len, CUdevice d), !name || len <= 0,
+             sim_copy_str(name, (size_t)len, g_dev[d].name))
+DEVICE_QUERY(cuDeviceGetUuid, (CUuuid *u, CUdevice d), !u, memcpy(u->bytes, g_dev[d].uuid_bytes, 16))
+DEVICE_QUERY(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice d), !bytes, *bytes = g_dev[d].total)
+DEVICE_QUERY(cuDeviceComputeCapability, (int *major, int *minor, CUdevice d), !major || !minor,
+             (*major = gpu_of(d)->cc_major, *minor = gpu_of(d)->cc_minor))
+DEVICE_QUERY(cuDeviceGetPCIBusId, (char *bus, int len, CUdevice d), !bus || len <= 0,
+             sim_copy_str(bus, (size_t)len, gpu_of(d)->pci_bus_id))
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
-
-EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
-{
-    ENTER();
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    CHECK_DEV(d);
-    *bytes = g_dev[d].total;
-    return CUDA_SUCCESS;
-}
 
 static int attr_value(const struct sim_dev *d, CUdevice_attribute a, int *ok)
 {
@@ -347,27 +340,6 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
     *pi = v;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice d)
-{
-    ENTER();
-    if (!major || !minor)
-        return CUDA_ERROR_INVALID_VALUE;
-    CHECK_DEV(d);
-    *major = sim_state()->gpu[g_dev[d].gpu].cc_major;
-    *minor = sim_state()->gpu[g_dev[d].gpu].cc_minor;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice d)
-{
-    ENTER();
-    if (!pciBusId || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CHECK_DEV(d);
-    sim_copy_str(pciBusId, (size_t)len, sim_state()->gpu[g_dev[d].gpu].pci_bus_id);
     return CUDA_SUCCESS;
 }
 

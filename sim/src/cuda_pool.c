@@ -177,57 +177,66 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     return rc;
 }
 
-EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+static CUresult pool_set(CUmemoryPool pool, CUmemPool_attribute attr, const void *value)
 {
-    ENTER();
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *(const cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(const cuuint64_t *)value != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            pool->reserved_high = pool->reserved;
+        else
+            pool->used_high = pool->used;
+        break;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult pool_get(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->release_threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = 1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A pool attribute set or read, under g_mu. */
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set)
+{
     if (!value)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    CUresult rc = reg_has(&r_pool, pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS) {
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *(cuuint64_t *)value; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-            if (*(cuuint64_t *)value != 0)
-                rc = CUDA_ERROR_INVALID_VALUE;
-            else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
-                pool->reserved_high = pool->reserved;
-            else
-                pool->used_high = pool->used;
-            break;
-        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: break;
-        default: rc = CUDA_ERROR_INVALID_VALUE;
-        }
-    }
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (reg_has(&r_pool, pool))
+        rc = set ? pool_set(pool, attr, value) : pool_get(pool, attr, value);
     pthread_mutex_unlock(&g_mu);
     return rc;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    ENTER();
+    return pool_attribute(pool, attr, value, 1);
 }
 
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     ENTER();
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = reg_has(&r_pool, pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS) {
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->release_threshold; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->used; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;
-        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = 1; break;
-        default: rc = CUDA_ERROR_INVALID_VALUE;
-        }
-    }
-    pthread_mutex_unlock(&g_mu);
-    return rc;
+    return pool_attribute(pool, attr, value, 0);
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d)

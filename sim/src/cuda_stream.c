@@ -136,47 +136,24 @@ EXPORT CUresult cuStreamQuery(CUstream s)
     return rc;
 }
 
-EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
-{
-    ENTER();
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUstream st = NULL;
-    CUresult rc = stream_lookup(s, &st);
-    if (rc == CUDA_SUCCESS)
-        *pctx = st->ctx;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuStreamGetFlags(CUstream s, unsigned int *flags)
-{
-    ENTER();
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUstream st = NULL;
-    CUresult rc = stream_lookup(s, &st);
-    if (rc == CUDA_SUCCESS)
-        *flags = st->flags;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuStreamGetPriority(CUstream s, int *prio)
-{
-    ENTER();
-    if (!prio)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUstream st = NULL;
-    CUresult rc = stream_lookup(s, &st);
-    if (rc == CUDA_SUCCESS)
-        *prio = st->priority;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
+/* What a stream says of itself (NULL, legacy, per-thread: the current context's). */
+#define STREAM_GETTER(fn, type, field)                  \
+    EXPORT CUresult fn(CUstream s, type *out)           \
+    {                                                   \
+        ENTER();                                        \
+        if (!out)                                       \
+            return CUDA_ERROR_INVALID_VALUE;            \
+        pthread_mutex_lock(&g_mu);                      \
+        CUstream st = NULL;                             \
+        CUresult rc = stream_lookup(s, &st);            \
+        if (rc == CUDA_SUCCESS)                         \
+            *out = st->field;                           \
+        pthread_mutex_unlock(&g_mu);                    \
+        return rc;                                      \
+    }
+STREAM_GETTER(cuStreamGetCtx, CUcontext, ctx)
+STREAM_GETTER(cuStreamGetFlags, unsigned int, flags)
+STREAM_GETTER(cuStreamGetPriority, int, priority)
 
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
