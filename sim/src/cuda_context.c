@@ -1,5 +1,5 @@
 /* Fake libcuda.so.1: contexts.  Primary contexts (one per device, retained and released)
- * and contexts of their own, each thread's stack of current contexts, and what a context
+ * and contexts of their own, what they say of themselves, and what a context
  * holds on the node: its device memory (the node's context_mib) and everything allocated in
  * it, freed when it is destroyed, as the real driver does. */
 #include "cuda_core.h"
@@ -7,23 +7,6 @@
 #include <string.h>
 
 static void free_ctx_resources(CUcontext c);
-
-/* This thread's stack of current contexts. */
-static __thread CUcontext t_stack[32];
-static __thread int t_depth;
-
-static CUcontext current_ctx(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
-
-CUresult need_ctx(CUcontext *out)
-{
-    CUcontext c = current_ctx();
-    if (!c)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (!ctx_usable(c))
-        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    *out = c;
-    return CUDA_SUCCESS;
-}
 
 /* Register this process's context on the device in the shared state. */
 static CUresult ctx_attach_node(int dev)
@@ -101,16 +84,6 @@ static void ctx_deactivate(CUcontext c)
     ctx_detach_node(c->dev);
     c->active = 0;
     c->last_end = 0;
-}
-
-static void drop_from_stacks(CUcontext c)
-{
-    /* Only this thread's stack is reachable; other threads see a destroyed context. */
-    for (int i = 0; i < t_depth; i++)
-        if (t_stack[i] == c)
-            t_stack[i] = NULL;
-    while (t_depth > 0 && t_stack[t_depth - 1] == NULL)
-        t_depth--;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
@@ -214,10 +187,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice d)
         }
     }
     if (rc == CUDA_SUCCESS) {
-        if (t_depth < 32)
-            t_stack[t_depth++] = c;
-        else
-            t_stack[t_depth - 1] = c;
+        current_push_new(c);
         *pctx = c;
     }
     pthread_mutex_unlock(&g_mu);
@@ -248,7 +218,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
         rc = CUDA_ERROR_INVALID_CONTEXT;
     } else {
         ctx_deactivate(c);
-        drop_from_stacks(c);
+        current_forget(c);
         stream_free(c->null_stream);
         reg_del(&r_ctx, c);
         c->magic = 0;
@@ -256,60 +226,6 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
     }
     pthread_mutex_unlock(&g_mu);
     return rc;
-}
-
-EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c)
-{
-    ENTER();
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = CUDA_SUCCESS;
-    if (!ctx_usable(c))
-        rc = CUDA_ERROR_INVALID_CONTEXT;
-    else if (t_depth >= 32)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    else
-        t_stack[t_depth++] = c;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
-{
-    ENTER();
-    if (t_depth == 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    CUcontext c = t_stack[--t_depth];
-    if (pctx)
-        *pctx = c;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuCtxSetCurrent(CUcontext c)
-{
-    ENTER();
-    if (c == NULL) {
-        if (t_depth > 0)
-            t_depth--;
-        return CUDA_SUCCESS;
-    }
-    pthread_mutex_lock(&g_mu);
-    int ok = reg_has(&r_ctx, c);
-    pthread_mutex_unlock(&g_mu);
-    if (!ok)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (t_depth == 0)
-        t_depth = 1;
-    t_stack[t_depth - 1] = c;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
-{
-    ENTER();
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = current_ctx();
-    return CUDA_SUCCESS;
 }
 
 /* The context a query names: `c`, or the current one when NULL.  Caller holds g_mu. */

@@ -252,9 +252,11 @@ static inline int ctx_usable(CUcontext c)
     return c && reg_has(&r_ctx, c) && (!c->primary || c->active);
 }
 
-/* This thread's current context (cuda_context.c), or CUDA_ERROR_INVALID_CONTEXT.  Caller
- * holds g_mu. */
+/* cuda_current.c: this thread's current context, or CUDA_ERROR_INVALID_CONTEXT (caller holds
+ * g_mu); a new context made current (cuCtxCreate); a destroyed one off this thread's stack. */
 CUresult need_ctx(CUcontext *out);
+void current_push_new(CUcontext c);
+void current_forget(CUcontext c);
 
 static inline struct sim_dev *dev_of(CUcontext c) { return &g_dev[c->dev]; }
 
@@ -286,6 +288,16 @@ static inline void dev_release(struct alloc *a)
     alloc_remove(a);
 }
 
+/* Give a pool's reserved-but-unused memory back to the device, down to `keep` bytes. */
+static inline void pool_trim(CUmemoryPool p, uint64_t keep)
+{
+    uint64_t floor = p->used > keep ? p->used : keep;
+    if (p->reserved > floor) {
+        uncharge(p->dev, p->reserved - floor);
+        p->reserved = floor;
+    }
+}
+
 /* ---- what one file does for another ---- */
 /* cuda_stream.c */
 CUresult stream_new(CUcontext c, unsigned flags, int prio, CUstream *out);
@@ -301,10 +313,6 @@ static inline int max_blocks_per_sm(int threads)
     int b = 2048 / threads;
     return b > 32 ? 32 : b;
 }
-/* cuda_pool.c: give reserved-but-unused pool memory back, down to `keep` bytes; after a
- * synchronisation, every pool of the device down to its release threshold */
-void pool_trim(CUmemoryPool p, uint64_t keep);
-void trim_pools_of(int dev);
 /* cuda_launch.c: put a launch on its device's timeline */
 CUresult launch_do(struct launch *l, int cooperative);
 

@@ -34,26 +34,6 @@ static CUresult default_pool(int dev, CUmemoryPool *out)
     return CUDA_SUCCESS;
 }
 
-/* Give reserved-but-unused pool memory back to the device, down to `keep` bytes. */
-void pool_trim(CUmemoryPool p, uint64_t keep)
-{
-    uint64_t floor = p->used > keep ? p->used : keep;
-    if (p->reserved > floor) {
-        uncharge(p->dev, p->reserved - floor);
-        p->reserved = floor;
-    }
-}
-
-/* After a synchronisation the driver returns pool memory above the release threshold. */
-void trim_pools_of(int dev)
-{
-    for (size_t i = 0; i < r_pool.n; i++) {
-        CUmemoryPool p = r_pool.items[i];
-        if (p->dev == dev)
-            pool_trim(p, p->release_threshold);
-    }
-}
-
 static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
 {
     if (!dptr || bytes == 0)

@@ -99,6 +99,17 @@ CUresult stream_lookup(CUstream s, CUstream *out)
     return CUDA_SUCCESS;
 }
 
+/* After a synchronisation the driver returns pool memory above the release threshold. */
+static void trim_pools_of(int dev)
+{
+    for (size_t i = 0; i < r_pool.n; i++) {
+        CUmemoryPool p = r_pool.items[i];
+        if (p->dev == dev)
+            pool_trim(p, p->release_threshold);
+    }
+}
+
+
 EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
     ENTER();
