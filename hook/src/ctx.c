@@ -6,7 +6,8 @@
  * The primary context of a device exists once per process however often it is retained: it
  * is charged at the retain that finds it uncounted and given back when the driver reports it
  * inactive after a release or a reset. */
-#include "hook.h"
+#include "count.h"
+#include "startup.h"
 
 /* Reserve what one context on ordinal ord holds.  CUDA_SUCCESS with *entry (-1: nothing to
  * count) and *bytes set, or the error to return (a device outside the budget gets none). */
@@ -16,7 +17,7 @@ static CUresult ctx_reserve(int ord, int *entry, uint64_t *bytes)
     CUresult r = resolve_entry(&ord, entry);
     if (r != CUDA_SUCCESS || *entry < 0)
         return r;
-    uint64_t b = __atomic_load_n(&cur_ctx[*entry], __ATOMIC_RELAXED);
+    uint64_t b = budget_context_bytes(*entry);
     if (b == 0) {
         *entry = -1; /* contexts cost nothing on this device */
         return CUDA_SUCCESS;
@@ -36,7 +37,7 @@ EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CU_READY();
     REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
     struct rec have;
-    if (!pctx || mode == MODE_OFF || rec_get(K_PRIMARY, (uint64_t)dev, 0, &have))
+    if (!pctx || budget_mode() == MODE_OFF || rec_get(K_PRIMARY, (uint64_t)dev, 0, &have))
         return REAL(cuDevicePrimaryCtxRetain)(pctx, dev); /* counted while it lives */
     int e;
     uint64_t b;
@@ -69,36 +70,24 @@ static CUresult primary_released(CUresult r, CUdevice dev)
 {
     unsigned int flags;
     int active = 1;
-    if (r == CUDA_SUCCESS && mode != MODE_OFF && r_cuDevicePrimaryCtxGetState &&
-        r_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
+    if (r == CUDA_SUCCESS && budget_mode() != MODE_OFF && drv.cuDevicePrimaryCtxGetState &&
+        drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
         forget(K_PRIMARY, (uint64_t)dev);
     return r;
 }
 
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxRelease_v2);
-    return primary_released(REAL(cuDevicePrimaryCtxRelease_v2)(dev), dev);
-}
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxRelease);
-    return primary_released(REAL(cuDevicePrimaryCtxRelease)(dev), dev);
-}
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxReset_v2);
-    return primary_released(REAL(cuDevicePrimaryCtxReset_v2)(dev), dev);
-}
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuDevicePrimaryCtxReset);
-    return primary_released(REAL(cuDevicePrimaryCtxReset)(dev), dev);
-}
+/* Release, reset and destroy: after the driver's call, `then` gives back what it released. */
+#define RELEASE_HOOK(name, type, then)                                  \
+    EXPORT CUresult CUDAAPI name(type x)                                \
+    {                                                                   \
+        CU_READY();                                                     \
+        REAL_OR_FAIL(name);                                             \
+        return then(REAL(name)(x), x);                                  \
+    }
+RELEASE_HOOK(cuDevicePrimaryCtxRelease_v2, CUdevice, primary_released)
+RELEASE_HOOK(cuDevicePrimaryCtxRelease, CUdevice, primary_released)
+RELEASE_HOOK(cuDevicePrimaryCtxReset_v2, CUdevice, primary_released)
+RELEASE_HOOK(cuDevicePrimaryCtxReset, CUdevice, primary_released)
 
 /* ---- contexts of their own: cuCtxCreate in its three current signatures ---- */
 struct a_ctx {
@@ -176,15 +165,5 @@ static CUresult ctx_destroyed(CUresult r, CUcontext c)
         forget(K_CTX, (uint64_t)(uintptr_t)c);
     return r;
 }
-EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext c)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuCtxDestroy_v2);
-    return ctx_destroyed(REAL(cuCtxDestroy_v2)(c), c);
-}
-EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext c)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuCtxDestroy);
-    return ctx_destroyed(REAL(cuCtxDestroy)(c), c);
-}
+RELEASE_HOOK(cuCtxDestroy_v2, CUcontext, ctx_destroyed)
+RELEASE_HOOK(cuCtxDestroy, CUcontext, ctx_destroyed)

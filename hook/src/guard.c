@@ -14,7 +14,9 @@
  * ledger lost: the process goes on, refuses device memory from then on, and keeps its
  * launch tokens to itself.  Any other SIGBUS goes to the handler that was there before.
  */
-#include "hook.h"
+#include "guard.h"
+
+#include "formats.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,8 +56,8 @@ int th_managed(void)
 }
 
 /* ---- the ledger's mapping ---- */
-int ledger_lost;
 static void *volatile guarded;  /* base of the mapping a SIGBUS may hit, or NULL */
+static void (*volatile on_lost)(void);
 static struct sigaction prev_bus;
 
 static void on_sigbus(int sig, siginfo_t *si, void *ctx)
@@ -67,8 +69,9 @@ static void on_sigbus(int sig, siginfo_t *si, void *ctx)
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
         errno = e;
         if (m != MAP_FAILED) {
-            __atomic_store_n(&ledger_lost, 1, __ATOMIC_RELAXED);
-            __atomic_store_n(&ledger_state, -1, __ATOMIC_RELEASE);
+            void (*lost)(void) = on_lost;
+            if (lost)
+                lost();
             return; /* the access runs again, on the zeros */
         }
     }
@@ -85,9 +88,10 @@ static void on_sigbus(int sig, siginfo_t *si, void *ctx)
     }
 }
 
-void guard_ledger(void *base)
+void guard_ledger(void *base, void (*lost)(void))
 {
     static int installed;
+    on_lost = lost;
     guarded = base;
     if (installed || !base)
         return;

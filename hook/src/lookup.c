@@ -1,151 +1,35 @@
-/* libtessera: the lookup paths.  glibc's own dlsym/dlvsym/dlmopen (found by walking libc's
- * symbol table, as our exported dlsym answers normal lookups), cuGetProcAddress(_v2), the
- * dlsym/dlvsym filters dlfcn_tramp.S calls, and dlmopen redirection. */
-#include "hook.h"
+/* libtessera: the lookup paths, from the one table of hooks.def: cuGetProcAddress(_v2), the
+ * dlsym/dlvsym filters dlfcn_tramp.S calls, and dlmopen redirection.  glibc's own functions
+ * are in glibc.c. */
+#include "glibc.h"
+#include "startup.h"
 
-#include <elf.h>
 #include <link.h>
 #include <string.h>
 
-/* ====================================================================================
- * glibc's own dlsym/dlvsym/dlmopen, found by walking libc's dynamic symbol table (our own
- * exported dlsym would answer any normal lookup).
- * ==================================================================================== */
-HIDDEN void *tessera_dlsym_unavailable(void *h, const char *n);
-HIDDEN void *tessera_dlsym_unavailable(void *h, const char *n)
-{
-    (void)h;
-    (void)n;
-    return NULL;
-}
-HIDDEN void *tessera_dlvsym_unavailable(void *h, const char *n, const char *v);
-HIDDEN void *tessera_dlvsym_unavailable(void *h, const char *n, const char *v)
-{
-    (void)h;
-    (void)n;
-    (void)v;
-    return NULL;
-}
-HIDDEN void *(*tessera_real_dlsym)(void *, const char *) = tessera_dlsym_unavailable;
-HIDDEN void *(*tessera_real_dlvsym)(void *, const char *, const char *) = tessera_dlvsym_unavailable;
-static void *(*real_dlmopen)(Lmid_t, const char *, int);
+/* The table: every hook, with what the lookup paths need to know of it. */
+enum th_class {
+    C_ALLOC, C_FREE, C_CTX, C_CTXFREE, C_POOL, C_INFO, C_LAUNCH, C_LEGACY, C_GRAPH, C_GRAPHMEM, C_PROC
+};
+struct th_entry {
+    const char *name, *base;
+    int min_version, ptsz;
+    enum th_lib lib;
+    enum th_class cls;
+    void *hook;
+};
+static const struct th_entry th_table[IDX_COUNT] = {
+#define H(lib, name, base, ver, ptsz, cls) {#name, #base, ver, ptsz, LIB_##lib, C_##cls, (void *)&name},
+#include "hooks.def"
+#undef H
+};
 
-/* This runs before anything else is set up (a sanitizer runtime resolves its own
- * interceptors through our dlsym while it initialises): no instrumentation, no libc string
- * functions, no dl_iterate_phdr; the loader's link map is read directly. */
-#define NOSAN __attribute__((no_sanitize("address", "undefined"), noinline))
-
-NOSAN static int s_eq(const char *a, const char *b)
-{
-    while (*a && *a == *b) {
-        a++;
-        b++;
-    }
-    return *a == *b;
-}
-
-NOSAN static int s_has(const char *hay, const char *needle)
-{
-    for (; *hay; hay++) {
-        const char *h = hay, *n = needle;
-        while (*n && *h == *n) {
-            h++;
-            n++;
-        }
-        if (!*n)
-            return 1;
-    }
-    return 0;
-}
-
-NOSAN static uint32_t gnu_hash(const char *s)
-{
-    uint32_t h = 5381;
-    for (; *s; s++)
-        h = h * 33 + (unsigned char)*s;
-    return h;
-}
-
-NOSAN static void *elf_find(const struct link_map *m, const char *sym)
-{
-    const ElfW(Sym) *symtab = NULL;
-    const char *strtab = NULL;
-    const uint32_t *gh = NULL;
-    const ElfW(Half) *versym = NULL;
-    for (const ElfW(Dyn) *dyn = m->l_ld; dyn && dyn->d_tag != DT_NULL; dyn++) {
-        ElfW(Addr) p = dyn->d_un.d_ptr;
-        if (p < m->l_addr)
-            p += m->l_addr;
-        switch (dyn->d_tag) {
-        case DT_SYMTAB: symtab = (const void *)p; break;
-        case DT_STRTAB: strtab = (const void *)p; break;
-        case DT_GNU_HASH: gh = (const void *)p; break;
-        case DT_VERSYM: versym = (const void *)p; break;
-        default: break;
-        }
-    }
-    if (!symtab || !strtab || !gh)
-        return NULL;
-    uint32_t nb = gh[0], symoff = gh[1], bloom = gh[2];
-    const ElfW(Addr) *bl = (const void *)(gh + 4);
-    const uint32_t *buckets = (const void *)(bl + bloom);
-    const uint32_t *chain = buckets + nb;
-    uint32_t h = gnu_hash(sym);
-    uint32_t i = nb ? buckets[h % nb] : 0;
-    if (i < symoff)
-        return NULL;
-    for (;; i++) {
-        uint32_t c = chain[i - symoff];
-        if ((c | 1) == (h | 1) && s_eq(strtab + symtab[i].st_name, sym) &&
-            symtab[i].st_shndx != SHN_UNDEF && (!versym || !(versym[i] & 0x8000)))
-            return (void *)(m->l_addr + symtab[i].st_value);
-        if (c & 1)
-            return NULL;
-    }
-}
-
-extern struct r_debug _r_debug;
-
-NOSAN static void *libc_sym(const char *name)
-{
-    for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next)
-        if (m->l_name && s_has(m->l_name, "libc.so.6"))
-            return elf_find(m, name);
-    return NULL;
-}
-
-static int libc_done;
-NOSAN static void libc_resolve(void)
-{
-    if (__atomic_load_n(&libc_done, __ATOMIC_ACQUIRE))
-        return;
-    void *s = libc_sym("dlsym"), *v = libc_sym("dlvsym"), *m = libc_sym("dlmopen");
-    if (s)
-        __atomic_store_n(&tessera_real_dlsym, (void *(*)(void *, const char *))s, __ATOMIC_RELAXED);
-    if (v)
-        __atomic_store_n(&tessera_real_dlvsym, (void *(*)(void *, const char *, const char *))v,
-                         __ATOMIC_RELAXED);
-    real_dlmopen = (void *(*)(Lmid_t, const char *, int))m;
-    __atomic_store_n(&libc_done, 1, __ATOMIC_RELEASE);
-}
-
-pthread_once_t libc_once = PTHREAD_ONCE_INIT;
-void libc_init(void)
-{
-    libc_resolve();
-    if (tessera_real_dlsym == tessera_dlsym_unavailable || !real_dlmopen)
-        th_log("cannot find glibc's dlsym/dlvsym/dlmopen; dynamic lookups will fail");
-}
-
-/* ====================================================================================
- * Lookup paths: cuGetProcAddress, dlsym, dlvsym, dlmopen.
- * ==================================================================================== */
 NOSAN static int find_name(const char *name)
 {
     if (!name || (name[0] != 'c' && name[0] != 'n'))
         return -1;
     for (int i = 0; i < IDX_COUNT; i++)
-        if (s_eq(th_table[i].name, name))
+        if (glibc_streq(th_table[i].name, name))
             return i;
     return -1;
 }
@@ -232,11 +116,11 @@ NOSAN static void *lookup_hook(const char *name)
     if (name[0] == 'd' && name[1] == 'l') {
         extern void *dlsym(void *, const char *);
         extern void *dlvsym(void *, const char *, const char *);
-        if (s_eq(name, "dlsym"))
+        if (glibc_streq(name, "dlsym"))
             return (void *)&dlsym;
-        if (s_eq(name, "dlvsym"))
+        if (glibc_streq(name, "dlvsym"))
             return (void *)&dlvsym;
-        if (s_eq(name, "dlmopen"))
+        if (glibc_streq(name, "dlmopen"))
             return (void *)&dlmopen;
         return NULL;
     }
@@ -265,7 +149,7 @@ HIDDEN void *tessera_dlsym_filter(void *handle, const char *name);
 NOSAN HIDDEN void *tessera_dlsym_filter(void *handle, const char *name)
 {
     (void)handle;
-    libc_resolve();
+    glibc_resolve();
     return maybe_ours(name) ? lookup_hook(name) : NULL;
 }
 
@@ -274,7 +158,7 @@ NOSAN HIDDEN void *tessera_dlvsym_filter(void *handle, const char *name, const c
 {
     (void)handle;
     (void)version;
-    libc_resolve();
+    glibc_resolve();
     return maybe_ours(name) ? lookup_hook(name) : NULL;
 }
 
@@ -283,14 +167,14 @@ NOSAN HIDDEN void *tessera_dlvsym_filter(void *handle, const char *name, const c
 EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
 {
     pthread_once(&libc_once, libc_init);
-    if (!real_dlmopen)
+    if (!tessera_real_dlmopen)
         return NULL;
     if (lmid != LM_ID_BASE && file &&
         (strstr(file, "libcuda.so") || strstr(file, "libnvidia-ml.so"))) {
         LOG_ONCE("dlmopen of %s into a new namespace: using the base namespace", file);
         return dlopen(file, flags);
     }
-    void *h = real_dlmopen(lmid, file, flags);
+    void *h = tessera_real_dlmopen(lmid, file, flags);
     if (!h || lmid == LM_ID_BASE)
         return h;
     struct link_map *lm = NULL;
@@ -309,3 +193,11 @@ EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
     dlclose(h);
     return dlopen(file, flags);
 }
+
+/* ---- test support: the table, for the test programs (not part of the API) ---- */
+EXPORT int tessera_symbol_count(void);
+EXPORT int tessera_symbol_count(void) { return IDX_COUNT; }
+EXPORT const char *tessera_symbol_name(int i);
+EXPORT const char *tessera_symbol_name(int i) { return i >= 0 && i < IDX_COUNT ? th_table[i].name : NULL; }
+EXPORT void *tessera_symbol_hook(int i);
+EXPORT void *tessera_symbol_hook(int i) { return i >= 0 && i < IDX_COUNT ? th_table[i].hook : NULL; }

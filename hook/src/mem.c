@@ -1,13 +1,9 @@
 /* libtessera: device memory.  Every allocation path reserves the bytes in the container's
  * ledger first, then calls the driver, then records what the object holds (or gives the
  * reservation back); frees give the bytes back after the driver succeeds.  The
- * stream-ordered allocator (pools) is in pool.c, contexts in ctx.c. */
-#include "hook.h"
-
-#include <stdlib.h>
-#include <string.h>
-
-__thread int in_hook __attribute__((tls_model("initial-exec")));
+ * stream-ordered allocator is in mem_async.c, contexts in ctx.c. */
+#include "count.h"
+#include "startup.h"
 
 /* Device-pointer paths: every argument struct starts with the CUdeviceptr * it fills. */
 static void undo_ptr(void *a) { REAL(cuMemFree_v2)(**(CUdeviceptr **)a); }
@@ -77,18 +73,6 @@ EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, siz
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemFree_v2);
-    ENTER();
-    CUresult r = REAL(cuMemFree_v2)(dptr);
-    LEAVE();
-    if (r == CUDA_SUCCESS && dptr)
-        forget(K_PTR, dptr);
-    return r;
-}
-
 struct a_create {
     CUmemGenericAllocationHandle *h;
     size_t n;
@@ -113,18 +97,6 @@ EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
         return REAL(cuMemCreate)(handle, size, prop, flags);
     struct a_create a = {handle, size, prop, flags};
     return counted_alloc(&PATH_CREATE, &a, prop->location.id, size);
-}
-
-EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMemRelease);
-    ENTER();
-    CUresult r = REAL(cuMemRelease)(handle);
-    LEAVE();
-    if (r == CUDA_SUCCESS)
-        forget(K_HANDLE, handle);
-    return r;
 }
 
 /* Bytes of an array: width x height x depth x element size, per mip level.  Saturates. */
@@ -211,29 +183,24 @@ EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_A
     return counted_alloc(&PATH_MIPMAP, &a, -1, b);
 }
 
-EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray arr)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuArrayDestroy);
-    ENTER();
-    CUresult r = REAL(cuArrayDestroy)(arr);
-    LEAVE();
-    if (r == CUDA_SUCCESS)
-        forget(K_ARRAY, (uint64_t)(uintptr_t)arr);
-    return r;
-}
-
-EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray m)
-{
-    CU_READY();
-    REAL_OR_FAIL(cuMipmappedArrayDestroy);
-    ENTER();
-    CUresult r = REAL(cuMipmappedArrayDestroy)(m);
-    LEAVE();
-    if (r == CUDA_SUCCESS)
-        forget(K_MIPMAP, (uint64_t)(uintptr_t)m);
-    return r;
-}
+/* The frees: the driver frees the object, then the bytes it held are given back.  cuMemFree
+ * of 0 frees nothing. */
+#define FREE_HOOK(name, type, kind, held)                               \
+    EXPORT CUresult CUDAAPI name(type x)                                \
+    {                                                                   \
+        CU_READY();                                                     \
+        REAL_OR_FAIL(name);                                             \
+        ENTER();                                                        \
+        CUresult r = REAL(name)(x);                                     \
+        LEAVE();                                                        \
+        if (r == CUDA_SUCCESS && (held))                                \
+            forget(kind, (uint64_t)(uintptr_t)x);                       \
+        return r;                                                       \
+    }
+FREE_HOOK(cuMemFree_v2, CUdeviceptr, K_PTR, x != 0)
+FREE_HOOK(cuMemRelease, CUmemGenericAllocationHandle, K_HANDLE, 1)
+FREE_HOOK(cuArrayDestroy, CUarray, K_ARRAY, 1)
+FREE_HOOK(cuMipmappedArrayDestroy, CUmipmappedArray, K_MIPMAP, 1)
 
 EXPORT CUresult CUDAAPI cuMemAlloc(unsigned int *d, unsigned int n) { (void)d; (void)n; LEGACY_REFUSE(cuMemAlloc); }
 EXPORT CUresult CUDAAPI cuMemAllocPitch(unsigned int *d, unsigned int *p, unsigned int w, unsigned int h, unsigned int e)

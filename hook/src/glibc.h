@@ -1,0 +1,30 @@
+/* libtessera: glibc's own dlsym, dlvsym and dlmopen (glibc.c).  The library exports dlsym and
+ * dlvsym itself (dlfcn_tramp.S), so these are found by walking libc's dynamic symbol table. */
+#ifndef TESSERA_GLIBC_H
+#define TESSERA_GLIBC_H
+
+#include "hook.h"
+
+#pragma GCC visibility push(hidden)
+
+/* Code that may run before anything else is set up (a sanitizer runtime resolves its own
+ * interceptors through our dlsym while it initialises): no instrumentation, no libc string
+ * functions. */
+#define NOSAN __attribute__((no_sanitize("address", "undefined"), noinline))
+
+/* glibc's functions; until found, ones that find nothing (dlmopen: NULL). */
+extern void *(*tessera_real_dlsym)(void *, const char *);
+extern void *(*tessera_real_dlvsym)(void *, const char *, const char *);
+extern void *(*tessera_real_dlmopen)(Lmid_t, const char *, int);
+
+/* Find them (NOSAN: callable from the dlsym trampolines at any time). */
+void glibc_resolve(void);
+/* The same, once, logging when they cannot be found. */
+extern pthread_once_t libc_once;
+void libc_init(void);
+
+/* strcmp(a, b) == 0, callable where glibc_resolve is. */
+int glibc_streq(const char *a, const char *b);
+
+#pragma GCC visibility pop
+#endif
