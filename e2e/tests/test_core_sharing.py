@@ -27,7 +27,7 @@ from tessera.api.names import (
 from tessera_e2e.chart_bed import ChartDaemon
 from tessera_e2e.gpu_bed import Bed, gpu_pod, vgpu
 from tessera_e2e.operators import wait_until
-from tessera_node.budget.formats import read_budget
+from tessera_node.budget.formats import read_budget_file as read_budget
 
 pytestmark = pytest.mark.integration
 

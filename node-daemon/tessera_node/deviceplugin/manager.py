@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
-from tessera_node.containers import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin import budgets, fit, resize
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred
 from tessera_node.deviceplugin.devices import (
@@ -31,6 +30,7 @@ from tessera_node.deviceplugin.devices import (
     unit_of,
 )
 from tessera_node.deviceplugin.matcher import (
+    ENDED,
     ContainerRef,
     Held,
     PodView,
@@ -38,6 +38,7 @@ from tessera_node.deviceplugin.matcher import (
     candidates,
     confirm,
 )
+from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.response import (
     ContainerResponse,
     HostPaths,
@@ -49,9 +50,6 @@ from tessera_node.deviceplugin.server import AllocateError
 
 log = logging.getLogger("tessera_node.deviceplugin")
 
-ENDED = ("Succeeded", "Failed")
-"""Pod phases after which no container of the pod runs again."""
-
 Refused = Callable[[PodView, str, str], None]
 """(pod, container, reason): the daemon posts an Event on the pod."""
 
@@ -62,10 +60,11 @@ class PluginConfig:
     shares_per_unit: int
     lib_dir: str
     visibility: Visibility
+    forget_after_s: float
+    """A pending allocation the kubelet never shows as held is removed after this long
+    (``settings.FORGET_PENDING_S``)."""
     policy: Policy = "pack"
     sim: SimPaths | None = None
-    forget_after_s: float = 300.0
-    """A pending allocation the kubelet never shows as held is removed after this long."""
 
 
 @dataclass

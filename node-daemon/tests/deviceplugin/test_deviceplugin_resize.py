@@ -1,7 +1,7 @@
 """The node's part of a live resize, through the device plugin's manager: an approved request
 decided against what else is budgeted on the container's GPUs, the budget files rewritten
 (all of the pod's containers, or none), the commitments the daemon publishes on its Node;
-and which containers the core controllers run for (:func:`tessera_node.core_control.plan`)."""
+and which containers the core controllers run for (:func:`tessera_node.cores.runner.plan`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from test_deviceplugin_matching import Cycle, pod
 from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_BUDGET_RESIZE, VGPU
 from tessera.api.resize import ResizeStatus
-from tessera_node.core_control import plan
+from tessera_node.cores.runner import plan
 from tessera_node.deviceplugin.devices import Unit, share_id
 from tessera_node.deviceplugin.manager import NodeState
 from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key, pod_view
@@ -146,7 +146,7 @@ def test_a_controlled_container_has_its_series_before_any_period_measures(
     controlled (a dashboard shows 0, not 'no data')."""
     from prometheus_client import REGISTRY
 
-    from tessera_node.core_control import CoreControl
+    from tessera_node.cores.runner import CoreControl
 
     c = running(tmp_path, {"idle": {"main": (10 * GIB, 20)}})
 
