@@ -50,10 +50,9 @@ async def answer_resizes(kube: Kube, pods: NodePods, manager: Manager) -> None:
         log.info("budget resize decided", extra={
             "pod": "/".join(key), "state": outcome.status.state,
             "reason": outcome.status.reason})
-        if outcome.applied:
+        if outcome.applied and outcome.budget is not None:
             await post_event(kube, obj, "v1", "Pod", REASON_RESIZED,
-                             resized_message(view.annotations, outcome), "Normal",
-                             NODE_DAEMON)
+                             resized_message(outcome.budget), "Normal", NODE_DAEMON)
         else:
             await post_event(kube, obj, "v1", "Pod", REASON_RESIZE_REFUSED,
                              f"budget request refused: {outcome.status.reason}",

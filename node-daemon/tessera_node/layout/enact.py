@@ -17,10 +17,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from tessera.api.partition import NodePhase
 from tessera_node import metrics
 from tessera_node.device.hostlock import GPULocks, LockTimeout
 from tessera_node.device.nvml import DeviceError, GPUReader
@@ -29,24 +27,12 @@ from tessera_node.device.state import GPUState
 from tessera_node.layout import commands
 from tessera_node.layout.advertise import Advertiser, NothingAdvertised
 from tessera_node.layout.holders import DeviceHolders, NoHolders
-from tessera_node.layout.plan import COMMAND_FAILED, REBOOT_REQUIRED, GPUPlan, plan
+from tessera_node.layout.plan import COMMAND_FAILED, REBOOT_REQUIRED, GPUPlan, Outcome, plan
 
 log = logging.getLogger("tessera_node.enact")
 
 MAX_COMMANDS = 32
 """Commands one apply may run before it gives up (a plan needs at most seven)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    phase: NodePhase
-    """``Ready`` once NVML shows the target; otherwise what the node entry says."""
-    message: str = ""
-    reason: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.phase == "Ready"
 
 
 class Enactor(Protocol):

@@ -89,6 +89,21 @@ def describe_gpu(gpu: GPUState) -> str:
     return text
 
 
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came of carrying a plan out (the enactor's answer)."""
+
+    phase: NodePhase
+    """``Ready`` once NVML shows the target; otherwise what the node entry says."""
+    message: str = ""
+    reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "Ready"
+
+
 def instance_users(gpu: GPUState, inst: MigInstanceState, holders: Holders) -> list[str]:
     """Who uses one instance: its processes, the pods holding it or its whole GPU."""
     pods = [*holders.get(inst.uuid, ()), *holders.get(gpu.uuid, ())] if inst.uuid else list(

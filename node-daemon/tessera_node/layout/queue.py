@@ -15,8 +15,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from tessera_node.layout.enact import Enactor, Outcome
-from tessera_node.layout.plan import GPUPlan
+from tessera_node.layout.enact import Enactor
+from tessera_node.layout.plan import GPUPlan, Outcome
 
 log = logging.getLogger("tessera_node.work")
 

@@ -1,5 +1,5 @@
-"""Other GPU stacks on this node: NVIDIA's device plugin and MIG manager (detection is pure;
-:func:`device_plugin_sockets` is the one look at the host).
+"""Other GPU stacks on this node: NVIDIA's device plugin and MIG manager (pure; the sockets
+in the kubelet's device-plugin directory are read by :mod:`tessera_node.device.sockets`).
 
 tessera-node never fights them: beside another MIG manager it changes no MIG layout (its
 reports say so), and beside another GPU device plugin it only reports (two plugins handing
@@ -22,14 +22,6 @@ from tessera.api.names import (
     NVIDIA_MIG_RESOURCE_PREFIX,
 )
 from tessera_node.node.findings import Finding
-
-
-def device_plugin_sockets(directory: str) -> tuple[str, ...]:
-    """Socket names in the kubelet's device-plugin directory (none when it is absent)."""
-    try:
-        return tuple(sorted(n for n in os.listdir(directory) if n.endswith(".sock")))
-    except OSError:
-        return ()
 
 
 def detect(node: Mapping[str, Any] | None, sockets: Iterable[str], socket_dir: str

@@ -27,9 +27,8 @@ from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_NODE_FINDINGS, ANNOTAT
 from tessera.api.partition import NodePartitionStatus, Sharing
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.layout.desired import being_reset, misfits, partition_views, targets
-from tessera_node.layout.enact import Outcome
 from tessera_node.layout.holders import Holders
-from tessera_node.layout.plan import GPUPlan
+from tessera_node.layout.plan import GPUPlan, Outcome
 from tessera_node.node import findings as findings_
 from tessera_node.node import reports
 from tessera_node.node.coexistence import detect

@@ -34,12 +34,13 @@ from tessera.kube.events import post_event
 from tessera.kube.health import Health
 from tessera_node import metrics
 from tessera_node.device.nvml import DeviceError, GPUReader
+from tessera_node.device.sockets import device_plugin_sockets
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.service import DevicePlugin
-from tessera_node.layout.enact import Enactor, Outcome
+from tessera_node.layout.enact import Enactor
 from tessera_node.layout.holders import DeviceHolders
+from tessera_node.layout.plan import Outcome
 from tessera_node.layout.queue import PlanQueue
-from tessera_node.node.coexistence import device_plugin_sockets
 from tessera_node.node.content import node_content
 from tessera_node.node.inventory import node_gpus
 from tessera_node.node.own_node import NODE_WATCH, OwnNode

@@ -18,9 +18,8 @@ from tessera.api.partition import GPUStatus, MigInstanceStatus, NodePartitionSta
 from tessera.kube.events import EventType
 from tessera_node.device.state import DeviceSnapshot, GPUState, model_of
 from tessera_node.layout.desired import GPUTarget, Misfit
-from tessera_node.layout.enact import Outcome
 from tessera_node.layout.holders import Holders
-from tessera_node.layout.plan import LAYOUT_DOES_NOT_FIT, GPUPlan, plan
+from tessera_node.layout.plan import LAYOUT_DOES_NOT_FIT, GPUPlan, Outcome, plan
 from tessera_node.node.findings import Finding
 
 

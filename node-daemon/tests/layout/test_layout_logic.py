@@ -23,8 +23,8 @@ from tessera_node.layout.commands import (
     pending_needs_reboot,
 )
 from tessera_node.layout.desired import GPUTarget
-from tessera_node.layout.enact import Outcome, placement_support
-from tessera_node.layout.plan import GPUPlan, plan
+from tessera_node.layout.enact import placement_support
+from tessera_node.layout.plan import GPUPlan, Outcome, plan
 from tessera_node.layout.queue import PlanQueue
 
 H100 = "H100-80GB"

@@ -18,7 +18,7 @@ from tessera.models import get_model
 from tessera_node.cli import build_parser, options
 from tessera_node.device.state import DeviceSnapshot, GPUState, MigInstanceState, ProfileInfo
 from tessera_node.layout.desired import GPUTarget
-from tessera_node.layout.enact import Outcome
+from tessera_node.layout.plan import Outcome
 from tessera_node.node import reports
 from tessera_node.node.coexistence import detect
 from tessera_node.node.content import node_content
