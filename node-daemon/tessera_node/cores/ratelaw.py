@@ -41,9 +41,12 @@ class TenantState:
 
     @property
     def cost(self) -> float | None:
+        """Busy seconds one token buys, over the history; None while unknown (or too small
+        to divide by: a busy share of a few denormals)."""
         busy_s = sum(h[0] for h in self.history)
         tokens = sum(h[1] for h in self.history)
-        return busy_s / tokens if tokens > 0 and busy_s > 0 else None
+        cost = busy_s / tokens if tokens > 0 and busy_s > 0 else 0.0
+        return cost if cost > 0 else None
 
 
 @dataclass
