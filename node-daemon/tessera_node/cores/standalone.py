@@ -2,7 +2,7 @@
 
     python -m tessera_node.cores.standalone --device 0|GPU-…|MIG-… \\
         --container a:/srv/a/budget:/srv/a/ledger --container b:/srv/b/budget:/srv/b/ledger \\
-        [--weight NAME=W] [--no-lend NAME] [--quota NAME=NS/QUOTA] [--interval 0.1] \\
+        [--weight NAME=W] [--no-lend NAME] [--quota NAME=NS/QUOTA] [--interval S] \\
         [--duration S] [--log] [--metrics-port P] [--driver-root DIR]
 
 It runs the daemon's own loop (:class:`~tessera_node.cores.runner.CoreControl`, its pacing,
@@ -35,6 +35,7 @@ from tessera_node.cores.runner import CoreControl
 from tessera_node.device.nvml import NvmlReader
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.registry import SetUpContainer
+from tessera_node.settings import DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -89,12 +90,13 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[Named]]:
                     help="a container whose GPUQuota neither lends nor borrows")
     ap.add_argument("--quota", action="append", default=[], metavar="NAME=QUOTA",
                     help="a container's GPUQuota (namespace/name), for the metrics")
-    ap.add_argument("--interval", type=float, default=0.1)
+    ap.add_argument("--interval", type=float, default=DEFAULTS.core_interval_s,
+                    help="the period in seconds (the daemon's --core-interval)")
     ap.add_argument("--duration", type=float, default=None)
     ap.add_argument("--log", action="store_true", help="print one JSON line per period")
     ap.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics (lent/borrowed core time, shares) here")
-    ap.add_argument("--driver-root", default="/",
+    ap.add_argument("--driver-root", default=DEFAULTS.driver_root,
                     help="where the NVIDIA driver's files are (libnvidia-ml.so.1 below it)")
     args = ap.parse_args(argv)
     weights = dict(w.split("=", 1) for w in args.weight)
