@@ -81,13 +81,13 @@ def placement_support(path: str, rc: int, output: str) -> str | None:
 
 class SmiEnactor:
     def __init__(self, smi: NvidiaSmi, reader: GPUReader, locks: GPULocks,
-                 pods: DeviceHolders | None = None, advertiser: Advertiser | None = None,
+                 holders: DeviceHolders | None = None, advertiser: Advertiser | None = None,
                  *, recheck_s: float, allow_reset: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.smi = smi
         self.reader = reader
         self.locks = locks
-        self.pods: DeviceHolders = pods or NoHolders()
+        self.holders: DeviceHolders = holders or NoHolders()
         self.advertiser: Advertiser = advertiser or NothingAdvertised()
         self.allow_reset = allow_reset
         self.recheck_s = recheck_s
@@ -123,7 +123,7 @@ class SmiEnactor:
 
     def read(self, index: int) -> tuple[GPUState | None, Mapping[str, Sequence[str]]]:
         snapshot = self.reader.read()
-        holders = self.pods.holders()
+        holders = self.holders.holders()
         return next((g for g in snapshot.gpus if g.index == index), None), holders
 
     def apply(self, plan: GPUPlan) -> Outcome:

@@ -83,8 +83,9 @@ class NodeReconciler:
         self.snapshot: DeviceSnapshot | None = None
         self.read_error: str | None = None
         self.sockets: tuple[str, ...] = ()
-        self.pods = holders
+        self.device_holders = holders
         self.holders: Mapping[str, Sequence[str]] = {}
+        """Device -> pods holding it, as last asked (``device_holders``)."""
         self.pods_error: str | None = None
         self._dirty = changed
         self.work = PlanQueue(enactor, self._work_done, opts.retry_interval_s)
@@ -141,7 +142,7 @@ class NodeReconciler:
 
     def _read_holders(self) -> None:
         try:
-            self.holders, self.pods_error = self.pods.holders(), None
+            self.holders, self.pods_error = self.device_holders.holders(), None
         except OSError as exc:  # fail closed: nothing is changed while pods are unknown
             if self.pods_error is None:
                 log.error("cannot ask the kubelet which pods hold devices",
