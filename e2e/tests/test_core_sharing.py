@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tessera.api.budget import parse_budget
+from tessera.api.budget import parse_budget_annotation as parse_budget
 from tessera.api.names import (
     ANNOTATION_BUDGET,
     ANNOTATION_BUDGET_RESIZE,
