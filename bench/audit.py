@@ -31,13 +31,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim")]
 
+from tessera.api.budget import PerShareBudget  # noqa: E402
+from tessera.api.names import VGPU  # noqa: E402
 from tessera.kube.client import Credentials, Kube  # noqa: E402
 from tessera_e2e.gpubed.daemons import SimNode  # noqa: E402
 from tessera_e2e.gpubed.workloads import Cgroups, Workload, require  # noqa: E402
-from tessera_node.audit.registry import StaticRegistry, TesseraContainer  # noqa: E402
 from tessera_node.audit.runner import AuditRunner  # noqa: E402
 from tessera_node.budget.formats import BudgetEntry, BudgetFile  # noqa: E402
 from tessera_node.device.nvml import NvmlReader  # noqa: E402
+from tessera_node.deviceplugin.registry import SetUpContainer  # noqa: E402
 from tessera_node.settings import DEFAULTS  # noqa: E402
 from tessera_sim import BUILD_DIR  # noqa: E402
 
@@ -74,17 +76,20 @@ def main() -> int:
             (state / "run").mkdir(parents=True)
             with BudgetFile(state / "budget") as b:
                 b.update([BudgetEntry(0, gpu, memory=256 * MIB, cores=25)])
-            containers.append(TesseraContainer("bench", f"pod-{i}", uid, "app",
-                                               str(state / "budget"), str(state / "run"),
-                                               (gpu,), cid))
+            containers.append(SetUpContainer(
+                key=state.name, pod_uid=uid, namespace="bench", pod=f"pod-{i}",
+                container="app", resource=VGPU, units=(gpu,), gpus=(gpu,),
+                budget=PerShareBudget(shares=1, memory_bytes=256 * MIB, cores=25),
+                refused=None, budget_file=str(state / "budget"),
+                ledger_dir=str(state / "run"), container_id=cid))
             workloads.append(Workload(sim.env, cg.container(uid, cid), "hold", "128",
                                       device=gpu))
         reader = NvmlReader(str(BUILD_DIR))
         kube = Kube(Credentials("https://127.0.0.1:1", ssl.create_default_context(), {}))
 
-        def audit_with(registry: StaticRegistry) -> tuple[float, int, int]:
+        def audit_with(set_up: list[SetUpContainer]) -> tuple[float, int, int]:
             # never confirmed within the run: the decisions, not the Events, are measured
-            runner = AuditRunner(kube, "bench", registry, reader, 10.0,
+            runner = AuditRunner(kube, "bench", lambda: set_up, reader, 10.0,
                                  confirm=args.passes + 1, own_pid=0)
             loop = asyncio.new_event_loop()
             try:
@@ -96,9 +101,9 @@ def main() -> int:
             return seconds, len(runner.last.over), len(runner.last.foreign)
 
         nvml = cpu_median(reader.read, args.passes)
-        owned, over, foreign = audit_with(StaticRegistry(containers))
+        owned, over, foreign = audit_with(containers)
         assert over == 0 and foreign == 0, (over, foreign)
-        alien, _, foreign = audit_with(StaticRegistry())
+        alien, _, foreign = audit_with([])
         assert foreign == args.processes
         reader.close()
         print(f"node: 8 simulated H100s, {args.processes} processes holding 128 MiB each, "

@@ -32,6 +32,7 @@ from tessera_node.deviceplugin.proto import api_pb2
 from tessera_node.deviceplugin.proto import api_pb2_grpc as _api_grpc
 from tessera_node.deviceplugin.response import ContainerResponse
 from tessera_node.deviceplugin.server import KUBELET_SOCKET, PluginServer
+from tessera_node.settings import FORGET_PENDING_S
 
 api_grpc: Any = _api_grpc
 GIB = 1 << 30
@@ -100,7 +101,7 @@ def main() -> int:
         lib = root / "lib"
         lib.mkdir()
         manager = Manager(PluginConfig(node="n1", shares_per_unit=SHARES, lib_dir=str(lib),
-                                       visibility="cdi"),
+                                       visibility="cdi", forget_after_s=FORGET_PENDING_S),
                           writer, lambda: pods, lambda p, c, why: None)
         manager.update(NodeState(units=units))
         tessera = PluginServer(manager.resource(VGPU), root)

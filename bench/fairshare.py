@@ -4,8 +4,9 @@
 
 Three test containers (private mount namespaces, budget file and /etc/ld.so.preload
 bind-mounted read-only, as in hook/tests) with core budgets 20/30/50 % and equal weights, all
-saturating one simulated H100 (kernels of random size, 100 us per block) under the standalone
-controller (``python -m tessera_node.budget.controller``, 100 ms period):
+saturating one simulated H100 (kernels of random size, 100 us per block) under the daemon's
+core-control loop, run standalone (``python -m tessera_node.cores.standalone``: tessera-node's
+``CoreControl`` and NVML reader, 100 ms period):
 
 1. accuracy: achieved share of the busy time vs target per container, 1 s and 10 s windows
 2. the GPU's busy fraction under contention (goal >= 97 %)
@@ -132,7 +133,7 @@ def scenario(
         run.spin(name, duration + 5)  # the controller starts later (Python start-up)
     env = sim_env(tmp)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "node-daemon"), env.get("PYTHONPATH", "")])
-    argv = [sys.executable, "-m", "tessera_node.budget.controller", "--interval", "0.1",
+    argv = [sys.executable, "-m", "tessera_node.cores.standalone", "--interval", "0.1",
             "--log", "--duration", str(duration), "--device", run.mig or "0"]
     for name, c in run.containers.items():
         argv += ["--container", f"{name}:{c.budget_path}:{c.ledger}"]

@@ -9,7 +9,8 @@
    context and allocation) for the 1st, 10th and 100th process of a container
 4. wall-clock p99 alloc latency, 2 processes vs 1
 5. two containers with core budgets 30 % / 70 % saturating one simulated GPU under the
-   standalone controller: achieved split over 10 s, and settling time after a budget change
+   daemon's core-control loop, run standalone (``python -m tessera_node.cores.standalone``):
+   achieved split over 10 s, and settling time after a budget change
 Processes run as test containers (private mount namespaces, budget file and
 /etc/ld.so.preload bind-mounted read-only), as in hook/tests.
 """
@@ -252,7 +253,7 @@ def bench_split(tmp: Path, quick: bool) -> dict[str, object]:
         [
             sys.executable,
             "-m",
-            "tessera_node.budget.controller",
+            "tessera_node.cores.standalone",
             "--device",
             "0",
             "--interval",

@@ -45,7 +45,7 @@ from tessera_e2e.controlplane.build import ensure_built, ensure_containerd  # no
 from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
 from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu  # noqa: E402
 from tessera_e2e.operator.replicas import wait_until  # noqa: E402
-from tessera_node.budget.formats import read_budget  # noqa: E402
+from tessera_node.budget.formats import read_budget_file  # noqa: E402
 
 NS = "bench-resize"
 POD = "spinner"
@@ -62,7 +62,7 @@ def budget_now(bed: Bed) -> tuple[int | None, float | None] | None:
     (a torn read: the generation is odd or moved under the reader)."""
     files = list(bed.daemons["node-0"].state_dir.glob("containers/*/budget"))
     try:
-        budgets = [read_budget(f) for f in files]
+        budgets = [read_budget_file(f) for f in files]
     except (OSError, ValueError):
         return None
     ready = [b for b in budgets if b.state == "ready"]

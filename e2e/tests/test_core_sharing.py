@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tessera.api.budget import parse_budget
+from tessera.api.budget import parse_budget_annotation as parse_budget
 from tessera.api.names import (
     ANNOTATION_BUDGET,
     ANNOTATION_BUDGET_RESIZE,
@@ -27,7 +27,7 @@ from tessera.api.names import (
 from tessera_e2e.chart.bed import ChartDaemon
 from tessera_e2e.gpubed.bed import Bed, gpu_pod, vgpu
 from tessera_e2e.operator.replicas import wait_until
-from tessera_node.budget.formats import read_budget
+from tessera_node.budget.formats import read_budget_file as read_budget
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from tessera.mig.catalog import profile
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.gpubed.bed import BUDGET_WAIT_S, SHARES, Bed, gpu_bed, gpu_pod, vgpu
 from tessera_e2e.operator.replicas import wait_until
-from tessera_node.budget.formats import read_budget
+from tessera_node.budget.formats import read_budget_file as read_budget
 
 pytestmark = pytest.mark.integration
 

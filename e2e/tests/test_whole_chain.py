@@ -21,7 +21,7 @@ from tessera.mig.catalog import profile
 from tessera_e2e.chart.bed import ChartDaemon
 from tessera_e2e.gpubed.bed import SHARES, Bed, gpu_pod, vgpu
 from tessera_e2e.operator.replicas import wait_until
-from tessera_node.budget.formats import read_budget
+from tessera_node.budget.formats import read_budget_file as read_budget
 
 pytestmark = pytest.mark.integration
 

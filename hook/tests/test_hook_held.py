@@ -11,7 +11,7 @@ import pytest
 from tessera_hook_harness import MIB, PROBE, SIM_LIB, Container, node_text
 
 from tessera_node.budget.formats import BudgetEntry
-from tessera_node.budget.probe import context_bytes
+from tessera_node.device.context_probe import context_bytes
 
 CTX_MIB = 100
 OOM = 2

@@ -1,4 +1,4 @@
-"""``tessera-node run``: wire the daemon's parts together and run them until a signal."""
+"""``tessera-node run``: wire the reconciler's parts together and run them until a signal."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from tessera.kube import serve
 from tessera.kube.client import Kube, load_credentials
 from tessera.kube.health import Health, supervise
 from tessera_node.audit.runner import AuditRunner
-from tessera_node.containers import ContainerRegistry
-from tessera_node.core_control import CoreControl
-from tessera_node.daemon import NodeDaemon
+from tessera_node.cores.runner import CoreControl
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
-from tessera_node.device.pods import NoPods, PodResources
 from tessera_node.device.smi import NvidiaSmi
-from tessera_node.deviceplugin.service import DevicePluginService
+from tessera_node.deviceplugin.registry import ContainerRegistry
+from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.layout.enact import SmiEnactor
+from tessera_node.layout.holders import DeviceHolders, NoHolders
+from tessera_node.node.own_node import OwnNode
+from tessera_node.node.reconciler import NodeReconciler
 from tessera_node.settings import Options
 
 log = logging.getLogger("tessera_node")
@@ -37,32 +38,35 @@ async def run(opts: Options) -> None:
     except OSError as exc:
         log.warning("state directory not usable", extra={"dir": opts.state_dir,
                                                          "error": str(exc)})
-    registry = ContainerRegistry()  # the containers tessera set up here (audit reads it)
-    node_of: list[NodeDaemon] = []
-    plugin = (DevicePluginService(kube, opts, health, lambda: node_of[0].node if node_of
-                                  else None, registry,
-                                  on_commitments=lambda: node_of[0].wake() if node_of
-                                  else None)
+    changed = asyncio.Event()  # what the Node should say may have changed: reconcile
+    own = OwnNode(kube, opts.node_name, health, changed.set)
+    registry = ContainerRegistry()  # the containers tessera set up here (audit, core control)
+    plugin = (DevicePlugin(kube, opts, health, own.current, registry,
+                           on_commitments=changed.set)
               if opts.device_plugin else None)
-    pods: PodResources = plugin if plugin is not None else NoPods()
-    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), pods, advertiser=plugin,
-                         allow_reset=opts.allow_gpu_reset, recheck_s=opts.retry_interval_s)
+    holders: DeviceHolders = plugin.held if plugin is not None else NoHolders()
+    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), holders,
+                         advertiser=plugin.devices if plugin is not None else None,
+                         recheck_s=opts.retry_interval_s, allow_reset=opts.allow_gpu_reset)
     await asyncio.to_thread(enactor.prepare)
-    daemon = NodeDaemon(kube, opts, reader, enactor, health, pods, plugin)
-    node_of.append(daemon)
-    runner = await serve.start(serve.health_app(health, not_ready=daemon.not_ready),
+    reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin)
+
+    def not_ready() -> list[str]:
+        return reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
+
+    runner = await serve.start(serve.health_app(health, not_ready=not_ready),
                                opts.metrics_host, opts.metrics_port)
     log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,
                                "driverRoot": opts.driver_root, "nvidiaSmi": smi.path})
-    auditor = AuditRunner(kube, opts.node_name, registry, reader,
+    auditor = AuditRunner(kube, opts.node_name, registry.snapshot, reader,
                           opts.audit_interval_s, opts.audit_slack_mib)
-    parts = {"node-watch": daemon.watch_node, "partition-watch": daemon.watch_partitions,
-             "devices": daemon.poll_devices, "reconcile": daemon.reconcile_loop,
+    parts = {"node-watch": own.watch, "partition-watch": reconciler.watch_partitions,
+             "devices": reconciler.poll_devices, "reconcile": reconciler.reconcile_loop,
              "audit": auditor.run}
     if plugin is not None:
         cores = CoreControl(registry.snapshot, plugin.unit_indexes, reader,
                             opts.core_interval_s)
-        parts |= {"pod-watch": plugin.watch_pods, "device-plugin": plugin.run,
+        parts |= {"pod-watch": plugin.pods.watch, "device-plugin": plugin.run,
                   "core-control": cores.run}
     tasks = []
     for name, work in parts.items():
@@ -81,7 +85,7 @@ async def run(opts: Options) -> None:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        await daemon.work.close()
+        await reconciler.work.close()
         await runner.cleanup()
         await kube.close()
         reader.close()

@@ -12,8 +12,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tessera_node.device.state import DeviceSnapshot
-from tessera_node.inventory import model_of
+from tessera_node.device.state import DeviceSnapshot, model_of
 
 _GPU = ["gpu", "uuid", "model"]
 GPU_MEMORY_TOTAL = Gauge("tessera_gpu_memory_total_bytes", "GPU memory in total.", _GPU)

@@ -2,6 +2,7 @@
 the budgets of the containers tessera set up, and finds containers over their memory budget
 and GPU processes that belong to no tessera container (docs/node-daemon.md, "Audit").
 
-``registry`` (what tessera set up on this node), ``cgroups`` and ``logic`` (pure),
-``procfs`` (reading and stopping host processes) and ``runner`` (the periodic I/O).
+``logic`` (pure: the decisions) and ``runner`` (the periodic I/O). What tessera set up on
+this node is the device plugin's registry (:mod:`tessera_node.deviceplugin.registry`); host
+processes are read and stopped through :mod:`tessera_node.device.procfs`.
 """

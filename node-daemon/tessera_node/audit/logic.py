@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tessera_node.audit.cgroups import CgroupOwner
+from tessera_node.device.cgroups import CgroupOwner
 
 Action = Literal["Report", "Stop"]
 ACTIONS: tuple[Action, ...] = ("Report", "Stop")

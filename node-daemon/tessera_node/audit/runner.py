@@ -1,5 +1,5 @@
-"""The audit's I/O: every ``audit_interval_s`` read the registry, the budget files and
-ledgers, NVML's per-process figures and each process's ``/proc`` entry; decide
+"""The audit's I/O: every ``audit_interval_s`` read the containers tessera set up, their
+budget files and ledgers, NVML's per-process figures and each process's ``/proc`` entry; decide
 (:mod:`tessera_node.audit.logic`, pure); set the per-container metrics; post deduplicated
 Events (on the pod for a container over budget, on the Node for a foreign process) and, where
 the namespace's GPUQuota says ``Stop``, kill the processes (SIGKILL, said in the Event).
@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +20,6 @@ from tessera.api.names import GPUQUOTAS, GROUP, NODE_DAEMON, VERSION
 from tessera.kube.client import ApiError, Kube, path
 from tessera.kube.events import post_event
 from tessera_node import metrics
-from tessera_node.audit import procfs
 from tessera_node.audit.logic import (
     AuditedContainer,
     AuditResult,
@@ -37,8 +36,7 @@ from tessera_node.audit.logic import (
     over_budget_message,
     tampered_message,
 )
-from tessera_node.audit.registry import ContainerRegistry, SetUp, container_id, ledger_path
-from tessera_node.budget.formats import read_budget
+from tessera_node.budget.formats import read_budget_file
 from tessera_node.budget.ledger import (
     FILE_SIZE,
     LedgerError,
@@ -47,8 +45,11 @@ from tessera_node.budget.ledger import (
     parse_header,
     read_ledger,
 )
-from tessera_node.device.nvml import DeviceError, process_name
+from tessera_node.device import procfs
+from tessera_node.device.nvml import DeviceError
+from tessera_node.device.procfs import process_name
 from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.registry import SetUpContainer
 
 log = logging.getLogger("tessera_node.audit")
 
@@ -72,14 +73,14 @@ class AuditDevices(Protocol):
 class ContainerState:
     """What the runner read of one container (budget file, ledger)."""
 
-    spec: SetUp
+    spec: SetUpContainer
     view: AuditedContainer
     cores: Mapping[str, float | None]
     entry_of: Mapping[str, int]
     ledger: LedgerView | None
 
 
-def read_container(c: SetUp) -> ContainerState:
+def read_container(c: SetUpContainer) -> ContainerState:
     """Its budget per UUID (pending, refused or unreadable: 0 everywhere), the identities of
     its budget file and of the ledger that file names, and its ledger as it is now: read, or
     why it is not the daemon's any more."""
@@ -88,7 +89,7 @@ def read_container(c: SetUp) -> ContainerState:
     entry_of: dict[str, int] = {}
     files = None
     try:
-        b = read_budget(c.budget_file)
+        b = read_budget_file(c.budget_file)
         st = os.stat(c.budget_file)
     except (OSError, ValueError) as exc:
         log.warning("budget file unreadable: audited as 0", extra={
@@ -101,7 +102,7 @@ def read_container(c: SetUp) -> ContainerState:
                     limits[e.uuid] = e.memory
                     cores[e.uuid] = e.cores
                     entry_of[e.uuid] = i
-    ledger, tampered = read_own_ledger(ledger_path(c), files.ledger if files else None)
+    ledger, tampered = read_own_ledger(c.ledger, files.ledger if files else None)
     ids = frozenset((s.pid, s.start_ticks) for s in (ledger.slots if ledger else ())
                     if s.alive and s.start_ticks)
     accounted = None
@@ -109,7 +110,7 @@ def read_container(c: SetUp) -> ContainerState:
         accounted = {u: sum(s.bytes[e] for s in ledger.slots if s.alive)
                      for u, e in entry_of.items() if e < len(ledger.devices)}
     view = AuditedContainer(ContainerKey(c.namespace, c.pod, c.container), c.pod_uid,
-                            container_id(c), limits, ids, files, tampered, accounted)
+                            c.container_id, limits, ids, files, tampered, accounted)
     return ContainerState(c, view, cores, entry_of, ledger)
 
 
@@ -176,13 +177,14 @@ def gpu_processes(snapshot: DeviceSnapshot, proc: Path, own_pid: int) -> list[GP
 
 
 class AuditRunner:
-    def __init__(self, kube: Kube, node_name: str, registry: ContainerRegistry,
-                 devices: AuditDevices, interval_s: float, slack_mib: int = 0,
-                 confirm: int = 2, proc: Path = Path("/proc"),
-                 own_pid: int | None = None) -> None:
+    def __init__(self, kube: Kube, node_name: str,
+                 containers: Callable[[], Sequence[SetUpContainer]], devices: AuditDevices,
+                 interval_s: float, slack_mib: int = 0, confirm: int = 2,
+                 proc: Path = Path("/proc"), own_pid: int | None = None) -> None:
         self.kube = kube
         self.node_name = node_name
-        self.registry = registry
+        self.containers = containers
+        """The containers tessera set up on this node now (the device plugin's registry)."""
         self.devices = devices
         self.interval_s = interval_s
         self.slack_bytes = slack_mib * MIB
@@ -225,9 +227,9 @@ class AuditRunner:
         """Every container's files. A container whose allocation changed while they were read
         (its devices allocated again: new files, and the registry's entry dropped first) is
         read as having no ledger problem this time: it is judged at the next audit."""
-        before = self.registry.snapshot()
+        before = self.containers()
         states = [read_container(c) for c in before]
-        now = {id(c) for c in self.registry.snapshot()}
+        now = {id(c) for c in self.containers()}
         return [s if s.view.tampered is None or id(s.spec) in now
                 else dataclasses.replace(s, view=dataclasses.replace(s.view, tampered=None))
                 for s in states]

@@ -1,16 +1,19 @@
-"""Per-container GPU budgets: the budget file libtessera reads, the ledger it keeps, and the
-per-GPU core-share controller that sets each container's token rate.
+"""A container's budget files on the host: the budget file the daemon writes and libtessera
+reads (``formats``), the ledger the daemon creates and the container's processes keep
+(``ledger``), and where both live for each allocation (``writer``). Files only: who decides
+what goes in them is the device plugin (budgets) and the core controllers (rates,
+:mod:`tessera_node.cores`).
 
 The binary formats are defined in ``hook/src/formats.h`` and documented in ``hook/README.md``;
-``formats`` mirrors them byte for byte.
+``formats`` and ``ledger`` mirror them byte for byte.
 """
 
 from tessera_node.budget.formats import (
     BUDGET_FILE_SIZE,
     BudgetEntry,
     BudgetFile,
-    read_budget,
-    write_budget,
+    read_budget_file,
+    write_budget_file,
 )
 from tessera_node.budget.ledger import LedgerDevice, LedgerSlot, LedgerView, read_ledger
 
@@ -21,7 +24,7 @@ __all__ = [
     "LedgerDevice",
     "LedgerSlot",
     "LedgerView",
-    "read_budget",
+    "read_budget_file",
     "read_ledger",
-    "write_budget",
+    "write_budget_file",
 ]

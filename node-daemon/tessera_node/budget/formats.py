@@ -45,7 +45,7 @@ WAIT_MAX_MS = 120_000
 REASON_OFFSET = 3840
 REASON_LEN = 256
 
-BudgetState = Literal["ready", "pending", "refused"]
+BudgetFileState = Literal["ready", "pending", "refused"]
 
 assert HEADER.size == 64 and ENTRY.size == 64
 
@@ -143,10 +143,12 @@ class BudgetEntry:
 
 
 @dataclass
-class Budget:
+class BudgetFileContents:
+    """What one read of a budget file holds (its state, entries and the ledger it names)."""
+
     generation: int
     entries: list[BudgetEntry] = field(default_factory=list)
-    state: BudgetState = "ready"
+    state: BudgetFileState = "ready"
     wait_ms: int = 0
     """Pending: how long a process waits for the budget on its first GPU call."""
     reason: str = ""
@@ -240,8 +242,8 @@ class BudgetFile:
         struct.pack_into("<Q", self._map, GEN_OFFSET, gen + 1)
         return gen + 1
 
-    def read(self) -> Budget:
-        return parse_budget(bytes(self._map))
+    def read(self) -> BudgetFileContents:
+        return parse_budget_file(bytes(self._map))
 
     def close(self) -> None:
         self._map.close()
@@ -258,13 +260,14 @@ class BudgetFile:
         self.close()
 
 
-def write_budget(path: str | os.PathLike[str], entries: list[BudgetEntry]) -> int:
+def write_budget_file(path: str | os.PathLike[str], entries: list[BudgetEntry]) -> int:
     """Create or update a budget file in place; returns the new generation."""
     with BudgetFile(path) as f:
         return f.update(entries)
 
 
-def parse_budget(raw: bytes) -> Budget:
+def parse_budget_file(raw: bytes) -> BudgetFileContents:
+    """A budget file's bytes; ValueError when they are not a stable version-1 file."""
     if len(raw) < HEADER.size:
         raise ValueError("budget file shorter than its header")
     (magic, version, gen, hsize, esize, ndev, flags, wait_ms, _r0, ledger_dev, ledger_ino,
@@ -287,12 +290,13 @@ def parse_budget(raw: bytes) -> Budget:
         BudgetEntry.unpack(raw[HEADER.size + i * ENTRY.size : HEADER.size + (i + 1) * ENTRY.size])
         for i in range(ndev)
     ]
-    state: BudgetState = "pending" if flags & PENDING else "refused" if flags & REFUSED else "ready"
+    state: BudgetFileState = ("pending" if flags & PENDING else "refused" if flags & REFUSED
+                              else "ready")
     reason = ""
     if state == "refused" and len(raw) >= REASON_OFFSET + REASON_LEN:
         field_ = raw[REASON_OFFSET : REASON_OFFSET + REASON_LEN]
         reason = field_.split(b"\0", 1)[0].decode("utf-8", "replace")
-    return Budget(
+    return BudgetFileContents(
         generation=gen,
         entries=entries,
         state=state,
@@ -302,5 +306,5 @@ def parse_budget(raw: bytes) -> Budget:
     )
 
 
-def read_budget(path: str | os.PathLike[str]) -> Budget:
-    return parse_budget(Path(path).read_bytes())
+def read_budget_file(path: str | os.PathLike[str]) -> BudgetFileContents:
+    return parse_budget_file(Path(path).read_bytes())

@@ -105,9 +105,6 @@ class LedgerView:
     devices: tuple[LedgerDevice, ...]
     slots: tuple[LedgerSlot, ...]
 
-    def live_pids(self) -> list[int]:
-        return [s.pid for s in self.slots if s.alive]
-
     def live_bytes(self, dev: int = 0) -> int:
         """Bytes held by live processes only (what ``used`` becomes once the dead are reaped)."""
         return sum(s.bytes[dev] for s in self.slots if s.alive)

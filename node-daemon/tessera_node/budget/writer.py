@@ -34,7 +34,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera_node.budget.formats import Budget, BudgetEntry, BudgetFile, read_budget
+from tessera_node.budget.formats import (
+    BudgetEntry,
+    BudgetFile,
+    BudgetFileContents,
+    read_budget_file,
+)
 from tessera_node.budget.ledger import create_ledger
 
 log = logging.getLogger("tessera_node.budget")
@@ -105,8 +110,8 @@ class BudgetWriter:
         with BudgetFile(self.budget_path(key)) as f:
             f.set_refused(reason)
 
-    def read(self, key: str) -> Budget:
-        return read_budget(self.budget_path(key))
+    def read(self, key: str) -> BudgetFileContents:
+        return read_budget_file(self.budget_path(key))
 
     def remove(self, key: str) -> None:
         self._discard(self.root / key)

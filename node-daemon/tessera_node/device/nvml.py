@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import pynvml
 
+from tessera_node.device.procfs import process_name
 from tessera_node.device.state import (
     DeviceSnapshot,
     GPUState,
@@ -49,15 +50,6 @@ class GPUReader(Protocol):
 
 NO_ID = 0xFFFFFFFF
 """NVML's "no GPU/compute instance" in a process record."""
-
-
-def process_name(pid: int) -> str:
-    """``pid 4242 (python3)``; the name from /proc when this PID namespace shows it."""
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return f"pid {pid}"
-    return f"pid {pid} ({comm})"
 
 
 def find_library(driver_root: str) -> str | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tessera.models import GPUModel, model_for_nvml
+
 MigMode = Literal["enabled", "disabled", "unsupported"]
 
 
@@ -96,3 +98,9 @@ class DeviceSnapshot:
 
     gpus: tuple[GPUState, ...]
     driver_version: str = ""
+
+
+def model_of(gpu: GPUState) -> GPUModel | None:
+    """The GPU's entry in tessera's model table (by NVML's name and PCI device ID); None for
+    a model the table does not know."""
+    return model_for_nvml(gpu.name, gpu.pci_device_id)

@@ -26,13 +26,20 @@ def pod_budget(annotations: Mapping[str, str]) -> BudgetAnnotation:
     return parse_budget_annotation(text)
 
 
-def container_budget(annotations: Mapping[str, str], container: str) -> PerShareBudget:
-    """The container's budget; BudgetAnnotationError when the pod has none for it (a GPU container
-    admitted by tessera always has one: its absence is an error, not 'unlimited')."""
-    found = pod_budget(annotations).containers.get(container)
+def budget_for(budget: BudgetAnnotation, container: str) -> PerShareBudget:
+    """The container's budget in the pod's (parsed) annotation; BudgetAnnotationError when it
+    has none for it (a GPU container admitted by tessera always has one: its absence is an
+    error, not 'unlimited')."""
+    found = budget.containers.get(container)
     if found is None:
         raise BudgetAnnotationError(f"{ANNOTATION_BUDGET} has no budget for container {container}")
     return found
+
+
+def container_budget(annotations: Mapping[str, str], container: str) -> PerShareBudget:
+    """The container's budget from the pod's annotations (parsed here: where the pod's other
+    containers are wanted too, parse once with :func:`pod_budget` and use :func:`budget_for`)."""
+    return budget_for(pod_budget(annotations), container)
 
 
 def entries(

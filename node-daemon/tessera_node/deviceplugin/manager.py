@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
-from tessera_node.containers import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin import budgets, fit, resize
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred
 from tessera_node.deviceplugin.devices import (
@@ -31,6 +30,7 @@ from tessera_node.deviceplugin.devices import (
     unit_of,
 )
 from tessera_node.deviceplugin.matcher import (
+    ENDED,
     ContainerRef,
     Held,
     PodView,
@@ -38,6 +38,7 @@ from tessera_node.deviceplugin.matcher import (
     candidates,
     confirm,
 )
+from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.response import (
     ContainerResponse,
     HostPaths,
@@ -49,9 +50,6 @@ from tessera_node.deviceplugin.server import AllocateError
 
 log = logging.getLogger("tessera_node.deviceplugin")
 
-ENDED = ("Succeeded", "Failed")
-"""Pod phases after which no container of the pod runs again."""
-
 Refused = Callable[[PodView, str, str], None]
 """(pod, container, reason): the daemon posts an Event on the pod."""
 
@@ -62,10 +60,11 @@ class PluginConfig:
     shares_per_unit: int
     lib_dir: str
     visibility: Visibility
+    forget_after_s: float
+    """A pending allocation the kubelet never shows as held is removed after this long
+    (``settings.FORGET_PENDING_S``)."""
     policy: Policy = "pack"
     sim: SimPaths | None = None
-    forget_after_s: float = 300.0
-    """A pending allocation the kubelet never shows as held is removed after this long."""
 
 
 @dataclass
@@ -119,7 +118,8 @@ class Manager:
             matched = frozenset(self._matched.values())
             cands = candidates(self.pods(), self.config.node, resource, len(device_ids),
                                matched)
-            if not any(self._fits(p, c, resource, decision.units) is None for p, c in cands):
+            if not any(self._candidate_fits(p, c, resource, decision.units) is None
+                       for p, c in cands):
                 raise AllocateError(
                     f"no pending pod on {self.config.node} asking for {len(device_ids)} "
                     f"{resource} fits these devices"
@@ -164,14 +164,19 @@ class Manager:
             self._ready_cache = cache
         return self._ready_cache
 
-    def _fits(self, pod: PodView, container: str, resource: str, units: Sequence[str],
-              exclude: str | None = None) -> str | None:
-        """None when the container's budget fits beside the ready ones, else why not."""
-        whole = resource != VGPU
+    def _candidate_fits(self, pod: PodView, container: str, resource: str,
+                        units: Sequence[str]) -> str | None:
+        """None when a candidate container's budget would fit these units, else why not."""
         try:
             b = budgets.container_budget(pod.annotations, container)
         except BudgetAnnotationError as exc:
             return str(exc)
+        return self._fits(b, resource, units)
+
+    def _fits(self, b: PerShareBudget, resource: str, units: Sequence[str],
+              exclude: str | None = None) -> str | None:
+        """None when the container's budget fits beside the ready ones, else why not."""
+        whole = resource != VGPU
         if not whole and b.shares != len(units):
             return f"budget is for {b.shares} shares, the container got {len(units)}"
         mem = {u.uuid: u.memory_bytes for u in self.state.units}
@@ -227,18 +232,22 @@ class Manager:
         if pod is None:
             self._refuse(rec, ref, None, f"pod {ref.namespace}/{ref.pod} not found")
             return
-        whole = rec.resource != VGPU
-        why = self._fits(pod, ref.container, rec.resource, rec.units, exclude=rec.key)
+        try:  # the pod's annotation, parsed once for this confirmation
+            annotation = budgets.pod_budget(pod.annotations)
+            b = budgets.budget_for(annotation, ref.container)
+        except BudgetAnnotationError as exc:
+            self._refuse(rec, ref, pod, str(exc))
+            return
+        why = self._fits(b, rec.resource, rec.units, exclude=rec.key)
         if why is not None:
             self._refuse(rec, ref, pod, why)
             return
         if self._refused.pop(rec.key, None) is not None:
             log.info("a refused container's budget fits now", extra={"key": rec.key})
-        b = budgets.container_budget(pod.annotations, ref.container)
-        entries = budgets.entries(b, rec.units, whole, self.state.context_bytes)
+        entries = budgets.entries(b, rec.units, rec.resource != VGPU, self.state.context_bytes)
         self.writer.ready(rec.key, entries)
         self._ready()[rec.key] = [(e.uuid, e.memory) for e in entries if e.uuid is not None]
-        self._register(rec, ref, pod.uid, b, None, budgets.pod_budget(pod.annotations), pod)
+        self._register(rec, ref, pod.uid, b, None, annotation, pod)
 
     def _refuse(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None,
                 why: str) -> None:
@@ -255,7 +264,8 @@ class Manager:
 
     def _register(self, rec: AllocationRecord, ref: ContainerRef, uid: str,
                   budget: PerShareBudget | None, refused: str | None,
-                  pod: BudgetAnnotation | None = None, view: PodView | None = None) -> None:
+                  annotation: BudgetAnnotation | None = None, view: PodView | None = None
+                  ) -> None:
         gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
         self.registry.put(SetUpContainer(
             key=rec.key, pod_uid=uid, namespace=ref.namespace, pod=ref.pod,
@@ -263,9 +273,9 @@ class Manager:
             gpus=tuple(gpu_of.get(u, u) for u in rec.units), budget=budget, refused=refused,
             budget_file=str(self.writer.budget_path(rec.key)),
             ledger_dir=str(self.writer.ledger_dir(rec.key)),
-            quota=pod.quota if pod is not None else None,
-            weight=pod.weight if pod is not None else 1,
-            lending=pod.lending if pod is not None else True,
+            quota=annotation.quota if annotation is not None else None,
+            weight=annotation.weight if annotation is not None else 1,
+            lending=annotation.lending if annotation is not None else True,
             container_id=view.container_ids.get(ref.container) if view is not None else None,
         ))
 
@@ -293,7 +303,8 @@ class Manager:
             outcome = resize.decide_pod(pod.annotations, placed, mem, elsewhere)
             if outcome is None or not outcome.applied:
                 return outcome
-            new = budgets.pod_budget(pod.annotations)
+            new = outcome.budget
+            assert new is not None  # applied: the annotation it was decided from
             for key, ref in mine:
                 entries = outcome.entries[key]
                 self.writer.ready(key, entries)

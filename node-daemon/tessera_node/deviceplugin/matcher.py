@@ -25,6 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+ENDED = ("Succeeded", "Failed")
+"""Pod phases after which no container of the pod runs again."""
+
 
 @dataclass(frozen=True)
 class PodView:

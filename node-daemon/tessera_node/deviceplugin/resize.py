@@ -21,12 +21,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from tessera.api.budget import BudgetAnnotationError, PerShareBudget
+from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET_RESIZE
 from tessera.api.resize import ResizeStatus
 from tessera_node.budget.formats import BudgetEntry
-from tessera_node.deviceplugin.budgets import container_budget, entries
-from tessera_node.deviceplugin.budgets import pod_budget as budget_of
+from tessera_node.deviceplugin.budgets import budget_for, container_budget, entries, pod_budget
 from tessera_node.deviceplugin.fit import MIB, overcommit
 
 
@@ -74,9 +73,21 @@ def decide(
     if s is None:
         return None
     try:
-        budget: PerShareBudget = container_budget(annotations, container)
+        budget = container_budget(annotations, container)
     except BudgetAnnotationError as exc:
         return Outcome(replace(s, state="Refused", reason=str(exc)))
+    return _decide(s, budget, units, current, unit_memory, committed_elsewhere)
+
+
+def _decide(
+    s: ResizeStatus,
+    budget: PerShareBudget,
+    units: Sequence[str],
+    current: Sequence[BudgetEntry],
+    unit_memory: Mapping[str, int | None],
+    committed_elsewhere: Mapping[str, Sequence[int]],
+) -> Outcome:
+    """:func:`decide` for the request ``s`` and the container's new ``budget``."""
     why = overcommit(units, budget.memory_bytes, unit_memory, committed_elsewhere)
     if why is not None:
         return Outcome(replace(s, state="Refused", reason=f"on this node: {why}"))
@@ -108,6 +119,8 @@ class PodOutcome(Decided):
 
     entries: Mapping[str, list[BudgetEntry]] = field(default_factory=dict)
     """Allocation key -> the budget file's new entries (empty unless applied)."""
+    budget: BudgetAnnotation | None = None
+    """The pod's new budget annotation, as parsed for the decision (None unless applied)."""
 
 
 def decide_pod(
@@ -121,8 +134,14 @@ def decide_pod(
     approved it as a whole). ``held_elsewhere``: per unit, the memory budgets of the
     containers of *other* pods. Two containers of the pod on one unit are checked against
     each other's new budget once decided, and their current one before (never less)."""
-    if not placed or awaiting(annotations) is None:
+    s = awaiting(annotations)
+    if not placed or s is None:
         return None
+    try:
+        budget = pod_budget(annotations)  # once for all the pod's containers
+    except BudgetAnnotationError as exc:
+        return PodOutcome(replace(s, state="Refused",
+                                  reason=f"container {placed[0].container}: {exc}"), {})
     decided: dict[str, list[BudgetEntry]] = {}
     status: ResizeStatus | None = None
     for p in placed:
@@ -133,15 +152,19 @@ def decide_pod(
                     if e.uuid is not None:
                         others.setdefault(e.uuid, []).append(
                             e.memory if e.memory is not None else unit_memory.get(e.uuid) or 0)
-        out = decide(annotations, p.container, p.units, p.current, unit_memory, others)
-        assert out is not None  # awaiting() said so
+        try:
+            mine = budget_for(budget, p.container)
+        except BudgetAnnotationError as exc:
+            out = Outcome(replace(s, state="Refused", reason=str(exc)))
+        else:
+            out = _decide(s, mine, p.units, p.current, unit_memory, others)
         if not out.applied or out.entries is None:
             reason = f"container {p.container}: {out.status.reason}"
             return PodOutcome(replace(out.status, reason=reason), {})
         decided[p.key] = out.entries
         status = out.status
     assert status is not None
-    return PodOutcome(status, decided)
+    return PodOutcome(status, decided, budget)
 
 
 def commitments(
@@ -154,10 +177,10 @@ def commitments(
         sort_keys=True, separators=(",", ":"))
 
 
-def resized_message(annotations: Mapping[str, str], outcome: PodOutcome) -> str:
+def resized_message(budget: BudgetAnnotation) -> str:
     """The ``BudgetResized`` Event's message: each container's budget now, per GPU share."""
     parts = []
-    for name, b in sorted(budget_of(annotations).containers.items()):
+    for name, b in sorted(budget.containers.items()):
         if b.shares:
             parts.append(f"{name}: {b.memory_bytes // MIB} MiB, {b.cores:g}% cores per GPU")
     return "budget resized, obeyed from the containers' next GPU call: " + "; ".join(parts)

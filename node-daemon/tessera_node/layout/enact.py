@@ -17,36 +17,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from tessera.api.partition import NodePhase
 from tessera_node import metrics
-from tessera_node.advertise import Advertiser, NothingAdvertised
 from tessera_node.device.hostlock import GPULocks, LockTimeout
 from tessera_node.device.nvml import DeviceError, GPUReader
-from tessera_node.device.pods import NoPods, PodResources
 from tessera_node.device.smi import TIMEOUT_EXIT, USAGE_EXIT, NvidiaSmi, SmiResult
 from tessera_node.device.state import GPUState
-from tessera_node.layout import batch
-from tessera_node.layout.plan import COMMAND_FAILED, REBOOT_REQUIRED, GPUPlan, plan
+from tessera_node.layout import commands
+from tessera_node.layout.advertise import Advertiser, NothingAdvertised
+from tessera_node.layout.holders import DeviceHolders, NoHolders
+from tessera_node.layout.plan import COMMAND_FAILED, REBOOT_REQUIRED, GPUPlan, Outcome, plan
 
 log = logging.getLogger("tessera_node.enact")
 
 MAX_COMMANDS = 32
 """Commands one apply may run before it gives up (a plan needs at most seven)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    phase: NodePhase
-    """``Ready`` once NVML shows the target; otherwise what the node entry says."""
-    message: str = ""
-    reason: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.phase == "Ready"
 
 
 class Enactor(Protocol):
@@ -95,13 +81,13 @@ def placement_support(path: str, rc: int, output: str) -> str | None:
 
 class SmiEnactor:
     def __init__(self, smi: NvidiaSmi, reader: GPUReader, locks: GPULocks,
-                 pods: PodResources | None = None, advertiser: Advertiser | None = None,
-                 allow_reset: bool = True, recheck_s: float = 60.0,
+                 holders: DeviceHolders | None = None, advertiser: Advertiser | None = None,
+                 *, recheck_s: float, allow_reset: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.smi = smi
         self.reader = reader
         self.locks = locks
-        self.pods: PodResources = pods or NoPods()
+        self.holders: DeviceHolders = holders or NoHolders()
         self.advertiser: Advertiser = advertiser or NothingAdvertised()
         self.allow_reset = allow_reset
         self.recheck_s = recheck_s
@@ -137,7 +123,7 @@ class SmiEnactor:
 
     def read(self, index: int) -> tuple[GPUState | None, Mapping[str, Sequence[str]]]:
         snapshot = self.reader.read()
-        holders = self.pods.holders()
+        holders = self.holders.holders()
         return next((g for g in snapshot.gpus if g.index == index), None), holders
 
     def apply(self, plan: GPUPlan) -> Outcome:
@@ -171,7 +157,7 @@ class SmiEnactor:
                     return Outcome("Ready")
                 if p.phase is not None:
                     return Outcome(p.phase, p.message, p.reason)
-                cmd = batch.next_command(p)
+                cmd = commands.next_command(p)
                 assert cmd is not None
                 if not set(cmd.devices) <= withdrawn:
                     self.advertiser.withdraw(gpu.uuid, cmd.devices)
@@ -188,7 +174,7 @@ class SmiEnactor:
             if stats["commands"] and gpu_uuid:
                 self.advertiser.changed(gpu_uuid)
 
-    def _run(self, cmd: batch.Command, stats: dict[str, float]) -> Outcome | None:
+    def _run(self, cmd: commands.Command, stats: dict[str, float]) -> Outcome | None:
         """Run one command; the outcome when it failed."""
         with self.locks.held(cmd.gpu) as fd:
             if cmd.action == "reset-gpu":
@@ -199,9 +185,9 @@ class SmiEnactor:
         stats["commands"] += 1
         stats["smi_s"] += r.seconds
         if r.rc != 0:
-            return Outcome("Failed", f"GPU {cmd.gpu}: {batch.failure_text(cmd, r.rc, r.output)}",
-                           batch.failure_reason(r.output))
-        if cmd.action in ("enable-mig", "disable-mig") and batch.pending_needs_reboot(r.output):
+            return Outcome("Failed", f"GPU {cmd.gpu}: {commands.failure_text(cmd, r.rc, r.output)}",
+                           commands.failure_reason(r.output))
+        if cmd.action in ("enable-mig", "disable-mig") and commands.pending_needs_reboot(r.output):
             return Outcome("Failed", f"GPU {cmd.gpu}: the MIG mode change waits for a reboot "
                            f"(`{cmd}`: GPU requires reset; a passthrough VM?)", REBOOT_REQUIRED)
         return None

@@ -17,24 +17,21 @@ refusing (``Failed``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from tessera.api.partition import NodePhase
 from tessera.mig import planner
-from tessera_node.device.state import GPUState, MigInstanceState
-from tessera_node.inventory import model_of
+from tessera_node.device.state import GPUState, MigInstanceState, model_of
 from tessera_node.layout.desired import GPUTarget, summary
+from tessera_node.layout.holders import Holders
 
 Action = Literal["enable-mig", "disable-mig", "reset-gpu", "destroy-ci", "destroy-gi",
                  "create-gi", "create-ci"]
 ORDER: tuple[Action, ...] = ("destroy-ci", "destroy-gi", "disable-mig", "enable-mig",
                              "reset-gpu", "create-gi", "create-ci")
 """The order step kinds run in on one GPU."""
-
-Holders = Mapping[str, Sequence[str]]
-"""Device ID (``GPU-…`` or ``MIG-…`` UUID) -> pods (``namespace/name``) holding it."""
 
 REBOOT_REQUIRED = "RebootRequired"
 LAYOUT_DOES_NOT_FIT = "LayoutDoesNotFit"
@@ -90,6 +87,21 @@ def describe_gpu(gpu: GPUState) -> str:
     if gpu.mig_pending is not None:
         text += f" (MIG {gpu.mig_pending} after a GPU reset)"
     return text
+
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came of carrying a plan out (the enactor's answer)."""
+
+    phase: NodePhase
+    """``Ready`` once NVML shows the target; otherwise what the node entry says."""
+    message: str = ""
+    reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "Ready"
 
 
 def instance_users(gpu: GPUState, inst: MigInstanceState, holders: Holders) -> list[str]:

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera_node.audit.cgroups import CgroupOwner
 from tessera_node.audit.logic import (
     AuditedContainer,
     AuditResult,
@@ -27,6 +26,7 @@ from tessera_node.audit.logic import (
     over_budget_message,
     tampered_message,
 )
+from tessera_node.device.cgroups import CgroupOwner
 
 MIB = 1 << 20
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"

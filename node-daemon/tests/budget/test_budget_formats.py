@@ -13,10 +13,10 @@ from tessera_node.budget.formats import (
     GEN_OFFSET,
     BudgetEntry,
     BudgetFile,
-    parse_budget,
-    read_budget,
+    parse_budget_file,
+    read_budget_file,
     uuid_bytes,
-    write_budget,
+    write_budget_file,
 )
 from tessera_node.budget.ledger import read_ledger
 
@@ -24,9 +24,9 @@ from tessera_node.budget.ledger import read_ledger
 def test_round_trip_and_generation(tmp_path: Path) -> None:
     p = tmp_path / "budget"
     e = BudgetEntry(index=0, memory=1 << 30, cores=30, rate=512.5, burst=5)
-    assert write_budget(p, [e]) == 2
+    assert write_budget_file(p, [e]) == 2
     assert p.stat().st_size == BUDGET_FILE_SIZE
-    assert read_budget(p).entries == [e]
+    assert read_budget_file(p).entries == [e]
     with BudgetFile(p) as f:
         inode = p.stat().st_ino
         g = f.update([e, BudgetEntry(uuid="GPU-11111111-2222-3333-4444-555555555555", memory=7)])
@@ -50,15 +50,15 @@ def test_unlimited_fields_and_validation() -> None:
 
 def test_parse_rejects_torn_and_foreign_files(tmp_path: Path) -> None:
     p = tmp_path / "b"
-    write_budget(p, [BudgetEntry(memory=1)])
+    write_budget_file(p, [BudgetEntry(memory=1)])
     raw = bytearray(p.read_bytes())
     struct.pack_into("<Q", raw, GEN_OFFSET, 3)
     with pytest.raises(ValueError, match="in progress"):
-        parse_budget(bytes(raw))
+        parse_budget_file(bytes(raw))
     with pytest.raises(ValueError, match="magic"):
-        parse_budget(b"x" * 64)
+        parse_budget_file(b"x" * 64)
     with pytest.raises(ValueError):
-        parse_budget(b"")
+        parse_budget_file(b"")
 
 
 def test_uuid_bytes() -> None:
@@ -99,8 +99,8 @@ def test_budget_file_round_trips_mixed_gpu_and_mig_entries(
     tmp_path_factory: pytest.TempPathFactory, entries: list[BudgetEntry]
 ) -> None:
     p = tmp_path_factory.mktemp("rt") / "budget"
-    write_budget(p, entries)
-    assert read_budget(p).entries == entries
+    write_budget_file(p, entries)
+    assert read_budget_file(p).entries == entries
 
 
 def test_uuid_text_is_canonical_and_prefixed() -> None:
@@ -115,7 +115,7 @@ def test_uuid_text_is_canonical_and_prefixed() -> None:
 def test_pending_refused_ready_states_round_trip(tmp_path: Path) -> None:
     """A budget file goes pending -> ready or pending -> refused; each state names no device
     but the ready one, and a refused file carries its reason."""
-    from tessera_node.budget.formats import BudgetFile, parse_budget
+    from tessera_node.budget.formats import BudgetFile, parse_budget_file
 
     with BudgetFile(tmp_path / "b") as f:
         g1 = f.set_pending(2500)
@@ -132,10 +132,10 @@ def test_pending_refused_ready_states_round_trip(tmp_path: Path) -> None:
         raw = bytearray((tmp_path / "b").read_bytes())
     raw[28:32] = (3).to_bytes(4, "little")  # pending and refused at once
     with pytest.raises(ValueError, match="state flags"):
-        parse_budget(bytes(raw))
+        parse_budget_file(bytes(raw))
     raw[28:32] = (4).to_bytes(4, "little")  # a flag this version does not know
     with pytest.raises(ValueError, match="state flags"):
-        parse_budget(bytes(raw))
+        parse_budget_file(bytes(raw))
     with BudgetFile(tmp_path / "c") as f, pytest.raises(ValueError, match="wait_ms"):
         f.set_pending(10**9)
 
@@ -152,6 +152,6 @@ def test_the_ledger_the_budget_names_survives_every_rewrite_and_a_reopen(
     with BudgetFile(p) as f:  # a restarted daemon
         assert f.ledger == (2049, 77)
         f.set_refused("no")
-    assert read_budget(p).ledger == (2049, 77)
-    write_budget(tmp_path / "plain", [BudgetEntry(memory=1)])
-    assert read_budget(tmp_path / "plain").ledger is None
+    assert read_budget_file(p).ledger == (2049, 77)
+    write_budget_file(tmp_path / "plain", [BudgetEntry(memory=1)])
+    assert read_budget_file(tmp_path / "plain").ledger is None

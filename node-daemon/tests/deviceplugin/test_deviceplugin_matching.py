@@ -32,6 +32,7 @@ from tessera_node.deviceplugin.response import (
     preload_line,
 )
 from tessera_node.deviceplugin.server import AllocateError
+from tessera_node.settings import FORGET_PENDING_S
 
 GIB = 1 << 30
 G0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -184,7 +185,7 @@ class Cycle:
         self.writer = BudgetWriter(tmp / "containers", pending_wait_ms=5000)
         self.m = Manager(
             PluginConfig(node="n1", shares_per_unit=4, lib_dir="/opt/tessera/lib/v1",
-                         visibility="cdi"),
+                         visibility="cdi", forget_after_s=FORGET_PENDING_S),
             self.writer, lambda: [pod_view(p) for p in self.pods],
             lambda p, c, why: self.events.append((p.name, c, why)),
         )

@@ -23,9 +23,9 @@ from test_podresources import socket as socket  # the fixture
 from tessera.api.names import VGPU
 from tessera_node.deviceplugin.devices import share_id
 from tessera_node.deviceplugin.matcher import pod_view
+from tessera_node.deviceplugin.node_pods import POD_WATCH
 from tessera_node.deviceplugin.pacing import Backoff, Pacer, PodState, to_ask
 from tessera_node.deviceplugin.podresources import KubeletBusy, PodResourcesClient
-from tessera_node.deviceplugin.service import POD_WATCH
 
 GIB = 1 << 30
 
@@ -136,10 +136,10 @@ def test_a_hundred_pods_at_once_confirmed_without_a_refusal(tmp_path: Path,
             for i in range(n)]
     for i, o in enumerate(objs):
         o["metadata"]["creationTimestamp"] = f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"
-    svc._views = tuple(pod_view(o) for o in objs)
-    svc.health.ok(POD_WATCH)
+    svc.pods.show(tuple(pod_view(o) for o in objs))
+    svc.pods.health.ok(POD_WATCH)
     kubelet = LimitedKubelet(socket, {})
-    svc.podres.socket = str(socket)
+    svc.held.podres.socket = str(socket)
     manager = svc.require_manager()
     try:
         t0 = time.monotonic()
@@ -147,9 +147,9 @@ def test_a_hundred_pods_at_once_confirmed_without_a_refusal(tmp_path: Path,
             manager.allocate(VGPU, [share_id(G0, i)])
             kubelet.pods[("ns", o["metadata"]["name"])] = [share_id(G0, i)]
             if i % 7 == 0:  # the daemon's steps interleave with admissions
-                manager.resolve(svc._ask(manager))
+                manager.resolve(svc.held.ask(manager))
         while manager.pending_keys() and time.monotonic() - t0 < 60:
-            manager.resolve(svc._ask(manager))
+            manager.resolve(svc.held.ask(manager))
         assert not manager.pending_keys()
         assert len(manager.registry.snapshot()) == n
         assert kubelet.refused == 0
@@ -157,9 +157,9 @@ def test_a_hundred_pods_at_once_confirmed_without_a_refusal(tmp_path: Path,
         assert n <= calls <= 3 * n, calls  # the oldest unconfirmed pod is the one in flight
         worst = max(sum(1 for u in kubelet.times if t <= u < t + 1) for t in kubelet.times)
         assert worst <= 22, worst
-        manager.resolve(svc._ask(manager))
+        manager.resolve(svc.held.ask(manager))
         assert len(kubelet.times) == calls  # all confirmed: nothing to ask
-        held = svc.holders()
+        held = svc.held.holders()
         assert len(held) == 1 and len(held[G0]) == n
         assert len(kubelet.times) == calls
         print(f"\n[figures] {n} pods: {calls} Gets, worst second {worst}, "

@@ -1,7 +1,8 @@
 """The node's part of a live resize, through the device plugin's manager: an approved request
 decided against what else is budgeted on the container's GPUs, the budget files rewritten
 (all of the pod's containers, or none), the commitments the daemon publishes on its Node;
-and which containers the core controllers run for (:func:`tessera_node.core_control.plan`)."""
+which containers the core controllers run for (:func:`tessera_node.cores.runner.plan`); and
+the decision's properties (hypothesis): an applied resize never overcommits a unit."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import json
 from pathlib import Path
 
 import pytest
-from test_deviceplugin_devices import G0, G1
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_deviceplugin_devices import G0, G1, M0
 from test_deviceplugin_matching import Cycle, pod
 
 from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_BUDGET_RESIZE, VGPU
 from tessera.api.resize import ResizeStatus
-from tessera_node.core_control import plan
+from tessera_node.budget.formats import BudgetEntry
+from tessera_node.cores.runner import plan
 from tessera_node.deviceplugin.devices import Unit, share_id
 from tessera_node.deviceplugin.manager import NodeState
 from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key, pod_view
+from tessera_node.deviceplugin.resize import Placed, decide_pod
 
 GIB = 1 << 30
 PREVIOUS = "{}"
@@ -146,7 +151,7 @@ def test_a_controlled_container_has_its_series_before_any_period_measures(
     controlled (a dashboard shows 0, not 'no data')."""
     from prometheus_client import REGISTRY
 
-    from tessera_node.core_control import CoreControl
+    from tessera_node.cores.runner import CoreControl
 
     c = running(tmp_path, {"idle": {"main": (10 * GIB, 20)}})
 
@@ -163,3 +168,116 @@ def test_a_controlled_container_has_its_series_before_any_period_measures(
     assert REGISTRY.get_sample_value("tessera_quota_core_lent_seconds_total",
                                      {"namespace": "ns", "quota": "team"}) is not None
     assert list(cores.controllers) == [G0]
+
+
+# -- properties of the decision (pure): a resize never overcommits a unit -----------------------
+
+UNITS = (G0, G1, M0)
+MIB = 1 << 20
+memory_st = st.integers(0, 80 * 1024).map(lambda mib: mib * MIB)
+
+
+@st.composite
+def resize_case(draw: st.DrawFn) -> tuple[dict[str, str], list[Placed], dict[str, int | None],
+                                          dict[str, list[int]], dict[str, int]]:
+    """(the pod's annotations, its containers placed here, each unit's memory, what other
+    pods hold there, each container's new memory)."""
+    unit_memory = {u: draw(st.one_of(st.none(), st.integers(1, 80).map(lambda g: g * GIB)))
+                   for u in UNITS}
+    elsewhere = {u: draw(st.lists(memory_st, max_size=3)) for u in UNITS}
+    names = draw(st.lists(st.sampled_from(("a", "b", "c")), min_size=1, max_size=3,
+                          unique=True))
+    placed, new = [], {}
+    for i, name in enumerate(names):
+        units = draw(st.lists(st.sampled_from(UNITS), min_size=1, max_size=3, unique=True))
+        cur = draw(memory_st)
+        cores = draw(st.one_of(st.none(), st.floats(1, 99)))
+        placed.append(Placed(f"k{i}", name, tuple(units), tuple(
+            BudgetEntry(index=j, uuid=u, memory=cur, cores=cores, rate=123.0, burst=7.0)
+            for j, u in enumerate(units))))
+        new[name] = draw(memory_st)
+    budgeted = draw(st.sets(st.sampled_from(names)))  # a container missing: refused
+    annotations = {
+        ANNOTATION_BUDGET: BudgetAnnotation(containers={
+            p.container: PerShareBudget(shares=len(p.units), memory_bytes=new[p.container],
+                                        cores=draw(st.floats(0, 100)))
+            for p in placed if p.container in budgeted}).to_annotation(),
+        ANNOTATION_BUDGET_RESIZE: ResizeStatus(
+            "r1", "Approved", previous=PREVIOUS,
+            grow={"memoryMiB": 1, "cores": 0}).to_annotation()}
+    return annotations, placed, unit_memory, elsewhere, new
+
+
+def _committed(placed: list[Placed], memory: dict[str, int], elsewhere: dict[str, list[int]],
+               unit_memory: dict[str, int | None]) -> dict[str, int]:
+    """Per unit: what other pods hold plus each of the pod's containers' ``memory``."""
+    out = {u: sum(v) for u, v in elsewhere.items()}
+    for p in placed:
+        for u in p.units:
+            out[u] += memory[p.container]
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=resize_case())
+def test_an_applied_resize_never_overcommits_a_unit(
+        case: tuple[dict[str, str], list[Placed], dict[str, int | None],
+                    dict[str, list[int]], dict[str, int]]) -> None:
+    """Applied only when, with every container of the pod at its new budget, no unit's
+    memory budgets add up to more than its memory (a unit of unknown memory never fits);
+    then every container's new entries carry the new memory and keep the controller's rate
+    and burst; refused: nothing is rewritten and the reason names the container."""
+    annotations, placed, unit_memory, elsewhere, new = case
+    out = decide_pod(annotations, placed, unit_memory, elsewhere)
+    assert out is not None
+    if not out.applied:
+        assert out.entries == {} and out.status.reason.startswith("container ")
+        return
+    assert set(out.entries) == {p.key for p in placed} and out.budget is not None
+    for u, total in _committed(placed, new, elsewhere, unit_memory).items():
+        if any(u in p.units for p in placed):
+            memory = unit_memory[u]
+            assert memory is not None and total <= memory
+    for p in placed:
+        for before, after in zip(p.current, out.entries[p.key], strict=True):
+            assert (after.uuid, after.memory) == (before.uuid, new[p.container])
+            if before.cores is not None and after.cores is not None:
+                assert (after.rate, after.burst) == (before.rate, before.burst)
+
+
+@st.composite
+def shrink_case(draw: st.DrawFn) -> tuple[dict[str, str], list[Placed], dict[str, int | None],
+                                          dict[str, list[int]], dict[str, int]]:
+    """A node within its memory (80 GiB units; other pods at most 20 GiB on each, each of
+    the pod's at most three containers at most 20 GiB) and a resize growing none of them."""
+    unit_memory: dict[str, int | None] = {u: 80 * GIB for u in UNITS}
+    elsewhere = {u: [draw(st.integers(0, 20 * 1024)) * MIB] for u in UNITS}
+    names = draw(st.lists(st.sampled_from(("a", "b", "c")), min_size=1, max_size=3,
+                          unique=True))
+    placed, new = [], {}
+    for i, name in enumerate(names):
+        units = draw(st.lists(st.sampled_from(UNITS), min_size=1, max_size=3, unique=True))
+        cur = draw(st.integers(0, 20 * 1024)) * MIB
+        placed.append(Placed(f"k{i}", name, tuple(units), tuple(
+            BudgetEntry(index=j, uuid=u, memory=cur, cores=50) for j, u in enumerate(units))))
+        new[name] = draw(st.integers(0, cur // MIB)) * MIB
+    annotations = {
+        ANNOTATION_BUDGET: BudgetAnnotation(containers={
+            n: PerShareBudget(shares=len(p.units), memory_bytes=new[n], cores=10)
+            for p in placed for n in [p.container]}).to_annotation(),
+        ANNOTATION_BUDGET_RESIZE: ResizeStatus(
+            "r1", "Approved", previous=PREVIOUS,
+            grow={"memoryMiB": 0, "cores": 0}).to_annotation()}
+    return annotations, placed, unit_memory, elsewhere, new
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=shrink_case())
+def test_a_resize_that_grows_nothing_on_a_node_that_fits_is_applied(
+        case: tuple[dict[str, str], list[Placed], dict[str, int | None],
+                    dict[str, list[int]], dict[str, int]]) -> None:
+    """Every container at most at its current memory, and the node within its memory now:
+    the resize is applied (a shrink is never refused for memory)."""
+    annotations, placed, unit_memory, elsewhere, _new = case
+    out = decide_pod(annotations, placed, unit_memory, elsewhere)
+    assert out is not None and out.applied, out

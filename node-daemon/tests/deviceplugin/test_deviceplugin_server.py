@@ -25,6 +25,7 @@ from tessera_node.deviceplugin.matcher import PodView
 from tessera_node.deviceplugin.proto import api_pb2
 from tessera_node.deviceplugin.proto import api_pb2_grpc as _grpc
 from tessera_node.deviceplugin.server import KUBELET_SOCKET, PluginServer
+from tessera_node.settings import FORGET_PENDING_S
 
 api_grpc: Any = _grpc
 GIB = 1 << 30
@@ -66,7 +67,7 @@ def test_register_watch_allocate_and_reregister(plugins_dir: Path) -> None:
     kubelet = FakeKubelet(plugins_dir)
     manager = Manager(
         PluginConfig(node="n1", shares_per_unit=2, lib_dir="/opt/tessera/lib/v1",
-                     visibility="volume-mounts"),
+                     visibility="volume-mounts", forget_after_s=FORGET_PENDING_S),
         BudgetWriter(plugins_dir / "state", 1000), lambda: [pod()], lambda *a: None,
     )
     manager.update(NodeState(units=[Unit(G0, G0, 0, None, 80 * GIB, True)]))

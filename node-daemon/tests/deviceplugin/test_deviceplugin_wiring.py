@@ -20,9 +20,10 @@ from tessera_node.deviceplugin import library
 from tessera_node.deviceplugin.devices import HEALTHY, UNHEALTHY, Unit, share_id
 from tessera_node.deviceplugin.manager import NodeState
 from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key, pod_view
+from tessera_node.deviceplugin.registry import ContainerRegistry
 from tessera_node.deviceplugin.response import LIB_NAME, PRELOAD_NAME, preload_line
 from tessera_node.deviceplugin.server import AllocateError
-from tessera_node.deviceplugin.service import DevicePluginService
+from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.settings import Options
 
 GIB = 1 << 30
@@ -95,16 +96,16 @@ def test_device_plugin_flags() -> None:
     assert Options().device_plugin and Options().device_visibility == "volume-mounts"
 
 
-def service(tmp_path: Path) -> DevicePluginService:
+def service(tmp_path: Path) -> DevicePlugin:
     opts = Options(node_name="n1", state_dir=str(tmp_path), libtessera=str(tmp_path / "l.so"))
     (tmp_path / "l.so").write_bytes(ELF)
     kube: Any = None  # never called here
-    svc = DevicePluginService(kube, opts, Health(stuck_after_s=60), lambda: None)
+    svc = DevicePlugin(kube, opts, Health(stuck_after_s=60), lambda: None, ContainerRegistry())
     svc._prepare()
     return svc
 
 
-def health_of(svc: DevicePluginService) -> dict[str, dict[str, str]]:
+def health_of(svc: DevicePlugin) -> dict[str, dict[str, str]]:
     m = svc.require_manager()
     return {r: {d.id: d.health for d in devs} for r, devs in m.advertised().items()}
 
@@ -125,13 +126,13 @@ def test_nothing_is_served_or_confirmed_before_the_gpus_are_read(tmp_path: Path)
     """A restarted daemon must not confirm its running containers' allocations against a
     node with no known units (that refused their budgets: "memory ... is unknown")."""
     svc = service(tmp_path)
-    svc.opts.device_plugin_dir = str(tmp_path / "kubelet")
+    svc.plugins.plugins_dir = str(tmp_path / "kubelet")
     svc.error = None  # as run() leaves it once prepared
     asyncio.run(svc.step())  # kube is None: any API call would fail
-    assert svc.servers == {} and svc.unregistered == {}
+    assert svc.plugins.servers == {} and svc.plugins.unregistered == {}
     assert "device plugin: the GPUs not read yet" in svc.not_ready()
     svc.update(SNAP, {}, frozenset())
-    assert svc.gpus_read()
+    assert svc.devices.read_once()
     assert "device plugin: the GPUs not read yet" not in svc.not_ready()
 
 
@@ -139,12 +140,12 @@ def test_withdrawn_devices_leave_the_lists_until_the_gpu_changed(tmp_path: Path)
     svc = service(tmp_path)
     svc.update(SNAP, {}, frozenset({"1g.10gb"}))
     assert set(health_of(svc)["tessera.dev/mig-1g.10gb"]) == {M0, M1}
-    svc.withdraw(G1, [M0])
+    svc.devices.withdraw(G1, [M0])
     assert set(health_of(svc)["tessera.dev/mig-1g.10gb"]) == {M1}
-    svc.withdraw(G0, [G0])  # a mode change takes the whole GPU
+    svc.devices.withdraw(G0, [G0])  # a mode change takes the whole GPU
     assert share_id(G0, 0) not in health_of(svc)[VGPU]
-    svc.changed(G1)
-    svc.changed(G0)
+    svc.devices.changed(G1)
+    svc.devices.changed(G0)
     assert set(health_of(svc)["tessera.dev/mig-1g.10gb"]) == {M0, M1}
     assert share_id(G0, 0) in health_of(svc)[VGPU]
 
@@ -207,17 +208,17 @@ def test_nothing_is_resolved_before_the_gpus_are_read(tmp_path: Path) -> None:
 
     svc = service(tmp_path)
     listed: list[int] = []
-    svc.health.synced = lambda name: True  # type: ignore[method-assign]
+    svc.pods.health.synced = lambda name: True  # type: ignore[method-assign]
 
     def ask(manager: Any) -> list[Held]:
         listed.append(1)
         return []
 
-    svc._ask = ask  # type: ignore[method-assign]
-    asyncio.run(svc._resolve(svc.require_manager()))
+    svc.held.ask = ask  # type: ignore[method-assign]
+    asyncio.run(svc._confirm(svc.require_manager()))
     assert listed == []  # GPUs not read: no allocation confirmed, none refused
     svc.update(SNAP, {}, frozenset())
-    asyncio.run(svc._resolve(svc.require_manager()))
+    asyncio.run(svc._confirm(svc.require_manager()))
     assert listed == [1]
 
 
@@ -227,14 +228,14 @@ def test_holders_fail_closed_and_count_allocations_not_confirmed(tmp_path: Path)
     Allocate gave out counts as held until the kubelet shows its pod; then the pod holds it
     as the kubelet said, until the pod ends, without asking the kubelet again (it is asked
     only about pods whose answer can change something: the one pending here)."""
+    from tessera_node.deviceplugin.held import UNCONFIRMED
     from tessera_node.deviceplugin.matcher import pod_view
-    from tessera_node.deviceplugin.service import UNCONFIRMED
 
     svc = service(tmp_path)
     svc.update(SNAP, {}, frozenset())
     with pytest.raises(OSError, match="not listed yet"):
-        svc.holders()
-    svc.health.synced = lambda name: True  # type: ignore[method-assign]
+        svc.held.holders()
+    svc.pods.health.synced = lambda name: True  # type: ignore[method-assign]
     asked: list[list[tuple[str, str]]] = []
     shown: list[Held] = []
 
@@ -242,24 +243,24 @@ def test_holders_fail_closed_and_count_allocations_not_confirmed(tmp_path: Path)
         asked.append(list(pods))
         return {k: [h for h in shown if (h.ref.namespace, h.ref.pod) == k] for k in pods}
 
-    svc.podres.answers = answers  # type: ignore[method-assign]
+    svc.held.podres.answers = answers  # type: ignore[method-assign]
     a = pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))
-    svc._views = (pod_view(a), pod_view(pod("done", {"main": {VGPU: 1}}, phase="Succeeded")),
-                  pod_view(pod("cpu-only", {"main": {"cpu": 1}})))
-    assert svc.holders() == {}
-    asyncio.run(svc._resolve(svc.require_manager()))
+    svc.pods.show((pod_view(a), pod_view(pod("done", {"main": {VGPU: 1}}, phase="Succeeded")),
+                   pod_view(pod("cpu-only", {"main": {"cpu": 1}}))))
+    assert svc.held.holders() == {}
+    asyncio.run(svc._confirm(svc.require_manager()))
     assert asked == []  # nothing pending: nothing to ask
     svc.require_manager().allocate(VGPU, [share_id(G0, 0)])
-    assert svc.holders() == {G0: [UNCONFIRMED]}
+    assert svc.held.holders() == {G0: [UNCONFIRMED]}
     shown.append(Held(ContainerRef("ns", "a", "main"), VGPU, (share_id(G0, 0),)))
-    asyncio.run(svc._resolve(svc.require_manager()))
+    asyncio.run(svc._confirm(svc.require_manager()))
     assert asked == [[("ns", "a")]]  # not the ended pod, not one without tessera resources
-    assert svc.holders() == {G0: ["ns/a"]}
-    asyncio.run(svc._resolve(svc.require_manager()))
+    assert svc.held.holders() == {G0: ["ns/a"]}
+    asyncio.run(svc._confirm(svc.require_manager()))
     assert len(asked) == 1  # confirmed: never asked again
     a["status"]["phase"] = "Succeeded"
-    svc._views = (pod_view(a),)
-    assert svc.holders() == {}
+    svc.pods.show((pod_view(a),))
+    assert svc.held.holders() == {}
 
 
 def test_the_registry_learns_each_containers_runtime_id_from_its_pods_status(

@@ -17,15 +17,16 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from tessera.api.names import API_VERSION
+from tessera.api.budget import PerShareBudget
+from tessera.api.names import API_VERSION, VGPU
 from tessera.kube.client import Kube, load_credentials
 from tessera_e2e.gpubed.daemons import SimNode, create_node, daemon_kubeconfig
 from tessera_e2e.gpubed.workloads import LIBTESSERA, Cgroups, Workload, require
 from tessera_e2e.operator.replicas import wait_until
-from tessera_node.audit.registry import StaticRegistry, TesseraContainer
 from tessera_node.audit.runner import REASON_FOREIGN, REASON_OVER_BUDGET, AuditRunner
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
 from tessera_node.device.nvml import NvmlReader
+from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_sim import BUILD_DIR
 
 from .conftest import StartDaemon
@@ -98,9 +99,12 @@ def test_over_budget_and_foreign_processes_reported_then_stopped(
     (state / "run").mkdir(parents=True)
     budget = BudgetFile(state / "budget")
     budget.update([BudgetEntry(0, gpu0, memory=512 * MIB, cores=25)])
-    registry = StaticRegistry([TesseraContainer(namespace, "trainer", uid_a, "app",
-                                                str(state / "budget"), str(state / "run"),
-                                                (gpu0,), cid_app)])
+    registry = [SetUpContainer(
+        key=state.name, pod_uid=uid_a, namespace=namespace, pod="trainer", container="app",
+        resource=VGPU, units=(gpu0,), gpus=(gpu0,),
+        budget=PerShareBudget(shares=1, memory_bytes=512 * MIB, cores=25), refused=None,
+        budget_file=str(state / "budget"), ledger_dir=str(state / "run"),
+        container_id=cid_app)]
     workloads: list[Workload] = []
     try:
         # the tessera container: under libtessera (its ledger), 300 MiB, kernels held to a
@@ -125,7 +129,8 @@ def test_over_budget_and_foreign_processes_reported_then_stopped(
         async def scenario() -> None:
             kube = Kube(load_credentials(str(kubeconfig)), user_agent="tessera-node")
             reader = NvmlReader(str(BUILD_DIR))
-            runner = AuditRunner(kube, node, registry, reader, interval_s=0.5, own_pid=0)
+            runner = AuditRunner(kube, node, lambda: registry, reader, interval_s=0.5,
+                                 own_pid=0)
             try:
                 await _scenario(chart, namespace, node, runner, budget, gpu0, mig,
                                 [app, bypass], rogue, host)
@@ -210,7 +215,7 @@ async def _scenario(chart: Any, ns: str, node: str, runner: AuditRunner, budget:
     assert runner.last is not None and runner.last.over == ()
     assert [p.pid for p in runner.last.foreign] == [host.pid]
     assert _metric("tessera_container_memory_used_bytes", **labels) == 0
-    runner.registry.items.clear()  # type: ignore[attr-defined]
+    runner.containers = list  # the registry dropped it
     await runner.audit_once()
     assert _metric("tessera_container_memory_budget_bytes", **labels) is None
 

@@ -52,12 +52,11 @@ from tessera_e2e.operate.argocd import HEALTH_SCRIPT, ensure_argocd_health, eval
 from tessera_e2e.operate.prometheus import LocalPrometheus, scaled_rules
 from tessera_e2e.operator.replicas import free_port
 from tessera_node import metrics as node_metrics
-from tessera_node.audit.registry import StaticRegistry, TesseraContainer
 from tessera_node.audit.runner import AuditRunner
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
-from tessera_node.containers import SetUpContainer
-from tessera_node.core_control import CoreControl
+from tessera_node.cores.runner import CoreControl
 from tessera_node.device.nvml import NvmlReader
+from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_sim import BUILD_DIR
 
 from .conftest import Operators
@@ -169,9 +168,11 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
     (state / "run").mkdir(parents=True)
     BudgetFile(state / "budget").update([BudgetEntry(0, gpu, memory=256 * MIB, cores=25)])
     cid = "c" * 64
-    registry = StaticRegistry([TesseraContainer(ns, pod_name, uid, container,
-                                                str(state / "budget"), str(state / "run"),
-                                                (gpu,), cid)])
+    registry = [SetUpContainer(
+        key=state.name, pod_uid=uid, namespace=ns, pod=pod_name, container=container,
+        resource=VGPU, units=(gpu,), gpus=(gpu,),
+        budget=PerShareBudget(shares=1, memory_bytes=256 * MIB, cores=25), refused=None,
+        budget_file=str(state / "budget"), ledger_dir=str(state / "run"), container_id=cid)]
     cgroups = Cgroups()
     workloads: list[Workload] = []
     stop = threading.Event()
@@ -192,7 +193,8 @@ def audited_container(cluster: Any, prom: LocalPrometheus, daemons: list[NodeDae
         async def audit() -> None:
             kube = Kube(load_credentials(str(d.kubeconfig)), user_agent="tessera-node")
             reader = NvmlReader(str(BUILD_DIR))
-            runner = AuditRunner(kube, d.node, registry, reader, interval_s=1.0, own_pid=0)
+            runner = AuditRunner(kube, d.node, lambda: registry, reader, interval_s=1.0,
+                                 own_pid=0)
             try:
                 while not stop.is_set():
                     await runner.audit_once()

@@ -1,0 +1,111 @@
+"""What the daemon wants its own Node to say, from everything it knows (pure): one
+reconcile pass's content.
+
+Inputs: the Node as last seen, the GPUPartitions, the last NVML snapshot (or why it could
+not be read), the device-plugin sockets, and what the enactor said about each plan.
+Output: the owned labels and annotations (:mod:`tessera_node.node.patch` turns them into
+the one write), the reports before and after (for Events), new findings, the plans of
+the GPUs partitions own here and how they share them (for the device plugin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tessera.api import node_report
+from tessera.api.inventory import (
+    GPUInventory,
+    NodeInventory,
+    from_node,
+    node_labels,
+    to_annotation,
+)
+from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_NODE_FINDINGS, ANNOTATION_PARTITION_STATUS
+from tessera.api.partition import NodePartitionStatus, Sharing
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.layout.desired import being_reset, misfits, partition_views, targets
+from tessera_node.layout.holders import Holders
+from tessera_node.layout.plan import GPUPlan, Outcome
+from tessera_node.node import findings as findings_
+from tessera_node.node import reports
+from tessera_node.node.coexistence import detect
+from tessera_node.node.findings import Finding
+from tessera_node.node.inventory import node_gpus
+from tessera_node.node.patch import OWNED_LABELS
+
+
+@dataclass(frozen=True)
+class NodeContent:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    old_reports: dict[str, NodePartitionStatus]
+    reports: dict[str, NodePartitionStatus]
+    findings: tuple[Finding, ...]
+    new_findings: tuple[Finding, ...]
+    plans: tuple[GPUPlan, ...]
+    sharing: dict[int, Sharing]
+    """GPU index -> how its partition hands out its MIG instances (Whole or Shares)."""
+    profiles: frozenset[str]
+    """The MIG profiles the node's partitions want (each has a device plugin resource)."""
+
+
+def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(
+        ANNOTATION_PARTITION_STATUS)
+    if raw is None:
+        return {}
+    try:
+        return node_report.parse_reports(raw)
+    except node_report.ReportError:
+        return {}  # rewritten whole from what the daemon knows
+
+
+def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
+           snapshot: DeviceSnapshot | None, read_error: str | None,
+           sockets: Iterable[str], socket_dir: str,
+           outcome: Callable[[GPUPlan], Outcome | None], now: datetime,
+           holders: Holders | None = None, allow_reset: bool = True) -> NodeContent:
+    meta = node.get("metadata") or {}
+    have_labels: Mapping[str, str] = meta.get("labels") or {}
+    have_annotations: Mapping[str, str] = meta.get("annotations") or {}
+    labels: dict[str, str]
+    annotations: dict[str, str] = {}
+    gpus: tuple[GPUInventory, ...]
+    found: list[Finding] = []
+    if snapshot is not None:
+        inventory = node_gpus(snapshot)
+        gpus, found = inventory.gpus, list(inventory.findings)
+        labels = node_labels(gpus)
+        annotations[ANNOTATION_GPUS] = to_annotation(gpus)
+    else:  # NVML unreadable: what was published stays (never an empty inventory by error)
+        gpus = from_node(node).gpus
+        labels = {k: v for k, v in have_labels.items() if k in OWNED_LABELS}
+        if ANNOTATION_GPUS in have_annotations:
+            annotations[ANNOTATION_GPUS] = have_annotations[ANNOTATION_GPUS]
+    found += detect(node, sockets, socket_dir)
+    inv = NodeInventory(name=str(meta.get("name", "")), labels={**have_labels, **labels},
+                        gpus=gpus)
+    objects = list(partitions)
+    views = partition_views(objects)
+    owned = targets(views, inv, being_reset(objects))
+    plans = (tuple(reports.plans(owned, snapshot, holders, allow_reset))
+             if snapshot is not None else ())
+    outcomes = {p.index: o for p in plans if (o := outcome(p)) is not None}
+    situation = reports.Situation(snapshot, read_error, tuple(found), outcomes,
+                                  holders or {}, allow_reset)
+    before = old_reports(node)
+    after = reports.merge(before, reports.build(owned, situation, misfits(views, inv)), now)
+    if after:
+        annotations[ANNOTATION_PARTITION_STATUS] = node_report.to_annotation(after)
+    if found:
+        annotations[ANNOTATION_NODE_FINDINGS] = findings_.to_annotation(found)
+    fresh = findings_.new_findings(have_annotations.get(ANNOTATION_NODE_FINDINGS), found)
+    spec_of = {v.name: v.spec for v in views}
+    sharing = {i: spec_of[p].sharing for p, gpus in owned.items() for i in gpus}
+    profiles = frozenset(n for gpus in owned.values() for t in gpus.values()
+                         for n in t.profiles)
+    return NodeContent(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),
+                  plans, sharing, profiles)

@@ -1,0 +1,83 @@
+"""The node's GPUs as the inventory contract publishes them, from one NVML snapshot (pure).
+
+The labels and the ``tessera.dev/gpus`` annotation come from :mod:`tessera.api.inventory`
+(``node_labels``, ``to_annotation``); this module only turns what NVML reports into its
+types, and checks the model table's MIG profiles against NVML's for each GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.api.inventory import GPUInventory, MigInstance
+from tessera.mig.catalog import profiles
+from tessera.models import GPUModel
+from tessera_node.device.state import DeviceSnapshot, GPUState, ProfileInfo, model_of
+from tessera_node.node.findings import Finding
+
+MAX_DIFFERENCES = 3
+"""Profile differences named in one finding before '… and N more'."""
+
+
+@dataclass(frozen=True)
+class NodeGPUs:
+    """The inventory to publish and what is wrong with it."""
+
+    gpus: tuple[GPUInventory, ...]
+    findings: tuple[Finding, ...]
+
+
+def node_gpus(snapshot: DeviceSnapshot) -> NodeGPUs:
+    """Every GPU of a known model; a GPU the model table does not know is left out (the
+    operator could not plan for it) and becomes a finding."""
+    out: list[GPUInventory] = []
+    findings: list[Finding] = []
+    for g in snapshot.gpus:
+        model = model_of(g)
+        if model is None:
+            findings.append(Finding(
+                "UnknownModel", f"GPU {g.index} ({g.name}, PCI device 0x{g.pci_device_id:08X}) "
+                "is not in tessera's model table: left out of the inventory", g.index))
+            continue
+        out.append(GPUInventory(
+            index=g.index, uuid=g.uuid, model=model.id,
+            memory_mib=g.memory_total_bytes // (1 << 20),
+            mig_mode=g.mig_mode if model.mig_capable else "unsupported",
+            instances=tuple(MigInstance(profile=i.profile, start=i.start, uuid=i.uuid)
+                            for i in g.instances)))
+        findings.extend(profile_mismatches(g, model))
+    return NodeGPUs(tuple(out), tuple(findings))
+
+
+def profile_mismatches(gpu: GPUState, model: GPUModel) -> list[Finding]:
+    """One finding when NVML's GPU-instance profiles differ from the model table's.
+
+    NVML describes its profiles only while MIG is enabled; a GPU with MIG disabled is
+    checked once it is enabled.
+    """
+    if not gpu.profiles or not model.mig_capable:
+        return []
+    nvml = {p.profile_id: p for p in gpu.profiles}
+    table = {p.smi_profile_id: p for p in profiles(model.id)}
+    diffs: list[str] = []
+    for pid, want in sorted(table.items()):
+        got = nvml.get(pid)
+        if got is None:
+            diffs.append(f"{want.name} (ID {pid}) missing from NVML")
+            continue
+        expected = ProfileInfo(pid, want.name, want.memory_mib, want.compute_slices,
+                               want.max_count, want.sm_count)
+        for field in ("name", "memory_mib", "compute_slices", "max_count", "sm_count"):
+            a, b = getattr(expected, field), getattr(got, field)
+            if a != b:
+                diffs.append(f"{want.name} {field} {a} in the table, {b} by NVML")
+    diffs += [f"{p.name} (ID {pid}) unknown to the table" for pid, p in sorted(nvml.items())
+              if pid not in table]
+    if not diffs:
+        return []
+    shown = "; ".join(diffs[:MAX_DIFFERENCES])
+    more = len(diffs) - MAX_DIFFERENCES
+    if more > 0:
+        shown += f"; and {more} more"
+    return [Finding("ProfileMismatch", f"GPU {gpu.index} ({model.id}): tessera's model "
+                    f"table and NVML disagree on MIG profiles: {shown}", gpu.index)]
