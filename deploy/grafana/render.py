@@ -1,7 +1,7 @@
 """Draw the dashboard's main panels as one PNG from an end-to-end run's data.
 
     TESSERA_DASHBOARD_DATA=/tmp/dashboard-data.json \\
-        .venv/bin/python -m pytest operator/tests/integration/test_operate.py
+        .venv/bin/python -m pytest e2e/tests/system/test_operate.py
     .venv/bin/python deploy/grafana/render.py /tmp/dashboard-data.json docs/img/dashboard.png
 
 The data file holds what the run's Prometheus answered to each panel's queries (range

@@ -9,6 +9,9 @@
 - `chart_bed` (module): a two-node cluster of the module's own with tessera installed by
   `helm install` of charts/tessera (the operator Deployment, the node DaemonSet, the images the
   test bed builds), as a `gpu_bed.Bed`; `chart_namespace` (per test) is a fresh namespace in it.
+- `operators` (session) / `ops` (per test, restarted when a test stopped them): the operator's
+  two replicas on `cluster`, behind a loopback proxy, with the chart's RBAC and policies
+  (`tessera_e2e.operator.replicas.LocalOperators`).
 - `parse_quantity_reference` (session): the path of the built `parse-quantity` program,
   apimachinery's own quantity parser, to test tessera's against.
 
@@ -36,6 +39,7 @@ from tessera_e2e.controlplane.errors import ControlPlaneError
 if TYPE_CHECKING:  # imported when used: they need sim/ and node-daemon/ on the path
     from tessera_e2e.chart.bed import ChartDaemon
     from tessera_e2e.gpubed.bed import Bed
+    from tessera_e2e.operator.replicas import LocalOperators
 
 _kept_logs: list[str] = []
 
@@ -114,6 +118,27 @@ def chart_bed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory,
 def chart_namespace(chart_bed: Bed[ChartDaemon], request: pytest.FixtureRequest
                     ) -> Iterator[str]:
     yield from _namespace(chart_bed.cluster, request)
+
+
+@pytest.fixture(scope="session")
+def operators(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[LocalOperators]:
+    from tessera_e2e.operator.replicas import LocalOperators
+
+    assert cluster.pki is not None
+    ops = LocalOperators(cluster.kubectl, cluster.kubeconfig,
+                         tmp_path_factory.mktemp("operator-logs"),
+                         webhook_client_ca=cluster.pki.webhook_client_ca).setup()
+    ops.ensure_running()
+    yield ops
+    ops.stop_all()
+    ops.uninstall_webhooks()
+
+
+@pytest.fixture
+def ops(operators: LocalOperators) -> LocalOperators:
+    operators.ensure_running()
+    return operators
 
 
 @pytest.fixture

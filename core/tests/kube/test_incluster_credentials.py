@@ -34,7 +34,7 @@ def test_the_pod_token_is_sent_as_one_bearer_token(token: Path) -> None:
 
 def test_the_pod_token_is_read_again_once_a_minute_old(token: Path) -> None:
     """The kubelet renews the projected token in place; the client follows within a minute
-    (and at once after a 401: tests/integration/test_token_renewal.py)."""
+    (and at once after a 401: operator/tests/operator_integration/test_token_renewal.py)."""
     token.write_text("first")
     creds = load_credentials(None)
     assert creds.token_file == str(token) and creds.current_token() == "first"

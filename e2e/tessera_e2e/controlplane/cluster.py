@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tessera_e2e.controlplane.build import containerd_product
 from tessera_e2e.controlplane.cache import Layout, default_layout
@@ -466,3 +467,10 @@ def _sweep_run_network(run: Path) -> None:
     except (OSError, ValueError, KeyError):
         return
     delete_link(str(bridge))
+
+
+def kubectl_json(cluster: LocalCluster, *args: str) -> Any:
+    """``kubectl ARGS -o json``'s object (a failure is an assertion with kubectl's message)."""
+    out = cluster.kubectl(*args, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

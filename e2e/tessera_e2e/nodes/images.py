@@ -47,7 +47,7 @@ BUSYBOX_APPLETS = (
     "ps", "sleep", "test", "true", "false", "wget", "date", "head", "tail", "wc", "kill",
     "timeout", "printf",
     "ssl_client",  # what busybox wget runs for https://
-    # what a tenant tries on tessera's files (e2e/tests/test_node_attacks.py)
+    # what a tenant tries on tessera's files (e2e/tests/system/test_node_attacks.py)
     "rm", "dd", "base64", "unshare", "mount", "truncate",
 )
 C_LIBRARY = (  # the glibc runtime a dynamically linked program needs

@@ -12,7 +12,7 @@ from tessera_node.budget.ledger import WAIT_BUCKETS
 
 
 def ledger_hist(waits_ns: list[int]) -> tuple[int, ...]:
-    """What hook/src/launch.c records: bucket = bit length of the wait in whole µs, ≤ 31."""
+    """What hook/src/tokens.c records: bucket = bit length of the wait in whole µs, ≤ 31."""
     h = [0] * WAIT_BUCKETS
     for w in waits_ns:
         h[min(31, (w // 1000).bit_length())] += 1

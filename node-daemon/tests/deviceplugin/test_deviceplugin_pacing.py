@@ -2,7 +2,7 @@
 asking a fake kubelet that refuses calls past the real kubelet's limit (qps 100, burst 10,
 RESOURCE_EXHAUSTED): 100 budgeted pods started at once are all confirmed without a single
 refusal, asking only about pods whose answer matters. The real kubelet's answers at that
-density: e2e/tests/test_node_density.py."""
+density: e2e/tests/system/test_node_density.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How tessera-node asks the kubelet which containers hold which devices: against a fake
 kubelet's PodResources service over real gRPC on a unix socket (the real kubelet's answers
-are in e2e/tests/test_device_plugin.py), and the gate that keeps a ``List`` away from
+are in e2e/tests/system/test_device_plugin.py), and the gate that keeps a ``List`` away from
 allocations in flight.
 
 Why it matters: the kubelet's ``List`` rebuilds its table of allocated devices, and a

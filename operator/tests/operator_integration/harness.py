@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from tessera_e2e.controlplane.cluster import kubectl_json
 from tessera_e2e.operator.replicas import (
     OPERATOR_NS,
     LocalOperators,
@@ -19,12 +19,6 @@ from tessera_e2e.paths import REPO
 
 __all__ = ["OPERATOR_NS", "REPO", "LocalOperators", "OperatorProcess", "RoundRobinProxy",
            "kubectl_json", "lease_holder", "operator_kubeconfig", "render_chart", "wait_until"]
-
-
-def kubectl_json(cluster: Any, *args: str) -> Any:
-    out = cluster.kubectl(*args, "-o", "json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def lease_holder(cluster: Any) -> str:

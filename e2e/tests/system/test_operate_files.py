@@ -2,7 +2,7 @@
 ``promtool test rules``, every dashboard query is valid PromQL once expanded, every metric
 they name is exported by a component or listed as pending, and the argo-cd values carry the
 health script as it is in the repository.  (Against live metrics and real status objects:
-``operator/tests/integration/test_operate.py``.)"""
+``e2e/tests/system/test_operate.py``.)"""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from tessera.api.names import GROUP
 from tessera_e2e.operate import dashboard
 from tessera_e2e.operate.argocd import HEALTH_SCRIPT, VALUES
 from tessera_e2e.operate.prometheus import find_tool
+from tessera_e2e.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "tessera-rules.yaml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "tessera-rules.test.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "tessera-dashboard.json"

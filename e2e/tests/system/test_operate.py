@@ -45,12 +45,15 @@ from prometheus_client import CollectorRegistry, start_http_server
 from tessera.api.budget import PerShareBudget
 from tessera.api.names import API_VERSION, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera.kube.client import Kube, load_credentials
+from tessera_e2e.controlplane.cluster import kubectl_json
 from tessera_e2e.gpubed.daemons import NodeDaemonProcess, remove_sim_daemon, start_sim_daemon
 from tessera_e2e.gpubed.workloads import LIBTESSERA, Cgroups, Workload, require
 from tessera_e2e.operate import dashboard
 from tessera_e2e.operate.argocd import HEALTH_SCRIPT, ensure_argocd_health, evaluate
 from tessera_e2e.operate.prometheus import LocalPrometheus, scaled_rules
-from tessera_e2e.operator.replicas import free_port
+from tessera_e2e.operator.replicas import LocalOperators as Operators
+from tessera_e2e.operator.replicas import free_port, wait_until
+from tessera_e2e.paths import REPO
 from tessera_node import metrics as node_metrics
 from tessera_node.audit.runner import AuditRunner
 from tessera_node.budget.formats import BudgetEntry, BudgetFile
@@ -58,9 +61,6 @@ from tessera_node.cores.runner import CoreControl
 from tessera_node.device.nvml import NvmlReader
 from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_sim import BUILD_DIR
-
-from .conftest import Operators
-from .harness import REPO, kubectl_json, wait_until
 
 pytestmark = pytest.mark.integration
 
