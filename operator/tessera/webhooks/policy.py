@@ -132,7 +132,7 @@ def pod_budget_policy() -> str:
                 f"tessera-node writes metadata.{_section(k)}[{k.name}] only on a pod bound "
                 f"to its own node, with a token bound to its pod"))
     rules.append(_rule(
-        f"request.operation != 'CREATE' || (!object.metadata.name.startsWith("
+        f"request.operation != 'CREATE' || (!object.metadata.?name.orValue('').startsWith("
         f"'{GROWTH_HOLDER_PREFIX}') && !object.spec.?schedulingGates.orValue([]).exists(g, "
         f"g.name == '{SCHEDULING_GATE_GROWTH}'))",
         f"pods named {GROWTH_HOLDER_PREFIX}… or gated by {SCHEDULING_GATE_GROWTH} are "
@@ -180,7 +180,7 @@ def growth_holders_policy() -> str:
         resources: ["pods/eviction"]
   matchConditions:
     - name: a-growth-holder
-      expression: "request.name.startsWith('{GROWTH_HOLDER_PREFIX}')"
+      expression: "request.?name.orValue('').startsWith('{GROWTH_HOLDER_PREFIX}')"
     - name: not-tessera-or-a-collector
       expression: {_fold(f"!(request.userInfo.username in [{allowed}])", 8)}
   validations:

@@ -487,3 +487,23 @@ def test_a_growth_that_loses_its_holder_and_its_room_goes_back_to_the_limits(
     status = json.loads(kubectl_json(cluster, "get", "pod", name, "-n", ns)["metadata"][
         "annotations"]["tessera.dev/budget-resize"])
     assert status["state"] == "Refused" and "no longer held" in status["reason"]
+
+
+def test_a_namespace_with_growth_holders_can_be_emptied_and_deleted(
+        cluster: Any, namespace: str, holder: tuple[str, str]) -> None:
+    """A collection delete of the namespace's pods (what the namespace controller sends)
+    passes the holders' policy (it has no name to match) and takes the holders with it."""
+    ns = namespace
+    kube_path = cluster.kubeconfig
+
+    async def delete_all() -> None:
+        kube = Kube(load_credentials(str(kube_path)))
+        try:
+            await kube.delete(path("", "v1", "pods", ns))
+        finally:
+            await kube.close()
+    asyncio.run(delete_all())
+    wait_until("every pod gone", lambda: not kubectl_json(
+        cluster, "get", "pods", "-n", ns)["items"], 30, 0.2)
+    out = cluster.kubectl("delete", "namespace", ns, "--timeout=60s")
+    assert out.returncode == 0, out.stderr
