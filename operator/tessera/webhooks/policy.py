@@ -20,7 +20,7 @@ writes no webhook round trip.  Three policies:
 
 from __future__ import annotations
 
-from tessera.api.names import GROWTH_HOLDER_PREFIX, SCHEDULING_GATE_GROWTH
+from tessera.api.names import GROWTH_HOLDER_PREFIX, PREFIX, SCHEDULING_GATE_GROWTH
 from tessera.api.writers import KEYS, NODE, Key
 
 OPERATOR_USER = "system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.serviceAccount.name }}"
@@ -107,6 +107,19 @@ def _unchanged(k: Key) -> str:
             f"variables.new{var}[?'{k.name}'].orValue('')")
 
 
+def _carries_a_key() -> str:
+    """Whether the pod (as it is, or as it was) carries anything this policy judges: most
+    pods carry none, and skip the validations (the API server's cost of a pod write)."""
+    def keyed(obj: str) -> str:
+        return " || ".join(
+            f"{obj}.metadata.?{section}.orValue({{}}).exists(k, k.startsWith('{PREFIX}'))"
+            for section in ("annotations", "labels"))
+    return (f"{keyed('object')} || (oldObject != null && ({keyed('oldObject')})) || "
+            f"object.metadata.?name.orValue('').startsWith('{GROWTH_HOLDER_PREFIX}') || "
+            f"object.spec.?schedulingGates.orValue([]).exists(g, "
+            f"g.name == '{SCHEDULING_GATE_GROWTH}')")
+
+
 def pod_budget_policy() -> str:
     rules = []
     for k in _pod_keys():
@@ -150,6 +163,8 @@ def pod_budget_policy() -> str:
     - name: not-the-operator
       expression: >-
         request.userInfo.username != '{OPERATOR_USER}'
+    - name: carries-a-tessera-key
+      expression: {_fold(_carries_a_key(), 8)}
   variables:
     - name: oldAnnotations
       expression: "oldObject == null ? {{}} : oldObject.metadata.?annotations.orValue({{}})"
