@@ -204,8 +204,13 @@ def test_a_partition_then_a_layout_change_that_waits_for_the_pod_on_an_instance(
                 "nodes", {}).get("node-0", {})
             return node if node.get("phase") == "WaitingForIdle" else None
 
-        report = wait_until("node-0 WaitingForIdle", waiting, 120, 1)
-        assert holder in report["message"], report
+        first = wait_until("node-0 WaitingForIdle", waiting, 120, 1)
+        # A whole instance's container starts without waiting for the daemon to confirm its
+        # allocation through PodResources: the first report may say "a container allocated,
+        # its pod not confirmed yet"; the next pass (the poll interval) names the pod.
+        report = wait_until(f"node-0's WaitingForIdle naming {holder}", lambda: (
+            r if (r := waiting()) and holder in r.get("message", "") else None), 30, 1)
+        assert holder in first["message"] or "not confirmed yet" in first["message"], first
         assert report.get("reason") == "InUse", report
         lgi = bed.daemons["node-0"].smi("mig", "-lgi")
         assert lgi.stdout.count("MIG 1g.10gb") == 7, lgi.stdout  # nothing was torn down
