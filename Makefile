@@ -72,9 +72,10 @@ hook: install sim
 
 # kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy
 # and containerd, built once from the Go module proxy into the cache (TESSERA_CACHE, default
-# ~/.cache/tessera).
+# ~/.cache/tessera): the current Kubernetes release and the oldest one tessera supports.
 controlplane: install
 	$(PY) -m tessera_e2e build
+	TESSERA_KUBERNETES=oldest $(PY) -m tessera_e2e build
 
 # A local cluster for a person, with NODES real nodes; prints the KUBECONFIG to use.
 NODES ?= 2
@@ -95,8 +96,10 @@ demo: sysdeps controlplane sim hook
 	$(PY) -m tessera_e2e demo
 
 # Everything: lint, types, unit, simulator, hook and integration tests.
+# Then the tests marked oldest_kubernetes again, on the oldest supported release.
 test: sysdeps install lint typecheck sim hook controlplane
 	$(PY) -m pytest
+	TESSERA_KUBERNETES=oldest $(PY) -m pytest -m oldest_kubernetes -p no:cacheprovider
 
 # The tests that need no control plane, no node and no built C (seconds).
 unit: install sim

@@ -28,12 +28,13 @@ from pathlib import Path
 from tessera_e2e.controlplane.cache import Layout, default_layout
 from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.controlplane.pins import (
-    CONTAINERD_MODULE,
     CONTAINERD_MODULE_DIR,
     CONTROLPLANE_MODULE,
     ETCD_MODULE,
     MODULE_DIR,
+    RELEASES,
     Pins,
+    containerd_module,
     load_containerd_version,
     load_go_directive,
     load_pins,
@@ -53,9 +54,20 @@ PACKAGES: dict[str, str] = {
     "k8s.io/kubernetes/cmd/kubectl": "kubectl",
     "k8s.io/kubernetes/cmd/kubelet": "kubelet",
     "k8s.io/kubernetes/cmd/kube-proxy": "kube-proxy",
-    # tessera's own reference programs, built against the same apimachinery
+}
+REFERENCE_PROGRAMS: dict[str, str] = {
+    # tessera's own reference programs, built against the same apimachinery (the current
+    # release's wrapper module has them; the oldest release's does not need them)
     f"{CONTROLPLANE_MODULE}/cmd/parse-quantity": "parse-quantity",
 }
+
+
+def controlplane_packages(module_dir: Path) -> dict[str, str]:
+    """What one wrapper module builds: the Kubernetes commands and etcd, and the reference
+    programs whose source it has under cmd/."""
+    own = {package: name for package, name in REFERENCE_PROGRAMS.items()
+           if (module_dir / "cmd" / name).is_dir()}
+    return {**PACKAGES, **own}
 GO_OUTPUT_NAME = {ETCD_MODULE: "server"}
 CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 
@@ -127,7 +139,7 @@ def build_inputs(module_dir: Path = MODULE_DIR) -> BuildInputs:
 class Product:
     """One wrapper module's build: what to compile, where it goes, how to check it."""
 
-    title: str  # "Kubernetes v1.34.4 + etcd v3.6.4"
+    title: str  # "Kubernetes v1.37.2 + etcd v3.7.0"
     module_dir: Path
     directory: Path  # in the cache: bin/, stamp.json, build.log
     packages: Mapping[str, str]  # Go package -> installed binary name
@@ -152,7 +164,7 @@ def controlplane_product(layout: Layout, module_dir: Path = MODULE_DIR) -> Produ
         title=f"Kubernetes {pins.kubernetes} + etcd {pins.etcd}",
         module_dir=module_dir,
         directory=layout.bin_dir(pins).parent,
-        packages=PACKAGES,
+        packages=controlplane_packages(module_dir),
         ldflags=inputs.ldflags,
         inputs=inputs.as_json(),
         versions={
@@ -167,12 +179,13 @@ def controlplane_product(layout: Layout, module_dir: Path = MODULE_DIR) -> Produ
 
 def containerd_product(layout: Layout, module_dir: Path = CONTAINERD_MODULE_DIR) -> Product:
     version = load_containerd_version(module_dir)
-    ldflags = f"-s -w -X {CONTAINERD_MODULE}/version.Version={version}"
+    module = containerd_module(module_dir)
+    ldflags = f"-s -w -X {module}/version.Version={version}"
     return Product(
         title=f"containerd {version}",
         module_dir=module_dir,
         directory=layout.root / "containerd" / f"containerd-{version}",
-        packages={f"{CONTAINERD_MODULE}/cmd/{name}": name for name in CONTAINERD_BINARIES},
+        packages={f"{module}/cmd/{name}": name for name in CONTAINERD_BINARIES},
         ldflags=ldflags,
         inputs={"containerd": version, "go_sum_sha256": _sha256(module_dir / "go.sum"),
                 "ldflags": ldflags},
@@ -190,8 +203,9 @@ def helm_product(layout: Layout, module_dir: Path = HELM_MODULE_DIR) -> Product:
     that neither its dependency versions nor its stamp touch the control plane's."""
     version = _required_module_version(module_dir, HELM_MODULE)
     # `helm template` and `helm lint` assume this Kubernetes version (the chart states a
-    # kubeVersion): the control plane's, not helm's built-in default (1.20).
-    pins = load_pins()
+    # kubeVersion): the current release's control plane, not helm's built-in default (1.20);
+    # one helm for every release (the oldest's run would otherwise rebuild it).
+    pins = load_pins(RELEASES["current"].controlplane)
     ldflags = (f"-s -w -X {HELM_MODULE}/internal/version.version={version} "
                f"-X {HELM_MODULE}/internal/version.gitTreeState=clean "
                f"-X {HELM_MODULE}/pkg/chartutil.k8sVersionMajor=1 "

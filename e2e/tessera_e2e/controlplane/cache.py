@@ -14,8 +14,9 @@ from tessera_e2e.controlplane.pins import Pins
 
 BINARIES = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet",
-    "kube-proxy", "parse-quantity",
+    "kube-proxy",
 )
+"""What every release's control plane build has (the current one adds parse-quantity)."""
 
 
 def cache_root() -> Path:

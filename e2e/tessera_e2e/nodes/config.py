@@ -4,9 +4,10 @@ Paths here are the ones *inside* the node's mount namespace, where the node's ow
 are mounted at the standard places (/run, /var/lib, /var/log; see node.py). Settings that
 matter and why:
 
-- containerd: `restrict_oom_score_adj = true` (this kind of VM refuses to lower
-  oom_score_adj, and runc then fails every sandbox with "can't get final child's PID from
-  pipe: EOF"); the sandbox image is our own `pause`, pinned; runc with cgroupfs.
+- containerd (2.x, configuration version 3): `restrict_oom_score_adj = true` (this kind of VM
+  refuses to lower oom_score_adj, and runc then fails every sandbox with "can't get final
+  child's PID from pipe: EOF"); the sandbox image is our own `pause`, pinned; runc with
+  cgroupfs; CDI on, its specs read from the node's own `/var/run/cdi` (for DRA drivers).
 - CNI: the bridge plugin with host-local IPAM on the node's own /24, hairpin on (a pod can
   reach a Service backed by itself), no masquerade (pod addresses are routed, see
   network.py), then portmap.
@@ -33,6 +34,9 @@ CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 CNI_CONF_DIR = "/var/lib/cni/net.d"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 RUNC = "/usr/sbin/runc"  # Debian's runc
+CDI_SPEC_DIRS = ("/var/run/cdi",)
+"""Where containerd reads CDI specs: the node's own /run (each node has its own), not the
+host's /etc/cdi, which every node of the bed would share."""
 KUBELET_ROOT = "/var/lib/kubelet"
 KUBELET_PORT = 10250  # on the node's own address: every node has its own network namespace
 RELAXED_EVICTION = {
@@ -60,16 +64,64 @@ class NodeSettings:
     kubelet_kubeconfig: str
     proxy_kubeconfig: str
     resolv_conf: str
+    containerd_major: int = 2
+    """The containerd it runs: 2 (configuration version 3) or 1 (version 2)."""
+
+
+DISABLED_PLUGINS = (
+    "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.internal.v1.opt",  # would create /opt/containerd on the host
+    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+)
 
 
 def containerd_toml(node: NodeSettings) -> str:
+    return (containerd_2_toml(node) if node.containerd_major >= 2
+            else containerd_1_toml(node))
+
+
+def containerd_2_toml(node: NodeSettings) -> str:
+    """containerd 2's configuration, version 3: the CRI plugin is two plugins there
+    (``io.containerd.cri.v1.images``: snapshotter, the pinned sandbox image;
+    ``io.containerd.cri.v1.runtime``: runtimes, CNI, CDI)."""
+    images = "plugins.'io.containerd.cri.v1.images'"
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    disabled = [*DISABLED_PLUGINS, "io.containerd.snapshotter.v1.erofs"]
+    return "\n".join([
+        "version = 3",
+        "root = '/var/lib/containerd'",
+        "state = '/run/containerd'",
+        f"disabled_plugins = {json.dumps(disabled)}",
+        "[grpc]",
+        f"  address = '{CONTAINERD_SOCKET}'",
+        f"[{images}]",
+        "  snapshotter = 'overlayfs'",
+        f"[{images}.pinned_images]",
+        f"  sandbox = '{node.sandbox_image}'",
+        f"[{runtime}]",
+        "  restrict_oom_score_adj = true",
+        "  enable_cdi = true",
+        f"  cdi_spec_dirs = {json.dumps(list(CDI_SPEC_DIRS))}",
+        f"[{runtime}.containerd]",
+        "  default_runtime_name = 'runc'",
+        f"[{runtime}.containerd.runtimes.runc]",
+        "  runtime_type = 'io.containerd.runc.v2'",
+        f"[{runtime}.containerd.runtimes.runc.options]",
+        f"  BinaryName = '{RUNC}'",
+        "  SystemdCgroup = false",
+        f"[{runtime}.cni]",
+        f"  bin_dirs = {json.dumps([CNI_BIN_DIR])}",
+        f"  conf_dir = '{CNI_CONF_DIR}'",
+        "",
+    ])
+
+
+def containerd_1_toml(node: NodeSettings) -> str:
+    """containerd 1.7's configuration, version 2 (the oldest Kubernetes release's nodes):
+    one CRI plugin, CDI on as in version 3."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
-    disabled = [
-        "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-        "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-        "io.containerd.internal.v1.opt",  # would create /opt/containerd on the host
-        "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
-    ]
+    disabled = [*DISABLED_PLUGINS, "io.containerd.snapshotter.v1.aufs"]
     return "\n".join([
         "version = 2",
         'root = "/var/lib/containerd"',
@@ -80,6 +132,8 @@ def containerd_toml(node: NodeSettings) -> str:
         f"[{cri}]",
         f'  sandbox_image = "{node.sandbox_image}"',
         "  restrict_oom_score_adj = true",
+        "  enable_cdi = true",
+        f"  cdi_spec_dirs = {json.dumps(list(CDI_SPEC_DIRS))}",
         f"[{cri}.containerd]",
         '  snapshotter = "overlayfs"',
         '  default_runtime_name = "runc"',

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.controlplane.kubeconfig import write_kubeconfig
+from tessera_e2e.controlplane.pins import containerd_major, load_containerd_version
 from tessera_e2e.controlplane.pki import Pki, issue
 from tessera_e2e.controlplane.processes import Component, RunDirectory
 from tessera_e2e.nodes.cgroups import NodeCgroup
@@ -108,6 +109,7 @@ class Node:
             kubelet_kubeconfig=str(self.path / "kubelet.kubeconfig"),
             proxy_kubeconfig=str(self.path / "kube-proxy.kubeconfig"),
             resolv_conf=str(self.path / "resolv.conf"),
+            containerd_major=containerd_major(load_containerd_version()),
         )
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tessera_e2e.chart.tessera_images import DEBIAN_PACKAGES
 from tessera_e2e.controlplane.build import ensure_helm
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.controlplane.pins import RELEASES, load_pins
 from tessera_node.settings import DEFAULTS as DAEMON_DEFAULTS
 from tessera_operator.webhooks import config as webhook_config
 from tessera_operator.webhooks.config import ClientConfig
@@ -81,6 +83,17 @@ def test_helm_lint_is_clean(helm_binary: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
     assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_the_chart_installs_from_the_oldest_supported_release_on(helm_binary: Path) -> None:
+    """kubeVersion is the oldest release the suite runs on (TESSERA_KUBERNETES=oldest): below
+    it the kubelet's PodResources Get is off by default (docs/node-daemon.md)."""
+    oldest = load_pins(RELEASES["oldest"].controlplane)
+    assert helm.template(helm_binary, "ts", None, "--kube-version", oldest.kubernetes)
+    below = f"v1.{int(oldest.kubernetes_minor) - 1}.9"
+    required = f"chart requires kubeVersion: >=1.{oldest.kubernetes_minor}."
+    with pytest.raises(RuntimeError, match=re.escape(required)):
+        helm.template(helm_binary, "ts", None, "--kube-version", below)
 
 
 def test_the_chart_webhooks_are_the_operators_and_it_sets_only_their_ca(

@@ -55,7 +55,7 @@ from tessera_node.deviceplugin.library import version_of
 from tessera_node.deviceplugin.response import preload_line
 from tessera_node.settings import DEFAULTS, LIB_DIR
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 NEW_TAG = "0.1.0-upgrade"
 TEAM = "team-a"

@@ -23,7 +23,7 @@ from tessera_e2e.gpubed.bed import SHARES, Bed, gpu_pod, vgpu
 from tessera_e2e.operator.replicas import wait_until
 from tessera_node.budget.formats import read_budget_file as read_budget
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 MIG_1G = mig_resource_name("1g.10gb")
 GO = "/tmp/go"

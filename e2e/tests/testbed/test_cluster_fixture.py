@@ -17,6 +17,7 @@ from tessera_e2e.operator.webhooks import ReviewServer
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.oldest_kubernetes
 def test_client_and_server_report_the_pinned_version(cluster: LocalCluster) -> None:
     result = cluster.kubectl("version", "-o", "json")
     assert result.returncode == 0, result.stderr

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tessera_e2e.controlplane.build import (
-    PACKAGES,
     build_inputs,
+    containerd_product,
+    controlplane_packages,
     ensure_built,
     find_go,
     is_up_to_date,
@@ -19,9 +20,18 @@ from tessera_e2e.controlplane.build import (
     sources_digest,
     version_ldflags,
 )
-from tessera_e2e.controlplane.cache import BINARIES, Layout
+from tessera_e2e.controlplane.cache import Layout
 from tessera_e2e.controlplane.errors import ControlPlaneError
-from tessera_e2e.controlplane.pins import MODULE_DIR, load_pins, parse_pins
+from tessera_e2e.controlplane.pins import (
+    MODULE_DIR,
+    RELEASES,
+    containerd_major,
+    containerd_module,
+    load_containerd_version,
+    load_pins,
+    parse_pins,
+    selected_release,
+)
 
 GO_MOD = """module x
 go 1.24.0
@@ -37,10 +47,32 @@ replace (
 
 
 def test_pins_come_from_the_wrapper_go_mod() -> None:
-    pins = load_pins()
-    assert pins.kubernetes.startswith("v1.34.")
-    assert pins.etcd.startswith("v3.6.")
-    assert pins.kubernetes_minor == "34"
+    """The current release: Kubernetes 1.37 with the etcd it requires, containerd 2.3; the
+    oldest supported: 1.34 with containerd 1.7 (e2e/README.md, "Kubernetes releases")."""
+    pins = load_pins(RELEASES["current"].controlplane)
+    assert pins.kubernetes.startswith("v1.37.") and pins.kubernetes_minor == "37"
+    assert pins.etcd.startswith("v3.7.")
+    oldest = load_pins(RELEASES["oldest"].controlplane)
+    assert oldest.kubernetes.startswith("v1.34.") and oldest.etcd.startswith("v3.6.")
+    assert load_containerd_version(RELEASES["current"].containerd).startswith("v2.3.")
+    assert load_containerd_version(RELEASES["oldest"].containerd).startswith("v1.7.")
+
+
+def test_containerd_2_and_1_build_from_their_own_module_paths(tmp_path: Path) -> None:
+    current, oldest = RELEASES["current"].containerd, RELEASES["oldest"].containerd
+    assert containerd_module(current) == "github.com/containerd/containerd/v2"
+    assert containerd_module(oldest) == "github.com/containerd/containerd"
+    assert containerd_major("v2.3.7") == 2 and containerd_major("v1.7.35") == 1
+    product = containerd_product(Layout(tmp_path), current)
+    assert "github.com/containerd/containerd/v2/cmd/containerd" in product.packages
+    assert "-X github.com/containerd/containerd/v2/version.Version=v2." in product.ldflags
+
+
+def test_the_release_is_chosen_by_name_and_a_wrong_name_says_which_exist() -> None:
+    assert selected_release({}).name == "current"
+    assert selected_release({"TESSERA_KUBERNETES": "oldest"}).name == "oldest"
+    with pytest.raises(ValueError, match="current, oldest"):
+        selected_release({"TESSERA_KUBERNETES": "1.30"})
 
 
 def test_a_staging_replace_at_another_version_is_refused() -> None:
@@ -50,10 +82,10 @@ def test_a_staging_replace_at_another_version_is_refused() -> None:
 
 
 def test_ldflags_set_the_real_version_for_server_and_client() -> None:
-    flags = version_ldflags(load_pins())
+    flags = version_ldflags(load_pins(RELEASES["current"].controlplane))
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        assert f"-X {package}.gitVersion=v1.34." in flags
-        assert f"-X {package}.gitMinor=34" in flags
+        assert f"-X {package}.gitVersion=v1.37." in flags
+        assert f"-X {package}.gitMinor=37" in flags
 
 
 def test_parse_go_version() -> None:
@@ -65,7 +97,7 @@ def _fake_build(layout: Layout) -> None:
     inputs = build_inputs()
     bin_dir = layout.bin_dir(inputs.pins)
     bin_dir.mkdir(parents=True)
-    for name in BINARIES:
+    for name in controlplane_packages(MODULE_DIR).values():
         (bin_dir / name).write_text("#!/bin/sh\n")
         (bin_dir / name).chmod(0o755)
     layout.stamp(inputs.pins).write_text(json.dumps({"inputs": inputs.as_json()}))
@@ -135,8 +167,9 @@ def test_wrapper_go_sum_is_committed_next_to_go_mod() -> None:
 
 def test_the_reference_programs_are_built_and_stamped(tmp_path: Path) -> None:
     """parse-quantity is built with the control plane; its source decides the stamp."""
-    assert PACKAGES["tessera.dev/e2e/controlplane/cmd/parse-quantity"] == "parse-quantity"
-    assert "parse-quantity" in BINARIES
+    packages = controlplane_packages(MODULE_DIR)
+    assert packages["tessera.dev/e2e/controlplane/cmd/parse-quantity"] == "parse-quantity"
+    assert "parse-quantity" not in controlplane_packages(RELEASES["oldest"].controlplane).values()
     module = tmp_path / "module"
     shutil.copytree(MODULE_DIR, module)
     before = sources_digest(module)

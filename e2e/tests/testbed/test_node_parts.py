@@ -8,6 +8,7 @@ import ipaddress
 import json
 import tarfile
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -127,12 +128,26 @@ SETTINGS = NodeSettings(
 
 def test_containerd_is_told_what_this_machine_needs() -> None:
     config = tomllib.loads(containerd_toml(SETTINGS))
+    assert config["version"] == 3  # containerd 2's format: the CRI plugin split in two
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    images = config["plugins"]["io.containerd.cri.v1.images"]
+    assert runtime["restrict_oom_score_adj"] is True  # the VM refuses to lower oom_score_adj
+    assert images["pinned_images"]["sandbox"] == PAUSE  # ours, never pulled
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["options"] == {"BinaryName": "/usr/sbin/runc", "SystemdCgroup": False}
+    # CDI for DRA drivers, from the node's own /run: never a directory every node shares
+    assert runtime["enable_cdi"] is True and runtime["cdi_spec_dirs"] == ["/var/run/cdi"]
+    assert "io.containerd.internal.v1.opt" in config["disabled_plugins"]  # no /opt/containerd
+
+
+def test_containerd_1_7_of_the_oldest_release_gets_its_own_format() -> None:
+    config = tomllib.loads(containerd_toml(replace(SETTINGS, containerd_major=1)))
+    assert config["version"] == 2
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
-    assert cri["restrict_oom_score_adj"] is True  # the VM refuses to lower oom_score_adj
-    assert cri["sandbox_image"] == PAUSE  # ours, never pulled
+    assert cri["restrict_oom_score_adj"] is True and cri["sandbox_image"] == PAUSE
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/var/run/cdi"]
     runc = cri["containerd"]["runtimes"]["runc"]
     assert runc["options"] == {"BinaryName": "/usr/sbin/runc", "SystemdCgroup": False}
-    assert "io.containerd.internal.v1.opt" in config["disabled_plugins"]  # no /opt/containerd
 
 
 def test_kubelet_never_collects_images_and_states_cgroup_v1() -> None:

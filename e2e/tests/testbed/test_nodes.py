@@ -67,6 +67,7 @@ def wait_phase(cluster: LocalCluster, namespace: str, name: str, phases: set[str
     return found
 
 
+@pytest.mark.oldest_kubernetes
 def test_nodes_are_ready_with_their_own_address_runtime_and_version(
     node_cluster: LocalCluster,
 ) -> None:

@@ -25,7 +25,7 @@ from tessera_e2e.paths import REPO
 from .conftest import StartDaemon
 from .test_node_daemon import events, reports
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 FAST = ["--resync-interval", "2", "--retry-interval", "1"]
 WORKLOAD = REPO / "sim" / "tests" / "workload.py"

@@ -12,7 +12,7 @@ from tessera_e2e.operator.quotas import enforced, managed_rq, wait_admitting
 from .conftest import Operators
 from .harness import kubectl_json, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 
 def quota(ns: str, name: str = "team", hard: dict[str, Any] | None = None,

@@ -26,7 +26,7 @@ from .conftest import Operators
 from .harness import kubectl_json, wait_until
 from .test_quota_admission import pod, quota, used
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 GIB = 1 << 30
 ONE_GIB = {"tessera.dev/vgpu-memory": "1024", "tessera.dev/vgpu-cores": "10"}
