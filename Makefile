@@ -25,12 +25,12 @@ SYSDEPS_OK := $(shell command -v clang >/dev/null && command -v valgrind >/dev/n
 	test -x /usr/sbin/runc && test -x /usr/lib/cni/bridge && test -x /usr/sbin/iptables && \
 	test -x /usr/bin/busybox && busybox --list | grep -qx httpd && command -v ip >/dev/null && \
 	command -v nsenter >/dev/null && command -v prometheus >/dev/null && \
-	command -v promtool >/dev/null && echo yes)
+	command -v promtool >/dev/null && test -x /usr/bin/openssl && echo yes)
 sysdeps:
 ifneq ($(SYSDEPS_OK),yes)
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev valgrind \
-		runc containernetworking-plugins iptables busybox-static iproute2 util-linux
+		runc containernetworking-plugins iptables busybox-static iproute2 util-linux openssl
 	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		prometheus
 endif

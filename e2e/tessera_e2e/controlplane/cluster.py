@@ -349,6 +349,10 @@ class LocalCluster:
             f"--admission-control-config-file={admission}",
             # Without the controller manager nobody creates `default` ServiceAccounts.
             *([] if self.controllers else ["--disable-admission-plugins=ServiceAccount"]),
+            # Without nodes the API server listens on loopback, which 1.37 refuses to publish
+            # as the `kubernetes` Service's endpoint ("may not be in the loopback range"); no
+            # pod runs there to reach it, so no endpoint is kept.
+            *([] if self.network else ["--endpoint-reconciler-type=none"]),
         ])
         self._wait_ready(api_port)
         if self.controllers:

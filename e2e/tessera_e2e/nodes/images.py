@@ -5,8 +5,9 @@ Two images, each written as an OCI image layout tarball (`oci-layout`, `index.js
 
 - `pause`: the pod sandbox, our own statically linked `pause.c` (what Kubernetes' pause does);
 - `workload`: Debian's static busybox (sh, sleep, wget, httpd, nc, ...) for plain pods, the
-  C library's runtime files, and test CUDA programs (`cuda-info`, `cuda-alloc`, `cuda-spin`,
-  and the NVML client `nvml-info`) that are linked against `libcuda.so.1`
+  C library's runtime files, Debian's `openssl` (the TLS that busybox wget uses for https),
+  and test CUDA programs (`cuda-info`, `cuda-alloc`, `cuda-spin`, and the NVML client
+  `nvml-info`) that are linked against `libcuda.so.1`
   (`libnvidia-ml.so.1`) but do not carry it: like a real CUDA container they get it from
   what the node mounts (the image's LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA
   base images' convention).
@@ -49,6 +50,13 @@ BUSYBOX_APPLETS = (
     "ssl_client",  # what busybox wget runs for https://
     # what a tenant tries on tessera's files (e2e/tests/system/test_node_attacks.py)
     "rm", "dd", "base64", "unshare", "mount", "truncate",
+)
+OPENSSL = (  # Debian's openssl: busybox wget runs `openssl s_client` for https:// when it
+    # finds one; its own TLS client sends no signature_algorithms, which Go 1.25+ servers
+    # refuse by default (RFC 9155; GODEBUG tlssha1): Kubernetes 1.37's API server among them
+    ("/usr/bin/openssl", "bin/openssl"),
+    ("/lib/x86_64-linux-gnu/libssl.so.3", "lib/x86_64-linux-gnu/libssl.so.3"),
+    ("/lib/x86_64-linux-gnu/libcrypto.so.3", "lib/x86_64-linux-gnu/libcrypto.so.3"),
 )
 C_LIBRARY = (  # the glibc runtime a dynamically linked program needs
     ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
@@ -213,6 +221,9 @@ def image_contents(sim_lib: Path, work: Path) -> dict[str, tuple[Mapping[str, Im
     for host, inside in C_LIBRARY:
         workload[inside] = ImageFile(_required(Path(host), "the C library is Debian's libc6"),
                                      0o755)
+    for host, inside in OPENSSL:
+        workload[inside] = ImageFile(_required(Path(host), "install Debian's openssl "
+                                               "(`make sysdeps`)"), 0o755)
     for program in (*CUDA_PROGRAMS, *NVML_PROGRAMS):
         workload[f"usr/local/bin/{program}"] = ImageFile((work / program).read_bytes(), 0o755)
     workload["etc/passwd"] = ImageFile(b"root:x:0:0:root:/:/bin/sh\n"
