@@ -20,7 +20,8 @@ STATUS_WRITES = Counter("tessera_status_writes_total", "Status patches the opera
 MANAGED_QUOTA_WRITES = Counter(
     "tessera_managed_quota_writes_total",
     "Writes to the ResourceQuotas GPUQuotas manage: created, set back (edited by hand, "
-    "lost its label, or the GPUQuota changed).", ["why"])
+    "lost its label, or the GPUQuota changed), released (deleted after its GPUQuota).",
+    ["why"])
 HOLDER_WRITES = Counter(
     "tessera_growth_holder_writes_total",
     "Growth holders (pods that hold live resizes' growth in the count): created, refused "

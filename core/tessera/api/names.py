@@ -107,6 +107,9 @@ a cut of it ending in a digest: :func:`tessera_operator.quota.managed.label_valu
 ANNOTATION_GPUQUOTA_NAME = f"{GROUP}/gpuquota-name"
 """On a managed ResourceQuota: the owning GPUQuota's full name (for people; tessera matches
 by the owner reference's UID)."""
+FINALIZER_MANAGED_QUOTA = f"{GROUP}/managed-quota"
+"""On a managed ResourceQuota: held while its GPUQuota exists. A delete then leaves it in
+place, terminating, and the API server keeps counting with it: the count never lapses."""
 QUOTA_REQUESTS_PREFIX = "requests."
 """What a ResourceQuota calls an extended resource it counts (``requests.tessera.dev/…``)."""
 ANNOTATION_CERT_STEP_AT = f"{GROUP}/certificate-step-at"

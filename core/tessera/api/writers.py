@@ -94,6 +94,9 @@ KEYS: tuple[Key, ...] = (
        "when the leader wrote the last step of a webhook certificate renewal"),
     _k(n.FINALIZER_RESET, "finalizer", "GPUPartition", {OPERATOR},
        "held on deletionPolicy: Reset partitions until their GPUs are reset"),
+    _k(n.FINALIZER_MANAGED_QUOTA, "finalizer", "ResourceQuota", {OPERATOR},
+       "held on a managed ResourceQuota while its GPUQuota exists (a delete cannot lapse "
+       "the count)"),
 )
 
 

@@ -59,7 +59,7 @@ class QuotaController:
             key = _key(body)
             if typ == "DELETED":
                 self.quotas.pop(key, None)
-                self._dirty.discard(key)
+                self._dirty.add(key)  # its ResourceQuota is let go (release_orphan)
             else:
                 self.quotas[key] = body
                 self._dirty.add(key)
@@ -73,6 +73,8 @@ class QuotaController:
             self.managed = {_key(item): item for item in rq.get("items") or []}
             self._managed_synced = True
             self._dirty.update(self.quotas)
+            self._dirty.update((ns, q) for (ns, _), item in self.managed.items()
+                               if (q := managed.quota_of(item)) is not None)
         else:
             key = _key(rq)
             if typ == "DELETED":
@@ -81,6 +83,9 @@ class QuotaController:
                 self.managed[key] = rq  # never older than what this replica wrote itself
             self._dirty.update((key[0], q) for q in self._quotas_in(key[0])
                                if managed.managed_name(q) == key[1])
+            owner = managed.quota_of(rq)
+            if owner is not None and managed.managed_name(owner) == key[1]:
+                self._dirty.add((key[0], owner))  # its GPUQuota may be gone: let it go
         self._wake.set()
 
     def on_namespace(self, ns: str) -> None:
@@ -113,11 +118,34 @@ class QuotaController:
         and every quota every ``recount_interval_s``."""
         async def one(key: tuple[str, str]) -> None:
             q = self.quotas.get(key)
-            if q is not None:
-                async with self.pods.lock:
-                    await self.reconcile_quota(q)
+            if q is None:
+                await self.release_orphan(*key)
+                return
+            async with self.pods.lock:
+                await self.reconcile_quota(q)
         await work_off(self._dirty, self._wake, self.recount_interval_s, DEBOUNCE_S,
                        lambda: list(self.quotas), one, "quota reconcile")
+
+    async def release_orphan(self, ns: str, quota: str) -> None:
+        """The GPUQuota is gone: let its deleted managed ResourceQuota go (tessera's finalizer
+        held it while the GPUQuota existed; the garbage collector or the namespace's
+        deletion deleted it)."""
+        if not self._managed_synced:
+            return
+        rq_name = managed.managed_name(quota)
+        rq = self.managed.get((ns, rq_name))
+        patch = None if rq is None else managed.release(rq)
+        if patch is None:
+            return
+        try:
+            self.managed[(ns, rq_name)] = await self.kube.merge_patch(
+                path("", "v1", "resourcequotas", ns, rq_name), patch)
+        except ApiError as exc:
+            if exc.status not in (404, 409):  # gone, or a newer version: its event comes
+                raise
+            return
+        metrics.MANAGED_QUOTA_WRITES.labels("released").inc()
+        log.info("managed ResourceQuota released", extra={"namespace": ns, "quota": quota})
 
     async def reconcile_quota(self, q: Obj) -> None:
         """The quota's managed ResourceQuota, then its status (used, summary, conditions)."""

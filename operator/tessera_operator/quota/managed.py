@@ -33,6 +33,7 @@ from typing import Any
 from tessera.api.names import (
     ANNOTATION_GPUQUOTA_NAME,
     API_VERSION,
+    FINALIZER_MANAGED_QUOTA,
     GPU_POD,
     LABEL_GPUQUOTA,
     MANAGED_QUOTA_PREFIX,
@@ -104,12 +105,35 @@ def desired(quota: Mapping[str, Any], limits: Limits | None) -> dict[str, Any]:
             "labels": {LABEL_GPUQUOTA: label_value(name),
                        "app.kubernetes.io/managed-by": "tessera"},
             "annotations": {ANNOTATION_GPUQUOTA_NAME: name},
+            "finalizers": [FINALIZER_MANAGED_QUOTA],
             "ownerReferences": [{"apiVersion": API_VERSION, "kind": "GPUQuota", "name": name,
                                  "uid": meta.get("uid"), "controller": True,
                                  "blockOwnerDeletion": False}],
         },
         "spec": {"hard": hard_of(limits)},
     }
+
+
+def held(rq: Mapping[str, Any]) -> bool:
+    """Whether tessera's finalizer holds ``rq``: deleted, it stays, and counts, until tessera
+    lets it go (its GPUQuota gone)."""
+    return FINALIZER_MANAGED_QUOTA in ((rq.get("metadata") or {}).get("finalizers") or [])
+
+
+def release(rq: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that lets a deleted managed ResourceQuota go (its GPUQuota is gone),
+    or None when tessera holds nothing there."""
+    meta = rq.get("metadata") or {}
+    if not meta.get("deletionTimestamp") or not held(rq):
+        return None
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": [
+        f for f in meta.get("finalizers") or [] if f != FINALIZER_MANAGED_QUOTA]}}
+
+
+def quota_of(rq: Mapping[str, Any]) -> str | None:
+    """The name of the GPUQuota a managed ResourceQuota is for (its annotation)."""
+    name = ((rq.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPUQUOTA_NAME)
+    return str(name) if name else None
 
 
 def owned_by(rq: Mapping[str, Any], quota_uid: str) -> bool:
@@ -134,6 +158,9 @@ def drift(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any] | 
     if [(o.get("uid"), o.get("controller")) for o in hm.get("ownerReferences") or []] != [
             (o["uid"], True) for o in wm["ownerReferences"]]:
         meta["ownerReferences"] = wm["ownerReferences"]
+    finalizers = list(hm.get("finalizers") or [])
+    if FINALIZER_MANAGED_QUOTA not in finalizers and not hm.get("deletionTimestamp"):
+        meta["finalizers"] = [*finalizers, FINALIZER_MANAGED_QUOTA]  # one made before it
     if meta:
         patch["metadata"] = meta
     spec = have.get("spec") or {}
@@ -199,7 +226,7 @@ def enforcement(quota: Mapping[str, Any], limits: Limits | None,
             LABEL_GPUQUOTA) != label_value(str(meta.get("name"))):
         return FOREIGN, (f"ResourceQuota {name} is not this GPUQuota's (tessera adopts nothing "
                          f"it did not create): delete or rename it, and tessera creates its own")
-    if rq_meta.get("deletionTimestamp"):
+    if rq_meta.get("deletionTimestamp") and not held(rq):
         return MISSING, f"its ResourceQuota {name} is being deleted (tessera creates it again)"
     want = hard_of(limits)
     loose = _too_loose((rq.get("spec") or {}).get("hard"), want)

@@ -4,8 +4,9 @@ Order matters: the webhook configurations go first (a ``failurePolicy: Fail`` po
 without its server would block every GPU pod create), then the operator Deployment and the
 node daemon DaemonSet (waiting until their pods are gone, so that nobody writes the Lease,
 the Secret or a Node label again), then the leader Lease, the serving Secret (with
-cert-manager: its Certificates first, then their Secrets) and the tessera labels and
-annotations on every Node. GPUs are not touched: a MIG layout stays as
+cert-manager: its Certificates first, then their Secrets), tessera's finalizer on every
+managed ResourceQuota (the GPUQuotas' counts stay; deleting them no longer waits for tessera)
+and the tessera labels and annotations on every Node. GPUs are not touched: a MIG layout stays as
 it is unless a GPUPartition with ``deletionPolicy: Reset`` was deleted before.
 """
 
@@ -16,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from tessera.api.names import FINALIZER_MANAGED_QUOTA, LABEL_GPUQUOTA
 from tessera.kube.client import ApiError, Kube, path
 from tessera_operator.uninstall.plan import node_patch
 from tessera_operator.webhooks.config import MUTATING_NAME, VALIDATING_NAME
@@ -64,7 +66,8 @@ async def _wait_gone(kube: Kube, url: str, timeout_s: float) -> None:
 
 async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[str, int]:
     """Returns counts of what was removed (for the hook's log)."""
-    done = {"webhookConfigurations": 0, "workloads": 0, "runtimeObjects": 0, "nodes": 0}
+    done = {"webhookConfigurations": 0, "workloads": 0, "runtimeObjects": 0,
+            "resourceQuotas": 0, "nodes": 0}
     for plural, name in (("mutatingwebhookconfigurations", MUTATING_NAME),
                          ("validatingwebhookconfigurations", VALIDATING_NAME)):
         done["webhookConfigurations"] += await _delete(kube, path(ADMISSION, "v1", plural,
@@ -82,6 +85,7 @@ async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[st
     for url in (path("coordination.k8s.io", "v1", "leases", t.namespace, t.lease),
                 *(path("", "v1", "secrets", t.namespace, s) for s in t.secrets)):
         done["runtimeObjects"] += await _delete(kube, url)
+    done["resourceQuotas"] = await _release_managed_quotas(kube)
     for node in (await kube.list(path("", "v1", "nodes"))).get("items", []):
         name = node["metadata"]["name"]
         for _ in range(5):
@@ -110,3 +114,31 @@ async def _delete_foreground(kube: Kube, url: str) -> bool:
         if exc.status == 404:
             return False
         raise
+
+
+async def _release_managed_quotas(kube: Kube) -> int:
+    """tessera's finalizer off every managed ResourceQuota (a JSON merge patch of the others,
+    at the version read; read again after a conflict)."""
+    released = 0
+    listed = await kube.list(path("", "v1", "resourcequotas"), LABEL_GPUQUOTA)
+    for rq in listed.get("items", []):
+        url = path("", "v1", "resourcequotas", rq["metadata"]["namespace"],
+                   rq["metadata"]["name"])
+        for _ in range(5):
+            meta = rq["metadata"]
+            finalizers = list(meta.get("finalizers") or [])
+            if FINALIZER_MANAGED_QUOTA not in finalizers:
+                break
+            try:
+                await kube.merge_patch(url, {"metadata": {
+                    "resourceVersion": meta.get("resourceVersion"),
+                    "finalizers": [f for f in finalizers if f != FINALIZER_MANAGED_QUOTA]}})
+                released += 1
+                break
+            except ApiError as exc:
+                if exc.status == 404:
+                    break
+                if exc.status != 409:
+                    raise
+                rq = await kube.get(url)
+    return released

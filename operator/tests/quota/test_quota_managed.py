@@ -66,6 +66,7 @@ def test_desired_is_owned_labelled_and_names_its_gpuquota() -> None:
     assert meta["ownerReferences"] == [{
         "apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota", "name": long,
         "uid": "u-1", "controller": True, "blockOwnerDeletion": False}]
+    assert meta["finalizers"] == ["tessera.dev/managed-quota"]  # a delete cannot lapse it
     assert want["spec"]["hard"] == {MEM: "4096", CORES: "100"}
 
 
@@ -87,6 +88,15 @@ def test_drift_sets_back_hard_scopes_owner_label_and_old_keys_and_nothing_when_e
     assert patch["metadata"]["annotations"] == {"tessera.dev/resize-growth": None,
                                                 "tessera.dev/gpuquota-name": "team"}
     assert patch["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    # one made by an earlier version gets the finalizer beside anyone else's
+    assert patch["metadata"]["finalizers"] == ["tessera.dev/managed-quota"]
+    theirs = copy.deepcopy(want)
+    theirs["metadata"]["finalizers"] = ["example.com/keep"]
+    assert (managed.drift(theirs, want) or {})["metadata"]["finalizers"] == [
+        "example.com/keep", "tessera.dev/managed-quota"]
+    # none is added to one being deleted (the API server forbids it): it goes, and comes back
+    theirs["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert "finalizers" not in ((managed.drift(theirs, want) or {}).get("metadata") or {})
 
 
 def synced(rq: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +128,19 @@ def test_a_managed_quota_counts_only_while_it_is_there_ours_and_no_looser() -> N
     lowered = synced(ours)
     lowered["status"]["hard"][MEM] = "1024"
     assert managed.enforcement(q, limits, lowered) is None
-    deleting = {**synced(ours), "metadata": {**ours["metadata"],
+    # deleted while tessera's finalizer holds it: it stays, and the API server counts with it
+    deleting = {**synced(ours), "metadata": {**ours["metadata"], "resourceVersion": "7",
                                              "deletionTimestamp": "2026-01-01T00:00:00Z"}}
-    assert (managed.enforcement(q, limits, deleting) or ("",))[0] == managed.MISSING
+    assert managed.enforcement(q, limits, deleting) is None
+    # deleted with nothing holding it (made before the finalizer): about to be gone
+    loose = copy.deepcopy(deleting)
+    loose["metadata"]["finalizers"] = ["example.com/keep"]
+    assert (managed.enforcement(q, limits, loose) or ("",))[0] == managed.MISSING
+    # let go once its GPUQuota is gone: only tessera's finalizer leaves, at the version read
+    assert managed.release(deleting) == {"metadata": {"resourceVersion": "7",
+                                                      "finalizers": []}}
+    assert managed.release(loose) is None and managed.release(synced(ours)) is None
+    assert managed.quota_of(ours) == "team"
 
 
 def test_a_quota_whose_hard_cannot_be_read_has_no_limits_so_its_managed_quota_admits_nothing(
