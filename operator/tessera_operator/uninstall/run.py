@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from tessera.api.names import FINALIZER_MANAGED_QUOTA, LABEL_GPUQUOTA
-from tessera.kube.client import ApiError, Kube, path
-from tessera_operator.uninstall.plan import node_patch
+from tessera.api.names import LABEL_GPUQUOTA
+from tessera.kube.client import ApiError, Kube, Obj, path
+from tessera_operator.uninstall.plan import node_patch, quota_patch
 from tessera_operator.webhooks.config import MUTATING_NAME, VALIDATING_NAME
 
 log = logging.getLogger("tessera_operator.uninstall")
@@ -87,21 +89,8 @@ async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[st
         done["runtimeObjects"] += await _delete(kube, url)
     done["resourceQuotas"] = await _release_managed_quotas(kube)
     for node in (await kube.list(path("", "v1", "nodes"))).get("items", []):
-        name = node["metadata"]["name"]
-        for _ in range(5):
-            patch = node_patch(node)
-            if patch is None:
-                break
-            try:
-                await kube.merge_patch(path("", "v1", "nodes", name=name), patch)
-                done["nodes"] += 1
-                break
-            except ApiError as exc:
-                if exc.status == 404:
-                    break
-                if exc.status != 409:
-                    raise
-                node = await kube.get(path("", "v1", "nodes", name=name))
+        done["nodes"] += await _patch_settled(
+            kube, path("", "v1", "nodes", name=node["metadata"]["name"]), node, node_patch)
     return done
 
 
@@ -117,28 +106,32 @@ async def _delete_foreground(kube: Kube, url: str) -> bool:
 
 
 async def _release_managed_quotas(kube: Kube) -> int:
-    """tessera's finalizer off every managed ResourceQuota (a JSON merge patch of the others,
-    at the version read; read again after a conflict)."""
+    """tessera's finalizer off every managed ResourceQuota."""
     released = 0
     listed = await kube.list(path("", "v1", "resourcequotas"), LABEL_GPUQUOTA)
     for rq in listed.get("items", []):
-        url = path("", "v1", "resourcequotas", rq["metadata"]["namespace"],
-                   rq["metadata"]["name"])
-        for _ in range(5):
-            meta = rq["metadata"]
-            finalizers = list(meta.get("finalizers") or [])
-            if FINALIZER_MANAGED_QUOTA not in finalizers:
-                break
-            try:
-                await kube.merge_patch(url, {"metadata": {
-                    "resourceVersion": meta.get("resourceVersion"),
-                    "finalizers": [f for f in finalizers if f != FINALIZER_MANAGED_QUOTA]}})
-                released += 1
-                break
-            except ApiError as exc:
-                if exc.status == 404:
-                    break
-                if exc.status != 409:
-                    raise
-                rq = await kube.get(url)
+        meta = rq["metadata"]
+        released += await _patch_settled(
+            kube, path("", "v1", "resourcequotas", meta["namespace"], meta["name"]), rq,
+            quota_patch)
     return released
+
+
+async def _patch_settled(kube: Kube, url: str, obj: Obj,
+                         make: Callable[[Obj], dict[str, Any] | None]) -> bool:
+    """Apply ``make``'s JSON merge patch (its resourceVersion a precondition), reading the
+    object again after a conflict; False when nothing was left to change or it is gone."""
+    for _ in range(5):
+        patch = make(obj)
+        if patch is None:
+            return False
+        try:
+            await kube.merge_patch(url, patch)
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            if exc.status != 409:
+                raise
+            obj = await kube.get(url)
+    return False
