@@ -131,6 +131,7 @@ def step_cluster(s: Story) -> None:
         s.cluster.nodes, DEMO_GPUS, strict=False))
     s.say(f"1. Control plane and two real nodes (kubelet, containerd) ready in "
           f"{time.monotonic() - s.started:.0f}s: {nodes}")
+    s.show("get", "nodes", "-o", "wide")  # the Kubernetes and containerd versions
 
 
 def step_crds_and_examples(s: Story) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tessera.mig.catalog import profile
+from tessera_e2e.controlplane.build import build_inputs
+from tessera_e2e.controlplane.pins import load_containerd_version
 from tessera_e2e.demo import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -25,6 +27,13 @@ DEMO = [sys.executable, "-m", "tessera_e2e", "demo"]
 def _assert_tells_the_story(out: str) -> None:
     assert "1. Control plane and two real nodes" in out
     assert "node-0 (2x H100-80GB), node-1 (1x A100-40GB)" in out
+    # kubectl get nodes -o wide: each node Ready with the release's kubelet and containerd
+    nodes = out.split("$ kubectl get nodes -o wide", 1)[1].split("\n2. ", 1)[0]
+    version = build_inputs().pins.kubernetes
+    runtime = "containerd://" + load_containerd_version().lstrip("v")
+    assert all(" Ready " in row and version in row and runtime in row
+               for row in nodes.splitlines() if row.strip().startswith("node-")), nodes
+    assert nodes.count(version) == 2, nodes
     # the example partitions that select the demo's nodes, enacted and Ready with their layout
     assert "4. Partitions a100-experiments, h100-inference enacted" in out
     gpart = out.split("$ kubectl get gpart", 1)[1]
