@@ -73,11 +73,17 @@ class Pins:
         return f"k8s-{self.kubernetes}_etcd-{self.etcd}"
 
 
-def _required_version(go_mod: str, module: str) -> str:
+def _requirement(go_mod: str, module: str) -> str | None:
+    """The version go.mod requires of ``module`` (None: none)."""
     match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod, re.MULTILINE)
-    if match is None:
+    return None if match is None else match.group(1)
+
+
+def _required_version(go_mod: str, module: str) -> str:
+    version = _requirement(go_mod, module)
+    if version is None:
         raise ValueError(f"go.mod does not require {module}")
-    return match.group(1)
+    return version
 
 
 def parse_pins(go_mod: str) -> Pins:
@@ -101,7 +107,7 @@ def containerd_module(module_dir: Path = CONTAINERD_MODULE_DIR) -> str:
     """The containerd module its wrapper requires: ``…/containerd/v2`` for 2.x."""
     go_mod = (module_dir / "go.mod").read_text()
     for module in CONTAINERD_MODULES:
-        if re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+v", go_mod, re.MULTILINE):
+        if _requirement(go_mod, module) is not None:
             return module
     raise ValueError(f"{module_dir / 'go.mod'} requires no containerd")
 

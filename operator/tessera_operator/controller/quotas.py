@@ -58,11 +58,10 @@ class QuotaController:
         else:
             key = _key(body)
             if typ == "DELETED":
-                self.quotas.pop(key, None)
-                self._dirty.add(key)  # its ResourceQuota is let go (release_orphan)
+                self.quotas.pop(key, None)  # its ResourceQuota is let go (release_orphan)
             else:
                 self.quotas[key] = body
-                self._dirty.add(key)
+            self._dirty.add(key)
         metrics.WATCHED.labels("gpuquota").set(len(self.quotas))
         self._by_namespace = None
         self._wake.set()

@@ -120,14 +120,20 @@ def held(rq: Mapping[str, Any]) -> bool:
     return FINALIZER_MANAGED_QUOTA in ((rq.get("metadata") or {}).get("finalizers") or [])
 
 
-def release(rq: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The merge patch that lets a deleted managed ResourceQuota go (its GPUQuota is gone),
-    or None when tessera holds nothing there."""
+def finalizer_off(rq: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that takes tessera's finalizer off ``rq`` (the others stay, at the
+    version read), or None when it carries none."""
     meta = rq.get("metadata") or {}
-    if not meta.get("deletionTimestamp") or not held(rq):
+    if not held(rq):
         return None
     return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": [
         f for f in meta.get("finalizers") or [] if f != FINALIZER_MANAGED_QUOTA]}}
+
+
+def release(rq: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that lets a deleted managed ResourceQuota go (its GPUQuota is gone),
+    or None when it is not being deleted or tessera holds nothing there."""
+    return finalizer_off(rq) if (rq.get("metadata") or {}).get("deletionTimestamp") else None
 
 
 def quota_of(rq: Mapping[str, Any]) -> str | None:

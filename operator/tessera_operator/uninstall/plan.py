@@ -1,11 +1,11 @@
-"""Pure: what the uninstall hook changes on a Node and on a managed ResourceQuota (no I/O)."""
+"""Pure: what the uninstall hook changes on a Node (no I/O)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from tessera.api.names import FINALIZER_MANAGED_QUOTA, PREFIX
+from tessera.api.names import PREFIX
 
 
 def node_patch(node: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -24,13 +24,3 @@ def node_patch(node: Mapping[str, Any]) -> dict[str, Any] | None:
         out["resourceVersion"] = meta["resourceVersion"]
     return {"metadata": out}
 
-
-def quota_patch(rq: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The JSON merge patch that takes tessera's finalizer off a managed ResourceQuota (the
-    others stay, at the version read); None when it carries none."""
-    meta = rq.get("metadata") or {}
-    finalizers = list(meta.get("finalizers") or [])
-    if FINALIZER_MANAGED_QUOTA not in finalizers:
-        return None
-    return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": [
-        f for f in finalizers if f != FINALIZER_MANAGED_QUOTA]}}

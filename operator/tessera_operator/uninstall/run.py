@@ -21,7 +21,8 @@ from typing import Any
 
 from tessera.api.names import LABEL_GPUQUOTA
 from tessera.kube.client import ApiError, Kube, Obj, path
-from tessera_operator.uninstall.plan import node_patch, quota_patch
+from tessera_operator.quota.managed import finalizer_off
+from tessera_operator.uninstall.plan import node_patch
 from tessera_operator.webhooks.config import MUTATING_NAME, VALIDATING_NAME
 
 log = logging.getLogger("tessera_operator.uninstall")
@@ -113,7 +114,7 @@ async def _release_managed_quotas(kube: Kube) -> int:
         meta = rq["metadata"]
         released += await _patch_settled(
             kube, path("", "v1", "resourcequotas", meta["namespace"], meta["name"]), rq,
-            quota_patch)
+            finalizer_off)
     return released
 
 

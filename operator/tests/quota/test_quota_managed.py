@@ -141,6 +141,13 @@ def test_a_managed_quota_counts_only_while_it_is_there_ours_and_no_looser() -> N
                                                       "finalizers": []}}
     assert managed.release(loose) is None and managed.release(synced(ours)) is None
     assert managed.quota_of(ours) == "team"
+    # the uninstall hook takes it off whether deleted or not: only tessera's, at the version
+    rq = {"metadata": {"resourceVersion": "9",
+                       "finalizers": ["example.com/keep", "tessera.dev/managed-quota"]}}
+    assert managed.finalizer_off(rq) == {"metadata": {"resourceVersion": "9",
+                                                      "finalizers": ["example.com/keep"]}}
+    assert managed.finalizer_off({"metadata": {"finalizers": ["example.com/keep"]}}) is None
+    assert managed.finalizer_off({"metadata": {}}) is None
 
 
 def test_a_quota_whose_hard_cannot_be_read_has_no_limits_so_its_managed_quota_admits_nothing(

@@ -1,5 +1,4 @@
-"""What the uninstall hook removes from a Node (every tessera key, nothing else) and from a
-managed ResourceQuota (tessera's finalizer, nothing else)."""
+"""What the uninstall hook removes from a Node: every tessera key, nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api.names import PREFIX
-from tessera_operator.uninstall.plan import node_patch, quota_patch
+from tessera_operator.uninstall.plan import node_patch
 
 _names = st.text("abcdefgh.-/", min_size=1, max_size=12)
 _keys = st.one_of(_names, _names.map(lambda n: PREFIX + n))
@@ -48,11 +47,3 @@ def test_a_node_without_metadata_maps_needs_no_patch() -> None:
     assert node_patch({"metadata": {"name": "n"}}) is None
     assert node_patch({}) is None
 
-
-def test_the_quota_patch_takes_off_only_tesseras_finalizer_at_the_version_read() -> None:
-    rq = {"metadata": {"resourceVersion": "9",
-                       "finalizers": ["example.com/keep", "tessera.dev/managed-quota"]}}
-    assert quota_patch(rq) == {"metadata": {"resourceVersion": "9",
-                                            "finalizers": ["example.com/keep"]}}
-    assert quota_patch({"metadata": {"finalizers": ["example.com/keep"]}}) is None
-    assert quota_patch({"metadata": {}}) is None
