@@ -14,7 +14,20 @@ Annotation ``tessera.dev/gpus`` -- a JSON list, one object per GPU::
 
     [{"index": 0, "uuid": "GPU-…", "model": "H100-80GB", "memoryMiB": 81559,
       "migMode": "enabled" | "disabled" | "unsupported",
-      "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-…"}]}]
+      "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-…"}],
+      "numaNode": 0, "pciBusId": "00000000:1B:00.0",
+      "nvlinkPeers": ["GPU-…"],
+      "units": [{"uuid": "MIG-…", "resource": "tessera.dev/vgpu", "memoryMiB": 40192,
+                 "shares": 10, "healthy": true, "profile": "3g.40gb", "start": 0}]}]
+
+``numaNode`` (null when NVML does not say), ``pciBusId`` and ``nvlinkPeers`` (the GPUs this
+one reaches over an active NVLink) are the GPU's topology. ``units`` is what the device
+plugin advertises on this GPU, exactly: one entry per unit (the whole GPU, or one MIG
+instance with a compute instance), under the one resource it is offered as
+(``tessera.dev/vgpu`` with ``shares`` shares, or ``tessera.dev/mig-<profile>`` whole, shares
+0), its memory and health. The placement service places pods on these units; a daemon that
+does not write ``units`` (older than placement) leaves it absent, and its node holds no pod
+the placement service places (it says so).
 
 What the daemon did for each GPUPartition travels the same way, in a second annotation on
 the same Node (see :mod:`tessera.api.node_report`).
@@ -58,6 +71,23 @@ class MigInstance(_Model):
     uuid: str = ""
 
 
+class AdvertisedUnit(_Model):
+    """One unit the device plugin advertises: a whole GPU or one MIG instance."""
+
+    uuid: str
+    """``GPU-…`` or ``MIG-…``: what a container sees as one CUDA device."""
+    resource: str
+    """``tessera.dev/vgpu`` (shared) or ``tessera.dev/mig-<profile>`` (whole)."""
+    memory_mib: int = Field(alias="memoryMiB", ge=0)
+    shares: int = Field(ge=0, default=0)
+    """Shares advertised on it (``tessera.dev/vgpu``); 0 for a whole instance."""
+    healthy: bool = True
+    profile: str | None = None
+    """MIG profile; None for a whole GPU."""
+    start: int | None = Field(default=None, ge=0)
+    """MIG placement start slot; None for a whole GPU."""
+
+
 class GPUInventory(_Model):
     """One physical GPU of a node."""
 
@@ -67,6 +97,12 @@ class GPUInventory(_Model):
     memory_mib: int = Field(alias="memoryMiB", ge=0)
     mig_mode: MigMode = Field(alias="migMode", default="disabled")
     instances: tuple[MigInstance, ...] = ()
+    numa_node: int | None = Field(alias="numaNode", default=None)
+    pci_bus_id: str = Field(alias="pciBusId", default="")
+    nvlink_peers: tuple[str, ...] = Field(alias="nvlinkPeers", default=())
+    """UUIDs of the GPUs joined to this one by an active NVLink."""
+    units: tuple[AdvertisedUnit, ...] | None = None
+    """What the device plugin advertises on this GPU; None: the daemon does not say."""
 
 
 class NodeInventory(_Model):

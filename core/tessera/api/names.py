@@ -58,6 +58,34 @@ REASON_RESIZED = "BudgetResized"
 REASON_RESIZE_REFUSED = "BudgetResizeRefused"
 """Event reason on a pod whose resize was refused (the message says why)."""
 
+# -- placement (the device-plugin path: tessera's scheduler extender) --------------------------
+
+ANNOTATION_PLACEMENT = f"{GROUP}/placement"
+"""JSON, written by the operator's placement service in the pod's Binding (so at the moment
+it is bound, in the same write): which GPU or MIG instance each container of the pod uses
+(:mod:`tessera.placement.record`). The node daemon's device plugin gives a container only
+those units."""
+ANNOTATION_NODE_POLICY = f"{GROUP}/node-policy"
+"""Set by the pod's user: ``binpack`` (fill the busiest node that holds the pod) or
+``spread`` (the emptiest); the chart sets the cluster default."""
+ANNOTATION_GPU_POLICY = f"{GROUP}/gpu-policy"
+"""Set by the pod's user: ``binpack`` (the fullest GPU or MIG instance that holds each
+container) or ``spread`` (the emptiest)."""
+ANNOTATION_GPU_MODELS = f"{GROUP}/gpu-models"
+"""Set by the pod's user: comma-separated model IDs (``H100-80GB,A100-40GB``) the pod may use."""
+ANNOTATION_GPU_MODELS_EXCLUDE = f"{GROUP}/gpu-models-exclude"
+"""Set by the pod's user: comma-separated model IDs the pod must not use."""
+ANNOTATION_GPU_UUIDS_EXCLUDE = f"{GROUP}/gpu-uuids-exclude"
+"""Set by the pod's user: comma-separated GPU UUIDs (``GPU-…``) the pod must not use."""
+ANNOTATION_GPU_TOPOLOGY = f"{GROUP}/gpu-topology"
+"""Set by the pod's user, for containers of several GPUs: ``prefer`` (default: GPUs joined by
+NVLink first, then on one NUMA node), ``nvlink`` (only GPUs all joined by NVLink), ``none``."""
+SCHEDULER_NAME = "tessera-scheduler"
+"""The kube-scheduler profile (the chart's second scheduler) that calls tessera's extender;
+the pod webhook sets it on GPU pods when the chart says so."""
+PLACEMENT_PATH_PREFIX = "/placement"
+"""The extender's URL path prefix on the operator's HTTPS port (``/placement/filter``, …)."""
+
 # -- Nodes (written by each node's daemon on its own Node) -----------------------------------
 
 LABEL_GPU_PRODUCT = f"{GROUP}/gpu.product"

@@ -24,11 +24,14 @@ def test_every_key_tessera_defines_is_classified_once() -> None:
         assert k.writers, k.name
 
 
-def test_a_user_writes_only_the_resize_request_on_a_pod() -> None:
+def test_a_user_writes_only_the_resize_request_and_placement_policies_on_a_pod() -> None:
     assert [k.name for k in writers.KEYS if k.on == "Pod" and k.user_writable] == [
-        names.ANNOTATION_BUDGET_REQUEST]
+        names.ANNOTATION_BUDGET_REQUEST, names.ANNOTATION_NODE_POLICY,
+        names.ANNOTATION_GPU_POLICY, names.ANNOTATION_GPU_MODELS,
+        names.ANNOTATION_GPU_MODELS_EXCLUDE, names.ANNOTATION_GPU_UUIDS_EXCLUDE,
+        names.ANNOTATION_GPU_TOPOLOGY]
     assert set(writers.tessera_only_pod_keys("annotation")) == {
-        names.ANNOTATION_BUDGET, names.ANNOTATION_BUDGET_RESIZE}
+        names.ANNOTATION_BUDGET, names.ANNOTATION_BUDGET_RESIZE, names.ANNOTATION_PLACEMENT}
     assert set(writers.tessera_only_pod_keys("label")) == {
         names.LABEL_BUDGETED, names.LABEL_GROWTH_OF}
 
