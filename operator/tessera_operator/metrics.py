@@ -34,3 +34,17 @@ HOLDER_WRITES.labels("created")
 HOLDER_WRITES.labels("refused")
 HOLDER_WRITES.labels("deleted")
 WATCHED = Gauge("tessera_watched_objects", "Objects in the operator's caches.", ["kind"])
+PLACEMENT_DECISIONS = Counter(
+    "tessera_placement_filters_total",
+    "Filter answers of the placement service: placed (a node and units reserved) or unplaced "
+    "(no node holds the pod; the scheduler shows why).", ["outcome"])
+PLACEMENT_BINDS = Counter(
+    "tessera_placement_binds_total",
+    "Bind answers of the placement service: bound, refused (the node no longer holds the pod) "
+    "or failed (the Binding was not written).", ["outcome"])
+PLACEMENT_SECONDS = Histogram(
+    "tessera_placement_seconds", "Time the placement service took to answer a verb.", ["verb"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
+PLACEMENT_FORWARDED = Counter(
+    "tessera_placement_forwarded_total",
+    "Extender calls this replica forwarded to the Lease holder.", ["outcome"])

@@ -55,7 +55,9 @@ D = TypeVar("D", bound=NodeDaemon)
 
 
 class Bed(Generic[D]):
-    def __init__(self, cluster: LocalCluster, daemons: Mapping[str, D]) -> None:
+    def __init__(self, cluster: LocalCluster, daemons: Mapping[str, D],
+                 operators: LocalOperators | None = None) -> None:
+        self.operators = operators
         self.cluster = cluster
         self.daemons = daemons
 
@@ -194,12 +196,15 @@ def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
 @contextlib.contextmanager
 def gpu_bed(cluster: LocalCluster, logdir: Path,
             operators: tuple[str, ...] = ("op-a", "op-b"),
-            daemon_args: tuple[str, ...] = ()) -> Iterator[Bed[KubeletNodeDaemon]]:
-    """The operator (replicas named ``operators``) and one ready ``tessera-node`` per real
-    node (with ``daemon_args`` besides the test bed's); all stopped on exit."""
+            daemon_args: tuple[str, ...] = (), operator_args: tuple[str, ...] = ()
+            ) -> Iterator[Bed[KubeletNodeDaemon]]:
+    """The operator (replicas named ``operators``, with ``operator_args`` besides the test
+    bed's) and one ready ``tessera-node`` per real node (with ``daemon_args``); all stopped
+    on exit."""
     assert cluster.pki is not None
     ops = LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir, names=operators,
                          webhook_client_ca=cluster.pki.webhook_client_ca).setup()
+    ops.extra += list(operator_args)
     daemons: dict[str, KubeletNodeDaemon] = {}
     try:
         ops.ensure_running()
@@ -212,7 +217,7 @@ def gpu_bed(cluster: LocalCluster, logdir: Path,
             d.start()
         for d in daemons.values():
             d.wait_ready()
-        yield Bed(cluster, daemons)
+        yield Bed(cluster, daemons, ops)
     finally:
         for d in daemons.values():
             d.stop()

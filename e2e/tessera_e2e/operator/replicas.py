@@ -222,6 +222,7 @@ class OperatorProcess:
                      "--identity", name, "--webhook-host", "127.0.0.1",
                      "--webhook-port", str(self.webhook_port),
                      "--webhook-url", f"https://127.0.0.1:{proxy.port}",
+                     "--placement-url", f"https://127.0.0.1:{self.webhook_port}",
                      "--health-host", "127.0.0.1", "--health-port", str(self.health_port),
                      "--lease-duration", "6", "--lease-renew", "2",
                      "--webhook-config-interval", "2", "--stuck-after", "10",

@@ -39,6 +39,19 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError("--cert-check-interval must be positive")
     if args.shutdown_drain < 0:
         raise CLIError("--shutdown-drain must be 0 or more")
+    from tessera.api.names import ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY
+    from tessera.placement.policy import PolicyError
+    from tessera.placement.policy import parse as parse_policy
+    try:
+        parse_policy({ANNOTATION_NODE_POLICY: args.placement_node_policy,
+                      ANNOTATION_GPU_POLICY: args.placement_gpu_policy})
+    except PolicyError as exc:
+        raise CLIError(f"--placement-*-policy: {exc}") from exc
+    if args.placement_url is not None:
+        u = urlparse(args.placement_url)
+        if u.scheme != "https" or not u.hostname:
+            raise CLIError(f"--placement-url must be https://HOST[:PORT], got "
+                           f"{args.placement_url!r}")
     opts = Options(
         kubeconfig=args.kubeconfig, namespace=args.namespace, webhook_host=args.webhook_host,
         webhook_port=args.webhook_port, webhook_url=args.webhook_url,
@@ -52,7 +65,10 @@ def _run(args: argparse.Namespace) -> int:
         stuck_after_s=args.stuck_after, webhook_certificate=args.webhook_certificate,
         cert_lifetime_s=args.cert_lifetime, cert_step_s=args.cert_step,
         cert_check_interval_s=args.cert_check_interval, shutdown_drain_s=args.shutdown_drain,
-        growth_holder_image=args.growth_holder_image)
+        growth_holder_image=args.growth_holder_image, placement_url=args.placement_url,
+        placement_server_name=args.placement_server_name,
+        placement_node_policy=args.placement_node_policy,
+        placement_gpu_policy=args.placement_gpu_policy, scheduler_name=args.scheduler_name)
     if args.identity:
         opts.identity = args.identity
     setup_logging(quiet=("kopf", "aiohttp.access"))
@@ -115,6 +131,20 @@ def register(subparsers: Any) -> None:
     r.add_argument("--growth-holder-image", default=D.growth_holder_image,
                    help="the image growth holders name (never pulled: they are never "
                    "scheduled; an image policy must admit it)")
+    r.add_argument("--placement-url", help="https URL where this replica answers the "
+                   "scheduler extender while it leads (published on the Lease; default "
+                   "https://$POD_IP:<webhook port>, or 127.0.0.1 outside a pod)")
+    r.add_argument("--placement-server-name", help="name the leader's certificate is "
+                   "checked for when another replica forwards to it (default: the Service's "
+                   "DNS name in a pod)")
+    r.add_argument("--placement-node-policy", default=D.placement_node_policy,
+                   help="binpack or spread over nodes (a pod's tessera.dev/node-policy wins)")
+    r.add_argument("--placement-gpu-policy", default=D.placement_gpu_policy,
+                   help="binpack or spread over GPUs and MIG instances "
+                   "(a pod's tessera.dev/gpu-policy wins)")
+    r.add_argument("--scheduler-name", default=D.scheduler_name,
+                   help="give GPU pods that name no scheduler this spec.schedulerName "
+                   "(the chart's tessera-scheduler); empty: leave them to the default")
     r.set_defaults(handler=_run)
 
 

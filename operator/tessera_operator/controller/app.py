@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import ssl
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +24,20 @@ from typing import Any
 
 import kopf
 
-from tessera.api.names import GPUPARTITIONS, GROUP, VERSION
+from tessera.api.names import (
+    ANNOTATION_GPU_POLICY,
+    ANNOTATION_NODE_POLICY,
+    GPUPARTITIONS,
+    GROUP,
+    VERSION,
+)
 from tessera.kube import serve
 from tessera.kube.client import ApiError, Credentials, Kube, load_credentials, path
 from tessera.kube.health import Health, supervise
 from tessera.kube.loops import measure_lag
 from tessera.kube.shutdown import Drain
+from tessera.placement.policy import Policy as PlacementPolicy
+from tessera.placement.policy import parse as parse_policy
 from tessera_operator import metrics
 from tessera_operator.cache.managed import ManagedQuotaCache
 from tessera_operator.cache.quotas import QuotaCache
@@ -36,6 +46,9 @@ from tessera_operator.controller.controllers import Controllers
 from tessera_operator.controller.leader import LeaderElector
 from tessera_operator.controller.seal import seal_key
 from tessera_operator.controller.settings import Options
+from tessera_operator.placement.cache import PlacementCache
+from tessera_operator.placement.extender import ANNOTATION_PLACEMENT_URL, LeaderLink, add_routes
+from tessera_operator.placement.service import PlacementService
 from tessera_operator.webhooks import server
 from tessera_operator.webhooks.admission import Admission
 from tessera_operator.webhooks.auth import reviewers
@@ -145,23 +158,35 @@ async def run(opts: Options) -> None:
                     "anyone reaching the webhook port can post reviews (they change nothing, "
                     "but cost the operator CPU)")
     elector = LeaderElector(kube, opts.namespace, opts.lease_name, opts.identity,
-                            opts.lease_duration_s, opts.lease_renew_s)
+                            opts.lease_duration_s, opts.lease_renew_s,
+                            annotations={ANNOTATION_PLACEMENT_URL: placement_url(opts)})
     health = Health(stuck_after_s=opts.stuck_after_s)
     store = QuotaCache(kube, health=health)
     counts = ManagedQuotaCache(kube, health=health)
-    adm = Admission(kube, store, counts, await whoami(kube))
+    adm = Admission(kube, store, counts, await whoami(kube), opts.scheduler_name)
     ctl = Controllers.build(kube, store, opts.recount_interval_s, health=health,
                             holder_image=opts.growth_holder_image)
     quota_metrics.register(store.snapshot, counts.get)
     drain = Drain(opts.shutdown_drain_s)
+    places = PlacementCache(kube, health=health)
+    placement = PlacementService(places, kube, default_placement_policy(opts))
+    placing = {"ready": False}
+    link = LeaderLink(kube, elector.url, lambda: elector.is_leader,
+                      lambda: client_context(serving.current.ca_pem),
+                      server_hostname=opts.placement_server_name or (
+                          f"{opts.service_name}.{opts.namespace}.svc"
+                          if os.environ.get("POD_IP") and not opts.placement_url else None),
+                      ready=lambda: placing["ready"])
 
     def not_ready() -> list[str]:
         return ((["not synced yet"] if not (store.synced and counts.synced) else [])
+                + (["placement: nodes and pods not listed yet"] if not places.synced else [])
                 + (["stopping"] if drain.draining else []))
 
+    hooks = server.webhook_app(adm, senders, closing=lambda: drain.draining)
+    add_routes(hooks, placement, link)
     runners = [
-        await server.start(server.webhook_app(adm, senders, closing=lambda: drain.draining),
-                           opts.webhook_host, opts.webhook_port, serving.tls),
+        await server.start(hooks, opts.webhook_host, opts.webhook_port, serving.tls),
         await serve.start(serve.health_app(health, not_ready=not_ready),
                           opts.health_host, opts.health_port),
     ]
@@ -172,6 +197,8 @@ async def run(opts: Options) -> None:
 
     async def lead() -> None:
         ctl.lead_with(await seal_key(kube, opts.namespace))
+        await places.relist_pods()  # the last leader's Bindings, before placing anything
+        placing["ready"] = True
         stop = asyncio.Event()
         tasks = [asyncio.create_task(run_kopf(kopf_registry(ctl, creds), stop, take_signals),
                                      name="kopf")]
@@ -195,10 +222,13 @@ async def run(opts: Options) -> None:
             take_signals()  # kopf leaves its handlers behind, on a future that is done
             health.forget(*leader_work)
             ctl.forget()
+            placing["ready"] = False
+            placement.reservations.clear()
 
     loop = asyncio.get_running_loop()
     everyone = {"quota-cache": store.watch, "managed-quota-cache": counts.watch,
-                "certificate-follow": certs.follow_loop}
+                "certificate-follow": certs.follow_loop,
+                "placement-nodes": places.watch_nodes, "placement-pods": places.watch_pods}
     background = [asyncio.create_task(supervise(name, work, health), name=name)
                   for name, work in everyone.items()]
     for name, task in zip(everyone, background, strict=True):
@@ -220,8 +250,37 @@ async def run(opts: Options) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await elector.release()
+        await link.close()
         log.info("closing the webhook and health servers")
         for r in runners:
             await r.cleanup()
         await kube.close()
         log.info("stopped", extra={"identity": opts.identity})
+
+
+def placement_url(opts: Options) -> str:
+    """Where this replica answers extender calls while it leads."""
+    if opts.placement_url:
+        return opts.placement_url.rstrip("/")
+    host = os.environ.get("POD_IP") or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"https://{host}:{opts.webhook_port}"
+
+
+def default_placement_policy(opts: Options) -> PlacementPolicy:
+    return parse_policy({ANNOTATION_NODE_POLICY: opts.placement_node_policy,
+                         ANNOTATION_GPU_POLICY: opts.placement_gpu_policy})
+
+
+_contexts: dict[bytes, ssl.SSLContext] = {}
+
+
+def client_context(ca_pem: bytes) -> ssl.SSLContext:
+    """Trusts the webhook CA (to forward extender calls to the leader's same certificate)."""
+    ctx = _contexts.get(ca_pem)
+    if ctx is None:
+        ctx = ssl.create_default_context(cadata=ca_pem.decode())
+        _contexts.clear()
+        _contexts[ca_pem] = ctx
+    return ctx

@@ -44,6 +44,8 @@ class LeaderElector:
     identity: str
     duration_s: int = 15
     renew_s: float = 5.0
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Written on the Lease with every acquire and renewal (where the holder serves)."""
     is_leader: bool = False
     _last_renew: float = 0.0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -71,7 +73,8 @@ class LeaderElector:
             if exc.status != 404:
                 raise
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "metadata": {"name": self.name, "namespace": self.namespace,
+                                 "annotations": dict(self.annotations)},
                     "spec": self._spec(None, now)}
             try:
                 await self.kube.create(path("coordination.k8s.io", "v1", "leases",
@@ -89,6 +92,8 @@ class LeaderElector:
         if holder not in (self.identity, None, "") and not expired:
             return False
         lease["spec"] = self._spec(lease, now)
+        meta = lease.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), **self.annotations}
         try:
             await self.kube.replace(self.url, lease)
             return True

@@ -75,6 +75,21 @@ class Options:
     closing its connection, before it stops: the API server's kept-alive connections to it
     are closed after an answer, never under a request (a create would fail with EOF). Longer
     than the Service's endpoints take to drop a terminating pod."""
+    placement_url: str | None = None
+    """Where this replica answers the scheduler extender when it holds the Lease (published
+    on the Lease; the other replicas forward there). None: ``https://$POD_IP:<webhook
+    port>`` in a pod, ``https://127.0.0.1:<webhook port>`` elsewhere."""
+    placement_server_name: str | None = None
+    """The name to check the leader's certificate for when forwarding (None: the Service's
+    DNS name when ``placement_url`` is a pod IP, else the URL's host)."""
+    placement_node_policy: str = "binpack"
+    """Cluster default over nodes: ``binpack`` or ``spread`` (a pod's
+    ``tessera.dev/node-policy`` overrides it)."""
+    placement_gpu_policy: str = "binpack"
+    """Cluster default over GPUs and MIG instances (``tessera.dev/gpu-policy`` overrides it)."""
+    scheduler_name: str = ""
+    """When set, the pod webhook gives every GPU pod that names no other scheduler this
+    ``spec.schedulerName`` (the chart's second kube-scheduler, which calls the extender)."""
 
 
 DEFAULTS = Options(identity="")

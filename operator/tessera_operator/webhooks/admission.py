@@ -47,6 +47,8 @@ from tessera.api.partition import GPUPartitionSpec
 from tessera.api.writers import tessera_only_pod_keys
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.partition import PartitionView, resolve, spec_errors
+from tessera.placement.policy import PolicyError
+from tessera.placement.policy import parse as parse_policy
 from tessera_operator import metrics
 from tessera_operator.cache.managed import ManagedQuotaCache
 from tessera_operator.cache.quotas import QuotaCache
@@ -61,6 +63,8 @@ from tessera_operator.quota.holders import is_holder
 from tessera_operator.quota.objects import FieldError, policy_of, view_of
 from tessera_operator.quota.status import over_hard
 from tessera_operator.webhooks import pod_security
+
+DEFAULT_SCHEDULER = "default-scheduler"
 
 log = logging.getLogger("tessera.admission")
 
@@ -180,6 +184,8 @@ class Admission:
     managed: ManagedQuotaCache
     operator_user: str | None = None
     """The operator's own user name (its ServiceAccount): the only creator of holders."""
+    scheduler_name: str = ""
+    """When set, GPU pods that name no scheduler of their own get this one (tessera's)."""
 
     # -- pods ---------------------------------------------------------------------------
     #
@@ -221,6 +227,11 @@ class Admission:
         escapes = pod_security.problems(spec)
         if escapes:
             return deny(uid, pod_security.refusal(escapes))
+        try:
+            parse_policy((pod.get("metadata") or {}).get("annotations") or {})
+        except PolicyError as exc:
+            return deny(uid, f"{exc} (fix the annotation or remove it for the cluster's "
+                             "default)")
         if req.get("operation", "CREATE") == "CREATE":
             violations = check_fit(budget.usage(), [self.quotas.view(q) for q in quotas])
             if violations:
@@ -235,7 +246,18 @@ class Admission:
             filled.setdefault(first, {}).update(fill)
         ops, warnings = pod_patch(pod, budget.annotation())
         return allow(uid, fill_patch(spec, filled) + removals + ops
-                     + pod_security.seccomp_patch(spec), warnings)
+                     + pod_security.seccomp_patch(spec) + self._scheduler_patch(spec),
+                     warnings)
+
+    def _scheduler_patch(self, spec: Mapping[str, Any]) -> list[Obj]:
+        """Hand the pod to tessera's scheduler unless it names another one (the API server
+        has defaulted an unset name to ``default-scheduler`` before admission)."""
+        if not self.scheduler_name or spec.get("schedulerName") not in (
+                None, "", DEFAULT_SCHEDULER, self.scheduler_name):
+            return []
+        if spec.get("schedulerName") == self.scheduler_name:
+            return []
+        return [{"op": "add", "path": "/spec/schedulerName", "value": self.scheduler_name}]
 
     async def _unenforced(self, ns: str, quotas: list[Obj]) -> str | None:
         """Why a GPUQuota of the namespace is not counted by the API server now, if one

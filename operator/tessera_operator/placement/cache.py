@@ -1,0 +1,184 @@
+"""Every replica's view of what placement needs: the GPU nodes' units and the pods that
+hold them.
+
+Two watches: Nodes labelled ``tessera.dev/gpu.count`` (their inventory, hence their units,
+and the daemon's ``tessera.dev/gpu-commitments``), and pods labelled
+``tessera.dev/budgeted`` in every namespace (the webhook labels every GPU pod it admits).
+A bound pod holds the units its ``tessera.dev/placement`` record names until it has ended
+(``Succeeded``/``Failed``) or is gone; a terminating pod still holds them (its containers may
+still run), as in the scheduler's own cache. A pod bound without a record (placed before
+tessera's scheduler, or by another scheduler) is counted from its node's commitments (what
+the daemon confirmed on each unit) beyond what records explain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.api.inventory import from_node
+from tessera.api.names import ANNOTATION_GPU_COMMITMENTS, LABEL_BUDGETED, LABEL_GPU_COUNT
+from tessera.kube.client import Kube, Obj, path
+from tessera.kube.health import Health
+from tessera.placement.demand import DemandError, pod_demands
+from tessera.placement.record import PlacementRecordError, of_pod
+from tessera.placement.units import NoUnitsError, Unit, node_units
+from tessera.placement.usage import Placed
+
+log = logging.getLogger("tessera.placement")
+
+MIB = 1 << 20
+ENDED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One GPU node as placement sees it."""
+
+    name: str
+    units: tuple[Unit, ...] = ()
+    error: str | None = None
+    """Why its units cannot be used (unreadable inventory, a daemon older than placement)."""
+    committed_mib: Mapping[str, int] = field(default_factory=dict)
+    """Per unit, the memory budgets the daemon confirmed there (``gpu-commitments``)."""
+    committed_containers: Mapping[str, int] = field(default_factory=dict)
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    inv = from_node(node)
+    try:
+        units = tuple(node_units(inv))
+        error = None
+    except NoUnitsError as exc:
+        units, error = (), str(exc)
+    mem: dict[str, int] = {}
+    count: dict[str, int] = {}
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPU_COMMITMENTS)
+    if raw:
+        try:
+            data = json.loads(raw)
+            for uuid, c in (data.items() if isinstance(data, dict) else ()):
+                if isinstance(c, dict):
+                    mem[str(uuid)] = int(c.get("committed") or 0) // MIB
+                    count[str(uuid)] = int(c.get("containers") or 0)
+        except (ValueError, TypeError):
+            log.warning("unreadable gpu-commitments; counting records only",
+                        extra={"node": inv.name})
+    return NodeView(inv.name, units, error, mem, count)
+
+
+@dataclass(frozen=True)
+class PodView:
+    key: str
+    uid: str
+    node: str
+    priority: int
+    placed: Placed | None
+    """What it holds by its record; None when bound without one (or not bound)."""
+    holds: bool
+    """Bound and not ended: it holds GPU units (by record, or unrecorded)."""
+    error: str | None = None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    uid = str(meta.get("uid", ""))
+    node = str(spec.get("nodeName") or "")
+    priority = int(spec.get("priority") or 0)
+    phase = (pod.get("status") or {}).get("phase")
+    holds = bool(node) and phase not in ENDED
+    try:
+        record = of_pod(pod)
+        placed = None
+        if record is not None:
+            placed = Placed(key=key, uid=uid, priority=priority, node=record.node,
+                            record=record, demands=tuple(pod_demands(pod)))
+        return PodView(key, uid, node, priority, placed, holds)
+    except (PlacementRecordError, DemandError) as exc:
+        return PodView(key, uid, node, priority, None, holds, str(exc))
+
+
+@dataclass
+class PlacementCache:
+    kube: Kube
+    health: Health | None = None
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    pods: dict[str, PodView] = field(default_factory=dict)
+    """By pod UID."""
+    by_node: dict[str, dict[str, PodView]] = field(default_factory=dict)
+    """The pods holding units, by node and UID (what a decision on one node reads)."""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _synced: set[str] = field(default_factory=set)
+
+    def _put(self, view: PodView) -> None:
+        self._drop(view.uid)
+        self.pods[view.uid] = view
+        if view.holds:
+            self.by_node.setdefault(view.node, {})[view.uid] = view
+
+    def _drop(self, uid: str) -> None:
+        old = self.pods.pop(uid, None)
+        if old is not None and old.holds:
+            on = self.by_node.get(old.node)
+            if on is not None:
+                on.pop(uid, None)
+                if not on:
+                    del self.by_node[old.node]
+
+    @property
+    def synced(self) -> bool:
+        return {"nodes", "pods"} <= self._synced
+
+    async def watch_nodes(self) -> None:
+        try:
+            async for typ, obj in self.kube.watch(path("", "v1", "nodes"), LABEL_GPU_COUNT,
+                                                  name="placement-nodes", health=self.health):
+                if typ == "SYNC":
+                    self.nodes = {v.name: v for v in map(node_view, obj.get("items") or [])}
+                    self._synced.add("nodes")
+                else:
+                    name = str((obj.get("metadata") or {}).get("name"))
+                    if typ == "DELETED":
+                        self.nodes.pop(name, None)
+                    else:
+                        self.nodes[name] = node_view(obj)
+                self.changed.set()
+        finally:
+            self._synced.discard("nodes")
+
+    async def watch_pods(self) -> None:
+        try:
+            async for typ, obj in self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
+                                                  name="placement-pods", health=self.health):
+                if typ == "SYNC":
+                    self.load_pods(obj)
+                else:
+                    if typ == "DELETED":
+                        self._drop(str((obj.get("metadata") or {}).get("uid")))
+                    else:
+                        self._put(pod_view(obj))
+                self.changed.set()
+        finally:
+            self._synced.discard("pods")
+
+    def load_pods(self, listed: Obj) -> None:
+        """Every pod of a LIST (a watch's, or the new leader's consistent read)."""
+        self.pods, self.by_node = {}, {}
+        for v in map(pod_view, listed.get("items") or []):
+            self._put(v)
+        self._synced.add("pods")
+
+    async def relist_pods(self) -> None:
+        """A consistent read of every budgeted pod (not the watch cache): what a replica
+        taking over the Lease must know before it places anything (the previous leader's
+        last Bindings included)."""
+        self.load_pods(await self.kube.list(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true"))
+
+    def holding(self, node: str) -> list[PodView]:
+        return list(self.by_node.get(node, {}).values())

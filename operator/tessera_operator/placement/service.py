@@ -1,0 +1,241 @@
+"""The leader's placement decisions: filter, bind and preempt for kube-scheduler.
+
+**Filter** decides: for each node the scheduler found feasible, :func:`tessera.placement.
+choose.place` says whether one GPU or MIG instance holds each container's budget, given
+what is placed there (the pods' records), what this leader has reserved and not seen bound
+yet, and what the node's daemon confirmed for pods bound without a record. It answers
+**one** node, the best by the node policy, and reserves the chosen units for the pod at
+once, so the next pod's filter (the scheduler runs them one after the other while earlier
+pods are still binding) never counts the same room twice. Every other node gets the reason
+the pod does not fit there, which the scheduler shows in ``FailedScheduling``.
+
+**Bind** records the choice and binds in one write: a Binding whose annotations carry
+``tessera.dev/placement`` (the API server copies them onto the pod with ``spec.nodeName``).
+There is no node lock: two pods bind on one node at once, each on its own reserved units.
+
+**Preempt** names, per node the scheduler proposes, the fewest lower-priority pods whose
+units the pod needs (:func:`tessera.placement.preemption.victims`).
+
+A reservation the scheduler never binds (a later plugin refused the pod) lapses after
+``reserve_s``; a bound one stays until the pod watch shows the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.api.names import ANNOTATION_PLACEMENT
+from tessera.kube.client import ApiError, Kube, path
+from tessera.placement import record as record_
+from tessera.placement.choose import Fit, NoFit, place
+from tessera.placement.demand import Demand, DemandError, pod_demands
+from tessera.placement.policy import DEFAULT, Policy, PolicyError, parse
+from tessera.placement.preemption import victims
+from tessera.placement.usage import Placed, UnitUsage, usage
+from tessera_operator import metrics
+from tessera_operator.placement.cache import NodeView, PlacementCache
+
+log = logging.getLogger("tessera.placement")
+
+
+@dataclass
+class Reservation:
+    placed: Placed
+    until: float
+    bound: bool = False
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    nodes: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    unresolvable: Mapping[str, str] = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass
+class PlacementService:
+    cache: PlacementCache
+    kube: Kube
+    default: Policy = DEFAULT
+    reserve_s: float = 30.0
+    """How long a filter's reservation waits for the scheduler's bind."""
+    bound_s: float = 120.0
+    """How long a bound pod's reservation waits for the pod watch to show its record."""
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    """By pod UID."""
+    clock: Any = time.monotonic
+
+    # -- the state a decision sees ------------------------------------------------------
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for uid, r in list(self.reservations.items()):
+            seen = self.cache.pods.get(uid)
+            if r.until < now or (r.bound and seen is not None and seen.placed is not None):
+                del self.reservations[uid]
+
+    def placed_on(self, node: str, without: str = "") -> list[Placed]:
+        """What holds units on ``node``: the pods' records and this leader's reservations
+        (a pod's reservation replaces what the watch has of it), except pod ``without``."""
+        out: dict[str, Placed] = {}
+        for p in self.cache.holding(node):
+            if p.placed is not None and p.uid != without:
+                out[p.uid] = p.placed
+        for uid, r in self.reservations.items():
+            if r.placed.node == node and uid != without:
+                out[uid] = r.placed
+        return list(out.values())
+
+    def used(self, view: NodeView, placed: Sequence[Placed]) -> dict[str, UnitUsage]:
+        """Usage by records and reservations, plus what the daemon confirmed on a unit
+        beyond what the records there explain (pods bound without a record)."""
+        out = usage(view.units, placed)
+        whole_units = {u.uuid for u in view.units if u.shares == 0}
+        for uuid, mib in view.committed_mib.items():
+            u = out.get(uuid)
+            if u is None:
+                continue
+            extra_mib = mib - u.memory_mib
+            extra_n = view.committed_containers.get(uuid, 0) - len(u.holders)
+            if extra_mib > 0 or extra_n > 0:
+                out[uuid] = UnitUsage(
+                    memory_mib=u.memory_mib + max(extra_mib, 0), cores=u.cores,
+                    shares=u.shares + max(extra_n, 0),
+                    whole=u.whole or (uuid in whole_units and extra_n > 0),
+                    holders=u.holders)
+        return out
+
+    # -- the verbs ------------------------------------------------------------------------
+
+    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str]) -> FilterResult:
+        self._expire()
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        try:
+            demands = pod_demands(pod)
+            policy = parse(meta.get("annotations") or {}, self.default)
+        except (DemandError, PolicyError) as exc:
+            return FilterResult(unresolvable={n: str(exc) for n in node_names})
+        if not demands:
+            return FilterResult(nodes=tuple(node_names))
+        self.reservations.pop(uid, None)
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        best: tuple[int, str, Fit] | None = None
+        for name in node_names:
+            view = self.cache.nodes.get(name)
+            if view is None:
+                unresolvable[name] = f"{name}: no tessera GPU inventory"
+                continue
+            if view.error is not None:
+                unresolvable[name] = f"{name}: {view.error}"
+                continue
+            got = place(name, demands, view.units, self.used(view, self.placed_on(name)),
+                        policy)
+            if isinstance(got, NoFit):
+                (unresolvable if got.unresolvable else failed)[name] = f"{name}: {got.reason}"
+                continue
+            if best is None or (got.score, _neg(name)) > (best[0], _neg(best[1])):
+                best = (got.score, name, got)
+        if best is None:
+            metrics.PLACEMENT_DECISIONS.labels("unplaced").inc()
+            return FilterResult(failed=failed, unresolvable=unresolvable)
+        _, name, fit = best
+        self.reservations[uid] = Reservation(self._placed(pod, demands, fit), self.clock()
+                                             + self.reserve_s)
+        metrics.PLACEMENT_DECISIONS.labels("placed").inc()
+        return FilterResult(nodes=(name,))
+
+    def _placed(self, pod: Mapping[str, Any], demands: Sequence[Demand], fit: Fit) -> Placed:
+        meta = pod.get("metadata") or {}
+        return Placed(key=f"{meta.get('namespace')}/{meta.get('name')}",
+                      uid=str(meta.get("uid", "")),
+                      priority=int((pod.get("spec") or {}).get("priority") or 0),
+                      node=fit.record.node, record=fit.record, demands=tuple(demands))
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Bind the pod to ``node`` with its placement recorded; '' or the error."""
+        self._expire()
+        r = self.reservations.get(uid)
+        if r is None or r.placed.node != node:
+            got = await self._place_now(namespace, name, uid, node)
+            if isinstance(got, str):
+                metrics.PLACEMENT_BINDS.labels("refused").inc()
+                return got
+            r = got
+        r.until = self.clock() + self.bound_s
+        r.bound = True
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                             "annotations": {ANNOTATION_PLACEMENT:
+                                             record_.dumps(r.placed.record)}},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        try:
+            await self.kube.create(path("", "v1", "pods", namespace, name) + "/binding", body)
+        except (ApiError, OSError, TimeoutError) as exc:
+            self.reservations.pop(uid, None)
+            metrics.PLACEMENT_BINDS.labels("failed").inc()
+            log.warning("binding failed", extra={"pod": f"{namespace}/{name}", "node": node,
+                                                 "error": str(exc)[:300]})
+            return f"binding {namespace}/{name} to {node}: {exc}"
+        metrics.PLACEMENT_BINDS.labels("bound").inc()
+        return ""
+
+    async def _place_now(self, namespace: str, name: str, uid: str,
+                         node: str) -> Reservation | str:
+        """A bind with no reservation on that node (this replica took the Lease since the
+        filter, or the scheduler chose another node): decide now, from the pod as it is."""
+        try:
+            pod = await self.kube.get(path("", "v1", "pods", namespace, name))
+        except (ApiError, OSError, TimeoutError) as exc:
+            return f"reading pod {namespace}/{name}: {exc}"
+        if str((pod.get("metadata") or {}).get("uid")) != uid:
+            return f"pod {namespace}/{name} is not the one the scheduler binds (uid {uid})"
+        view = self.cache.nodes.get(node)
+        if view is None or view.error is not None:
+            return f"{node}: {view.error if view else 'no tessera GPU inventory'}"
+        try:
+            demands = pod_demands(pod)
+            policy = parse((pod.get("metadata") or {}).get("annotations") or {}, self.default)
+        except (DemandError, PolicyError) as exc:
+            return str(exc)
+        got = place(node, demands, view.units, self.used(view, self.placed_on(node, uid)),
+                    policy)
+        if isinstance(got, NoFit):
+            return f"{node}: {got.reason}"
+        r = Reservation(self._placed(pod, demands, got), self.clock() + self.bound_s)
+        self.reservations[uid] = r
+        return r
+
+    def preempt(self, pod: Mapping[str, Any], proposed: Sequence[str]) -> dict[str, list[str]]:
+        """Per proposed node, the UIDs of the fewest lower-priority pods to evict; nodes
+        where no such set makes room are left out."""
+        self._expire()
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        priority = int((pod.get("spec") or {}).get("priority") or 0)
+        try:
+            demands = pod_demands(pod)
+            policy = parse(meta.get("annotations") or {}, self.default)
+        except (DemandError, PolicyError):
+            return {}
+        out: dict[str, list[str]] = {}
+        for name in proposed:
+            view = self.cache.nodes.get(name)
+            if view is None or view.error is not None:
+                continue
+            chosen = victims(name, priority, demands, view.units,
+                             self.placed_on(name, uid), policy)
+            if chosen is not None:
+                out[name] = [p.uid for p in chosen]
+        return out
+
+
+def _neg(name: str) -> tuple[int, ...]:
+    """Sorts names backwards, so that of equal scores the first name wins a max()."""
+    return tuple(-ord(c) for c in name)
