@@ -48,3 +48,7 @@ PLACEMENT_SECONDS = Histogram(
 PLACEMENT_FORWARDED = Counter(
     "tessera_placement_forwarded_total",
     "Extender calls this replica forwarded to the Lease holder.", ["outcome"])
+PLACEMENT_PREEMPTIONS = Counter(
+    "tessera_placement_preemptions_total",
+    "Pods the placement service evicted to make unit room for higher-priority pods (where "
+    "the scheduler's own preemption, which counts node totals, finds none).")

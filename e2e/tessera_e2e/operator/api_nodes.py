@@ -26,22 +26,22 @@ T = TypeVar("T")
 H100_MIB = 81559
 
 
-def gpu_node(name: str, gpus: int = 8, shares: int = 10) -> tuple[dict[str, Any],
-                                                                   dict[str, Any]]:
-    """The Node and its status."""
+def gpu_node(name: str, gpus: int = 8, shares: int = 10, memory_mib: int = H100_MIB
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Node and its status (every GPU a unit of ``memory_mib``)."""
     inv = [GPUInventory(index=i, uuid=f"GPU-{name}-{i}", model="H100-80GB",
-                        memory_mib=H100_MIB, numa_node=i * 2 // gpus,
+                        memory_mib=memory_mib, numa_node=i * 2 // gpus,
                         pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
                         nvlink_peers=tuple(f"GPU-{name}-{j}" for j in range(gpus) if j != i),
                         units=(AdvertisedUnit(uuid=f"GPU-{name}-{i}", resource=VGPU,
-                                              memory_mib=H100_MIB, shares=shares),))
+                                              memory_mib=memory_mib, shares=shares),))
            for i in range(gpus)]
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {
         "name": name, "labels": {**node_labels(inv), "kubernetes.io/hostname": name,
                                  "tessera.dev/api-node": "true"},
         "annotations": {"tessera.dev/gpus": to_annotation(inv)}}}
     res = {"cpu": "64", "memory": "1Ti", "pods": "1000", VGPU: str(gpus * shares),
-           VGPU_MEMORY: str(gpus * H100_MIB), VGPU_CORES: str(gpus * 100), GPU_POD: "1000"}
+           VGPU_MEMORY: str(gpus * memory_mib), VGPU_CORES: str(gpus * 100), GPU_POD: "1000"}
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {"capacity": res, "allocatable": res, "conditions": [
         {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "api node",
@@ -54,10 +54,10 @@ class ApiGPUNodes:
     alive (an event loop of its own in a thread), deletes them."""
 
     def __init__(self, kubeconfig: str, count: int, gpus: int = 8, prefix: str = "gpu-",
-                 shares: int = 10) -> None:
+                 shares: int = 10, memory_mib: int = H100_MIB) -> None:
         self.kubeconfig = kubeconfig
         self.names = [f"{prefix}{i:03d}" for i in range(count)]
-        self.gpus, self.shares = gpus, shares
+        self.gpus, self.shares, self.memory_mib = gpus, shares, memory_mib
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                         name="api-nodes")
@@ -76,7 +76,7 @@ class ApiGPUNodes:
     async def _create(self) -> None:
         self.kube = Kube(load_credentials(self.kubeconfig))
         for n in self.names:
-            node, status = gpu_node(n, self.gpus, self.shares)
+            node, status = gpu_node(n, self.gpus, self.shares, self.memory_mib)
             await self.kube.create(path("", "v1", "nodes"), node)
             await self.kube.merge_patch(path("", "v1", "nodes", None, n) + "/status",
                                         {"status": status})

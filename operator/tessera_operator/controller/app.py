@@ -47,6 +47,7 @@ from tessera_operator.controller.leader import LeaderElector
 from tessera_operator.controller.seal import seal_key
 from tessera_operator.controller.settings import Options
 from tessera_operator.placement.cache import PlacementCache
+from tessera_operator.placement.eviction import evictor
 from tessera_operator.placement.extender import ANNOTATION_PLACEMENT_URL, LeaderLink, add_routes
 from tessera_operator.placement.service import PlacementService
 from tessera_operator.webhooks import server
@@ -169,7 +170,8 @@ async def run(opts: Options) -> None:
     quota_metrics.register(store.snapshot, counts.get)
     drain = Drain(opts.shutdown_drain_s)
     places = PlacementCache(kube, health=health)
-    placement = PlacementService(places, kube, default_placement_policy(opts))
+    placement = PlacementService(places, kube, default_placement_policy(opts),
+                                 evict=evictor(kube))
     placing = {"ready": False}
     link = LeaderLink(kube, elector.url, lambda: elector.is_leader,
                       lambda: client_context(serving.current.ca_pem),
@@ -223,7 +225,7 @@ async def run(opts: Options) -> None:
             health.forget(*leader_work)
             ctl.forget()
             placing["ready"] = False
-            placement.reservations.clear()
+            placement.forget()
 
     loop = asyncio.get_running_loop()
     everyone = {"quota-cache": store.watch, "managed-quota-cache": counts.watch,

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.inventory import from_node
-from tessera.api.names import ANNOTATION_GPU_COMMITMENTS, LABEL_BUDGETED, LABEL_GPU_COUNT
+from tessera.api.names import (
+    ANNOTATION_GPU_COMMITMENTS,
+    LABEL_BUDGETED,
+    LABEL_GPU_COUNT,
+    MIG_PREFIX,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
+)
 from tessera.kube.client import Kube, Obj, path
 from tessera.kube.health import Health
 from tessera.placement.demand import DemandError, pod_demands
@@ -46,6 +54,9 @@ class NodeView:
     committed_mib: Mapping[str, int] = field(default_factory=dict)
     """Per unit, the memory budgets the daemon confirmed there (``gpu-commitments``)."""
     committed_containers: Mapping[str, int] = field(default_factory=dict)
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    """The Node's allocatable of tessera's device resources (what the scheduler fits
+    against)."""
 
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
@@ -68,7 +79,40 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         except (ValueError, TypeError):
             log.warning("unreadable gpu-commitments; counting records only",
                         extra={"node": inv.name})
-    return NodeView(inv.name, units, error, mem, count)
+    alloc = ((node.get("status") or {}).get("allocatable") or {})
+    return NodeView(inv.name, units, error, mem, count,
+                    {k: _int(v) for k, v in alloc.items() if is_device_resource(k)})
+
+
+def is_device_resource(name: str) -> bool:
+    return name in (VGPU, VGPU_MEMORY, VGPU_CORES) or name.startswith(MIG_PREFIX)
+
+
+def _int(raw: Any) -> int:
+    try:
+        return int(str(raw))
+    except ValueError:
+        return 0
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """The pod's requests of tessera's device resources as the scheduler counts them: the
+    larger of its app containers' sum and each init container's."""
+    spec = pod.get("spec") or {}
+
+    def of(c: Mapping[str, Any]) -> dict[str, int]:
+        res = c.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: _int(v) for k, v in merged.items() if is_device_resource(k)}
+
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for k, v in of(c).items():
+            total[k] = total.get(k, 0) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total.get(k, 0), v)
+    return total
 
 
 @dataclass(frozen=True)
@@ -82,6 +126,8 @@ class PodView:
     holds: bool
     """Bound and not ended: it holds GPU units (by record, or unrecorded)."""
     error: str | None = None
+    terminating: bool = False
+    requests: Mapping[str, int] = field(default_factory=dict)
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -93,15 +139,18 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     priority = int(spec.get("priority") or 0)
     phase = (pod.get("status") or {}).get("phase")
     holds = bool(node) and phase not in ENDED
+    terminating = bool(meta.get("deletionTimestamp"))
+    requests = pod_requests(pod)
     try:
         record = of_pod(pod)
         placed = None
         if record is not None:
             placed = Placed(key=key, uid=uid, priority=priority, node=record.node,
                             record=record, demands=tuple(pod_demands(pod)))
-        return PodView(key, uid, node, priority, placed, holds)
+        return PodView(key, uid, node, priority, placed, holds, None, terminating, requests)
     except (PlacementRecordError, DemandError) as exc:
-        return PodView(key, uid, node, priority, None, holds, str(exc))
+        return PodView(key, uid, node, priority, None, holds, str(exc), terminating,
+                       requests)
 
 
 @dataclass
@@ -116,15 +165,24 @@ class PlacementCache:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     _synced: set[str] = field(default_factory=set)
 
+    versions: dict[str, int] = field(default_factory=dict)
+    """Per node, bumped whenever what holds its units (or the node itself) changes: a
+    decision's view of a node is computed once per version."""
+
+    def bump(self, node: str) -> None:
+        self.versions[node] = self.versions.get(node, 0) + 1
+
     def _put(self, view: PodView) -> None:
         self._drop(view.uid)
         self.pods[view.uid] = view
         if view.holds:
             self.by_node.setdefault(view.node, {})[view.uid] = view
+            self.bump(view.node)
 
     def _drop(self, uid: str) -> None:
         old = self.pods.pop(uid, None)
         if old is not None and old.holds:
+            self.bump(old.node)
             on = self.by_node.get(old.node)
             if on is not None:
                 on.pop(uid, None)
@@ -141,6 +199,8 @@ class PlacementCache:
                                                   name="placement-nodes", health=self.health):
                 if typ == "SYNC":
                     self.nodes = {v.name: v for v in map(node_view, obj.get("items") or [])}
+                    for name in self.nodes:
+                        self.bump(name)
                     self._synced.add("nodes")
                 else:
                     name = str((obj.get("metadata") or {}).get("name"))
@@ -148,6 +208,7 @@ class PlacementCache:
                         self.nodes.pop(name, None)
                     else:
                         self.nodes[name] = node_view(obj)
+                    self.bump(name)
                 self.changed.set()
         finally:
             self._synced.discard("nodes")
@@ -169,6 +230,8 @@ class PlacementCache:
 
     def load_pods(self, listed: Obj) -> None:
         """Every pod of a LIST (a watch's, or the new leader's consistent read)."""
+        for name in self.by_node:
+            self.bump(name)
         self.pods, self.by_node = {}, {}
         for v in map(pod_view, listed.get("items") or []):
             self._put(v)

@@ -3,9 +3,11 @@
 **Filter** decides: for each node the scheduler found feasible, :func:`tessera.placement.
 choose.place` says whether one GPU or MIG instance holds each container's budget, given
 what is placed there (the pods' records), what this leader has reserved and not seen bound
-yet, and what the node's daemon confirmed for pods bound without a record. It answers
-**one** node, the best by the node policy, and reserves the chosen units for the pod at
-once, so the next pod's filter (the scheduler runs them one after the other while earlier
+yet, and what the node's daemon confirmed for pods bound without a record. Nodes are tried
+in the node policy's order of how full they are (``binpack``: the fullest first, ``spread``:
+the emptiest; then by name), and the first that holds the pod is the answer: **one** node
+(the scheduler binds where tessera decided), and the chosen units are reserved for the
+pod at once, so the next pod's filter (the scheduler runs them one after the other while earlier
 pods are still binding) never counts the same room twice. Every other node gets the reason
 the pod does not fit there, which the scheduler shows in ``FailedScheduling``.
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,7 @@ from tessera.placement.policy import DEFAULT, Policy, PolicyError, parse
 from tessera.placement.preemption import victims
 from tessera.placement.usage import Placed, UnitUsage, usage
 from tessera_operator import metrics
-from tessera_operator.placement.cache import NodeView, PlacementCache
+from tessera_operator.placement.cache import NodeView, PlacementCache, pod_requests
 
 log = logging.getLogger("tessera.placement")
 
@@ -47,6 +49,9 @@ class Reservation:
     placed: Placed
     until: float
     bound: bool = False
+    victims: tuple[str, ...] = ()
+    """UIDs of the pods evicted to make this room (a nomination): until they are gone the
+    pod waits, and no one else is evicted for it."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,11 @@ class PlacementService:
     reservations: dict[str, Reservation] = field(default_factory=dict)
     """By pod UID."""
     clock: Any = time.monotonic
+    _used: dict[str, tuple[int, NodeView, dict[str, UnitUsage], float]] = field(
+        default_factory=dict)
+    evict: Callable[[str, Sequence[Placed]], None] | None = None
+    """Evicts pods for a pod (its key) the filter preempted for; None: filter never
+    preempts (only the scheduler's preemption with :meth:`preempt`)."""
 
     # -- the state a decision sees ------------------------------------------------------
 
@@ -77,7 +87,38 @@ class PlacementService:
         for uid, r in list(self.reservations.items()):
             seen = self.cache.pods.get(uid)
             if r.until < now or (r.bound and seen is not None and seen.placed is not None):
-                del self.reservations[uid]
+                self._unreserve(uid)
+
+    def _reserve(self, uid: str, r: Reservation) -> None:
+        self._unreserve(uid)
+        self.reservations[uid] = r
+        self.cache.bump(r.placed.node)
+
+    def _unreserve(self, uid: str) -> Reservation | None:
+        r = self.reservations.pop(uid, None)
+        if r is not None:
+            self.cache.bump(r.placed.node)
+        return r
+
+    def forget(self) -> None:
+        """Every reservation dropped (this replica no longer leads)."""
+        for uid in list(self.reservations):
+            self._unreserve(uid)
+
+    def view_of(self, name: str) -> tuple[NodeView, dict[str, UnitUsage], float] | None:
+        """A node, what is used on it (every pod's records and reservations) and how full
+        it is (memory held over memory), computed once per version of the node."""
+        view = self.cache.nodes.get(name)
+        if view is None:
+            return None
+        version = self.cache.versions.get(name, 0)
+        known = self._used.get(name)
+        if known is not None and known[0] == version and known[1] is view:
+            return view, known[2], known[3]
+        used = self.used(view, self.placed_on(name))
+        full = fullness(view, used)
+        self._used[name] = (version, view, used, full)
+        return view, used, full
 
     def placed_on(self, node: str, without: str = "") -> list[Placed]:
         """What holds units on ``node``: the pods' records and this leader's reservations
@@ -123,33 +164,98 @@ class PlacementService:
             return FilterResult(unresolvable={n: str(exc) for n in node_names})
         if not demands:
             return FilterResult(nodes=tuple(node_names))
-        self.reservations.pop(uid, None)
+        nominated = self._unreserve(uid)
         failed: dict[str, str] = {}
+        if nominated is not None and nominated.victims:
+            left = [v for v in nominated.victims if v in self.cache.pods]
+            if left:  # the room is being made: wait for it, evict no one else
+                self._reserve(uid, nominated)
+                node = nominated.placed.node
+                return FilterResult(failed={n: (
+                    f"{n}: waiting for {len(left)} preempted pod(s) to end"
+                    if n == node else f"{n}: the pod is nominated to {node}")
+                    for n in node_names})
         unresolvable: dict[str, str] = {}
-        best: tuple[int, str, Fit] | None = None
+        candidates: list[tuple[float, str, NodeView, dict[str, UnitUsage]]] = []
         for name in node_names:
-            view = self.cache.nodes.get(name)
-            if view is None:
+            known = self.view_of(name)
+            if known is None:
                 unresolvable[name] = f"{name}: no tessera GPU inventory"
-                continue
-            if view.error is not None:
-                unresolvable[name] = f"{name}: {view.error}"
-                continue
-            got = place(name, demands, view.units, self.used(view, self.placed_on(name)),
-                        policy)
+            elif known[0].error is not None:
+                unresolvable[name] = f"{name}: {known[0].error}"
+            else:
+                view, used, full = known
+                candidates.append((-full if policy.node == "binpack" else full, name, view,
+                                   used))
+        best: tuple[str, Fit] | None = None
+        for _, name, view, used in sorted(candidates, key=lambda c: (c[0], c[1])):
+            got = place(name, demands, view.units, used, policy)
             if isinstance(got, NoFit):
                 (unresolvable if got.unresolvable else failed)[name] = f"{name}: {got.reason}"
                 continue
-            if best is None or (got.score, _neg(name)) > (best[0], _neg(best[1])):
-                best = (got.score, name, got)
+            best = (name, got)  # the first in the node policy's order that holds the pod
+            break
         if best is None:
             metrics.PLACEMENT_DECISIONS.labels("unplaced").inc()
+            if self.evict is not None:
+                self._preempt_in_filter(pod, demands, policy, failed)
             return FilterResult(failed=failed, unresolvable=unresolvable)
-        _, name, fit = best
-        self.reservations[uid] = Reservation(self._placed(pod, demands, fit), self.clock()
-                                             + self.reserve_s)
+        name, fit = best
+        self._reserve(uid, Reservation(self._placed(pod, demands, fit),
+                                       self.clock() + self.reserve_s))
         metrics.PLACEMENT_DECISIONS.labels("placed").inc()
-        return FilterResult(nodes=(name,))
+        return FilterResult(nodes=(name,), failed=failed, unresolvable=unresolvable)
+
+    def _totals_fit(self, view: NodeView, pod: Mapping[str, Any], without: set[str]) -> bool:
+        """Whether the scheduler's own fit (the Node's allocatable less the requests of the
+        pods bound there) holds the pod: then its preemption finds no victim on this node
+        (it removes pods only while the totals do not fit) and cannot make unit room."""
+        want = pod_requests(pod)
+        used: dict[str, int] = {}
+        for p in self.cache.holding(view.name):
+            if p.uid in without:
+                continue
+            for k, v in p.requests.items():
+                used[k] = used.get(k, 0) + v
+        return all(view.allocatable.get(k, 0) - used.get(k, 0) >= v for k, v in want.items())
+
+    def _preempt_in_filter(self, pod: Mapping[str, Any], demands: Sequence[Demand],
+                           policy: Policy, failed: dict[str, str]) -> None:
+        """Unit room only lower-priority pods hold, on a node whose totals already hold the
+        pod (kube-scheduler's preemption removes pods only while totals do not fit, so it
+        finds none there): evict the fewest, and hold the room for the pod meanwhile."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        priority = int((pod.get("spec") or {}).get("priority") or 0)
+        best: tuple[tuple[int, int, str], str, list[Placed]] | None = None
+        for name in failed:
+            view = self.cache.nodes.get(name)
+            if view is None or view.error is not None or not self._totals_fit(view, pod, set()):
+                continue
+            chosen = victims(name, priority, demands, view.units, self.placed_on(name, uid),
+                             policy)
+            if not chosen:
+                continue
+            key = (len(chosen), max(p.priority for p in chosen), name)
+            if best is None or key < best[0]:
+                best = (key, name, chosen)
+        if best is None:
+            return
+        _, name, chosen = best
+        view = self.cache.nodes[name]
+        gone = {p.uid for p in chosen}
+        got = place(name, demands, view.units,
+                    self.used(view, [p for p in self.placed_on(name, uid) if p.uid not in gone]),
+                    policy)
+        if not isinstance(got, Fit):
+            return
+        self._reserve(uid, Reservation(self._placed(pod, demands, got),
+                                       self.clock() + self.bound_s, victims=tuple(gone)))
+        failed[name] = (f"{name}: preempting {len(chosen)} lower-priority pod(s) "
+                        f"({', '.join(p.key for p in chosen)}) for this pod")
+        assert self.evict is not None
+        self.evict(f"{meta.get('namespace')}/{meta.get('name')}", chosen)
+        metrics.PLACEMENT_PREEMPTIONS.inc(len(chosen))
 
     def _placed(self, pod: Mapping[str, Any], demands: Sequence[Demand], fit: Fit) -> Placed:
         meta = pod.get("metadata") or {}
@@ -178,7 +284,7 @@ class PlacementService:
         try:
             await self.kube.create(path("", "v1", "pods", namespace, name) + "/binding", body)
         except (ApiError, OSError, TimeoutError) as exc:
-            self.reservations.pop(uid, None)
+            self._unreserve(uid)
             metrics.PLACEMENT_BINDS.labels("failed").inc()
             log.warning("binding failed", extra={"pod": f"{namespace}/{name}", "node": node,
                                                  "error": str(exc)[:300]})
@@ -209,7 +315,7 @@ class PlacementService:
         if isinstance(got, NoFit):
             return f"{node}: {got.reason}"
         r = Reservation(self._placed(pod, demands, got), self.clock() + self.bound_s)
-        self.reservations[uid] = r
+        self._reserve(uid, r)
         return r
 
     def preempt(self, pod: Mapping[str, Any], proposed: Sequence[str]) -> dict[str, list[str]]:
@@ -231,11 +337,22 @@ class PlacementService:
                 continue
             chosen = victims(name, priority, demands, view.units,
                              self.placed_on(name, uid), policy)
-            if chosen is not None:
+            if chosen:  # an empty list would fail the scheduler's whole preemption
                 out[name] = [p.uid for p in chosen]
         return out
 
 
-def _neg(name: str) -> tuple[int, ...]:
-    """Sorts names backwards, so that of equal scores the first name wins a max()."""
-    return tuple(-ord(c) for c in name)
+def fullness(view: NodeView, used: Mapping[str, UnitUsage]) -> float:
+    """How full a node is: the memory budgeted on its shared units and the memory of its
+    held whole instances, over all its units' memory (0 to 1)."""
+    total = filled = 0
+    for u in view.units:
+        total += u.memory_mib
+        got = used.get(u.uuid)
+        if got is None:
+            continue
+        if u.shared:
+            filled += min(u.memory_mib, got.memory_mib)
+        elif not got.free:
+            filled += u.memory_mib
+    return filled / total if total else 0.0
