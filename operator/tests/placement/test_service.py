@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from tessera.api.names import ANNOTATION_BUDGET, ANNOTATION_PLACEMENT, GPU_POD, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import (
+    ANNOTATION_BUDGET,
+    ANNOTATION_PLACEMENT,
+    GPU_POD,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
+)
 from tessera.placement import record as record_
 from tessera_e2e.operator.api_nodes import gpu_node
 from tessera_operator.placement.cache import PlacementCache, node_view, pod_view
