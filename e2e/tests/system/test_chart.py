@@ -22,6 +22,7 @@ from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.controlplane.pins import RELEASES, load_pins
 from tessera_node.settings import DEFAULTS as DAEMON_DEFAULTS
+from tessera_operator.placement import config as placement_config
 from tessera_operator.webhooks import config as webhook_config
 from tessera_operator.webhooks.config import ClientConfig
 
@@ -38,8 +39,14 @@ def test_the_network_policy_is_optional_and_lists_the_api_server() -> None:
     assert policy["metadata"]["namespace"] == "ts"
     webhook, health = policy["spec"]["ingress"]
     assert webhook["ports"] == [{"port": 9443, "protocol": "TCP"}]
-    assert webhook["from"] == [{"ipBlock": {"cidr": "10.1.0.0/24"}},
-                               {"ipBlock": {"cidr": "192.168.7.4/32"}}]
+    # the API server; tessera-scheduler calling the extender; a replica forwarding to the
+    # leader
+    assert webhook["from"] == [
+        {"ipBlock": {"cidr": "10.1.0.0/24"}}, {"ipBlock": {"cidr": "192.168.7.4/32"}},
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tessera",
+                                         "app.kubernetes.io/component": "scheduler"}}},
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tessera",
+                                         "app.kubernetes.io/component": "operator"}}}]
     assert health == {"ports": [{"port": 8080, "protocol": "TCP"}]}
 
 
@@ -372,3 +379,34 @@ def test_with_cert_manager_an_issuer_of_ones_own(helm_binary: Path) -> None:
     assert [(d["kind"], d["metadata"]["name"]) for d in cm] == [("Certificate", "tessera-webhook")]
     assert cm[0]["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
 
+
+
+def test_tessera_scheduler_calls_the_extender_as_the_operator_renders_it(
+        helm_binary: Path) -> None:
+    """The chart's scheduler configuration is the one tessera_operator.placement.config
+    renders (the service URL and the mounted CA file aside), and the scheduler mounts that
+    CA from the webhook serving Secret."""
+    docs = helm.template(helm_binary, "ts", None, "--kube-version", "v1.37.2")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap"
+              and d["metadata"]["name"] == "tessera-scheduler")
+    conf = yaml.safe_load(cm["data"]["config.yaml"])
+    want = placement_config.scheduler_configuration(
+        "https://tessera-webhook.ts.svc:443", ca_file="/etc/tessera/webhook-ca/ca.crt",
+        leader_elect=True)
+    want["leaderElection"]["resourceNamespace"] = "ts"
+    assert conf == want
+    deploy = next(d for d in docs if d["kind"] == "Deployment"
+                  and d["metadata"]["name"] == "tessera-scheduler")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.37.2"
+    ca = next(v for v in pod["volumes"] if v["name"] == "webhook-ca")
+    assert ca["secret"]["secretName"] == "tessera-webhook-tls"
+    operator = next(d for d in docs if d["kind"] == "Deployment"
+                    and d["metadata"]["name"] == "tessera-operator")
+    assert "--scheduler-name=tessera-scheduler" in operator["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    off = helm.template(helm_binary, "ts", {"placement": {"enabled": False}})
+    assert not any(d["metadata"]["name"] == "tessera-scheduler" for d in off)
+    operator = next(d for d in off if d["kind"] == "Deployment")
+    assert not any(a.startswith("--scheduler-name") for a in operator["spec"]["template"][
+        "spec"]["containers"][0]["args"])
