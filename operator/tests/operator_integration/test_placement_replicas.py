@@ -1,0 +1,114 @@
+"""The placement service with two replicas against the real API server and a real
+kube-scheduler (tessera-scheduler): GPU nodes are API objects with tessera's inventory (no
+kubelet), so pods are bound and stay Pending.
+
+A burst of pods, each of which one unit alone can hold, placed while the Lease holder is
+killed: the other replica takes over from the pods' records, and no unit ever holds two.
+Calls reach both replicas through the Service port; the one that does not lead forwards.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.api.names import ANNOTATION_PLACEMENT, SCHEDULER_NAME, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera_e2e.operator.api_nodes import ApiGPUNodes
+from tessera_e2e.operator.scheduler import TesseraScheduler
+
+from .conftest import Operators
+from .harness import kubectl_json, wait_until
+from .test_quota_admission import quota, setup_ns
+
+pytestmark = pytest.mark.integration
+
+UNIT_MIB = 10194
+NODES, GPUS = 3, 4
+
+
+@pytest.fixture
+def scheduler(cluster: Any, ops: Operators, tmp_path: Path) -> Iterator[TesseraScheduler]:
+    sched = TesseraScheduler(cluster.bin_dir, cluster.kubeconfig, ops, tmp_path).start()
+    yield sched
+    sched.stop()
+
+
+@pytest.fixture
+def gpu_nodes(cluster: Any) -> Iterator[ApiGPUNodes]:
+    with ApiGPUNodes(str(cluster.kubeconfig), NODES, GPUS, prefix="place-",
+                     memory_mib=UNIT_MIB) as nodes:
+        yield nodes
+
+
+def gpu_pod(ns: str, name: str, mem: int) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": name, "namespace": ns},
+                       "spec": {"schedulerName": SCHEDULER_NAME,
+                                "terminationGracePeriodSeconds": 0,
+                                "containers": [{"name": "main", "image": "busybox",
+                                                "resources": {"limits": {
+                                                    VGPU: "1", VGPU_MEMORY: str(mem),
+                                                    VGPU_CORES: "10"}}}]}})
+
+
+def _forwarded(ops: Operators) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for rep in ops.replicas.values()
+               for line in rep.metrics().splitlines()
+               if line.startswith('tessera_placement_forwarded_total{outcome="ok"}'))
+
+
+def test_a_burst_with_the_leader_killed_never_puts_two_pods_on_one_unit(
+        cluster: Any, namespace: str, ops: Operators, scheduler: TesseraScheduler,
+        gpu_nodes: ApiGPUNodes) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"cores": 1000, "memory": "400Gi"}))
+    units = NODES * GPUS
+    names = [f"p{i:02d}" for i in range(units + 2)]  # two more than fit
+    for i, name in enumerate(names):
+        out = cluster.kubectl("create", "-f", "-", input=gpu_pod(ns, name, 6000))
+        assert out.returncode == 0, out.stderr
+        if i == units // 2:
+            ops.leader().kill()
+    try:
+        def bound() -> dict[str, Any] | None:
+            pods = kubectl_json(cluster, "get", "pods", "-n", ns)["items"]
+            done = {p["metadata"]["name"]: p for p in pods if p["spec"].get("nodeName")}
+            return done if len(done) == units else None
+        placed = wait_until("every unit's pod bound", bound, 120)
+    finally:
+        ops.ensure_running()
+    held = []
+    for p in placed.values():
+        rec = json.loads(p["metadata"]["annotations"][ANNOTATION_PLACEMENT])
+        assert rec["node"] == p["spec"]["nodeName"]
+        held += rec["containers"]["main"][VGPU]
+    assert len(held) == units and len(set(held)) == units, held
+    time.sleep(3)
+    pods = kubectl_json(cluster, "get", "pods", "-n", ns)["items"]
+    left = [p for p in pods if not p["spec"].get("nodeName")]
+    assert len(left) == 2, [p["metadata"]["name"] for p in left]
+    events = kubectl_json(cluster, "get", "events", "-n", ns, "--field-selector",
+                          f"involvedObject.name={left[0]['metadata']['name']},"
+                          "reason=FailedScheduling")["items"]
+    assert any(f"largest free unit {UNIT_MIB - 6000} MiB < 6000 MiB" in e["message"]
+               for e in events), [e["message"] for e in events]
+
+
+def test_the_replica_that_does_not_lead_forwards_to_the_one_that_does(
+        cluster: Any, namespace: str, ops: Operators, scheduler: TesseraScheduler,
+        gpu_nodes: ApiGPUNodes) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"cores": 1000, "memory": "400Gi"}))
+    before = _forwarded(ops)
+    for i in range(6):
+        out = cluster.kubectl("create", "-f", "-", input=gpu_pod(ns, f"f{i}", 1000))
+        assert out.returncode == 0, out.stderr
+    wait_until("six pods bound", lambda: len([
+        p for p in kubectl_json(cluster, "get", "pods", "-n", ns)["items"]
+        if p["spec"].get("nodeName")]) == 6, 60)
+    assert _forwarded(ops) > before
