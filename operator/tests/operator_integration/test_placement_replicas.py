@@ -112,3 +112,60 @@ def test_the_replica_that_does_not_lead_forwards_to_the_one_that_does(
         p for p in kubectl_json(cluster, "get", "pods", "-n", ns)["items"]
         if p["spec"].get("nodeName")]) == 6, 60)
     assert _forwarded(ops) > before
+
+
+@pytest.fixture
+def high_priority(cluster: Any) -> Iterator[str]:
+    name = "tessera-test-high"
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": name}, "value": 1000}))
+    yield name
+    cluster.kubectl("delete", "priorityclass", name, "--ignore-not-found")
+
+
+def _with_priority(manifest: str, cls: str) -> str:
+    body = json.loads(manifest)
+    body["spec"]["priorityClassName"] = cls
+    return json.dumps(body)
+
+
+def _bound_pods(cluster: Any, ns: str) -> dict[str, Any]:
+    return {p["metadata"]["name"]: p for p in kubectl_json(cluster, "get", "pods", "-n", ns)[
+        "items"] if p["spec"].get("nodeName")}
+
+
+@pytest.mark.parametrize("shares,low_mib,high_mib,path", [
+    # the Node's totals are full: kube-scheduler's preemption proposes the node and the
+    # extender's preempt verb names the victims
+    (1, 6000, 6000, "scheduler"),
+    # the totals hold the pod, no unit does: the scheduler finds no victim; the filter evicts
+    (10, 6000, 6000, "filter"),
+])
+def test_a_higher_priority_pod_preempts_exactly_the_pods_of_one_unit(
+        cluster: Any, namespace: str, ops: Operators, scheduler: TesseraScheduler,
+        high_priority: str, shares: int, low_mib: int, high_mib: int, path: str) -> None:
+    ns = namespace
+    setup_ns(cluster, ns, quota(ns, hard={"cores": 1000, "memory": "400Gi"}))
+    with ApiGPUNodes(str(cluster.kubeconfig), 1, 2, prefix=f"pre-{path}-", shares=shares,
+                     memory_mib=UNIT_MIB):
+        for i in range(2):
+            out = cluster.kubectl("create", "-f", "-", input=gpu_pod(ns, f"low{i}", low_mib))
+            assert out.returncode == 0, out.stderr
+        wait_until("both low pods bound", lambda: len(_bound_pods(cluster, ns)) == 2, 60)
+        out = cluster.kubectl("create", "-f", "-", input=_with_priority(
+            gpu_pod(ns, "high", high_mib), high_priority))
+        assert out.returncode == 0, out.stderr
+        bound = wait_until("the high-priority pod bound", lambda: (
+            b if "high" in (b := _bound_pods(cluster, ns)) else None), 90)
+        assert len(bound) == 2, sorted(bound)  # exactly one low pod went
+        lows = [n for n in bound if n.startswith("low")]
+        assert len(lows) == 1, sorted(bound)
+        high = json.loads(bound["high"]["metadata"]["annotations"][ANNOTATION_PLACEMENT])
+        low = json.loads(bound[lows[0]]["metadata"]["annotations"][ANNOTATION_PLACEMENT])
+        assert high["containers"]["main"][VGPU] != low["containers"]["main"][VGPU]
+        if path == "filter":
+            events = kubectl_json(cluster, "get", "events", "-n", ns, "--field-selector",
+                                  "reason=Preempted")["items"]
+            assert any("preempted by" in e["message"] and f"{ns}/high" in e["message"]
+                       for e in events), [e["message"] for e in events]
