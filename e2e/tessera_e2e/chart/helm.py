@@ -37,6 +37,11 @@ def values_for_testbed(tag: str) -> dict[str, Any]:
             "deviceVisibility": "sim",
             "simNode": f"{GPU_DIR}/node.conf",
         },
+        # tessera-scheduler's pods would need the kube-scheduler image from a registry and
+        # cluster DNS (the extender's URL is the Service's name): the test bed has neither,
+        # so its placement tests run tessera-scheduler on the host, as the chart's
+        # ServiceAccount with the chart's configuration (tessera_e2e.operator.scheduler)
+        "placement": {"enabled": False},
     }
 
 

@@ -23,7 +23,7 @@ CHART = REPO / "charts" / "tessera"
 # Rendered here; the other templates (Deployment, DaemonSet, webhooks, hooks) need Helm
 # (tessera_e2e.chart.helm) and are installed by `helm install` in the chart tests.
 PERMISSION_TEMPLATES = ("budget-protection.yaml", "networkpolicy.yaml", "node-daemon-rbac.yaml",
-                        "node-restriction.yaml", "rbac.yaml")
+                        "node-restriction.yaml", "rbac.yaml", "scheduler-rbac.yaml")
 _ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.DOTALL)
 
 

@@ -391,9 +391,7 @@ def test_tessera_scheduler_calls_the_extender_as_the_operator_renders_it(
               and d["metadata"]["name"] == "tessera-scheduler")
     conf = yaml.safe_load(cm["data"]["config.yaml"])
     want = placement_config.scheduler_configuration(
-        "https://tessera-webhook.ts.svc:443", ca_file="/etc/tessera/webhook-ca/ca.crt",
-        leader_elect=True)
-    want["leaderElection"]["resourceNamespace"] = "ts"
+        "https://tessera-webhook.ts.svc:443", "ts", ca_file="/etc/tessera/webhook-ca/ca.crt")
     assert conf == want
     deploy = next(d for d in docs if d["kind"] == "Deployment"
                   and d["metadata"]["name"] == "tessera-scheduler")

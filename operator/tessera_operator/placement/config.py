@@ -54,16 +54,17 @@ def extender(url: str, ca_pem: bytes | None = None, ca_file: str | None = None
     }
 
 
-def scheduler_configuration(url: str, kubeconfig: str | None = None,
-                            ca_pem: bytes | None = None, ca_file: str | None = None,
-                            leader_elect: bool = False) -> dict[str, Any]:
-    """A whole ``KubeSchedulerConfiguration`` with one profile, ``tessera-scheduler``."""
+def scheduler_configuration(url: str, namespace: str, kubeconfig: str | None = None,
+                            ca_pem: bytes | None = None, ca_file: str | None = None
+                            ) -> dict[str, Any]:
+    """A whole ``KubeSchedulerConfiguration`` with one profile, ``tessera-scheduler``,
+    leader-elected on the Lease ``tessera-scheduler`` in ``namespace`` (tessera's)."""
     conf: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "leaderElection": {"leaderElect": leader_elect,
+        "leaderElection": {"leaderElect": True,
                            "resourceName": SCHEDULER_NAME,
-                           "resourceNamespace": "kube-system"},
+                           "resourceNamespace": namespace},
         "profiles": [{"schedulerName": SCHEDULER_NAME}],
         "extenders": [extender(url, ca_pem, ca_file)],
     }
