@@ -120,6 +120,9 @@ LIB_DIR = "lib"
 ALLOCATE_WAIT_S = 10.0
 """How long an Allocate that finds no candidate pod waits for the pod watch to show one (the
 kubelet may hear of a pod before the daemon does)."""
+PREFERRED_WAIT_S = 2.0
+"""How long a GetPreferredAllocation that finds no candidate without an allocation waits for
+the pod watch to show the pod the kubelet is admitting (its placement record, its budget)."""
 FORGET_PENDING_S = 300.0
 """A pending allocation the kubelet never shows as held is removed after this long."""
 PODRESOURCES_QPS = 20.0

@@ -29,7 +29,7 @@ PURE = frozenset({
     "cores.fairshare", "cores.ratelaw", "cores.tokenlaw",
     "deviceplugin.devices", "deviceplugin.allocation", "deviceplugin.matcher",
     "deviceplugin.fit", "deviceplugin.budgets", "deviceplugin.resize", "deviceplugin.pacing",
-    "deviceplugin.response",
+    "deviceplugin.response", "deviceplugin.placed", "deviceplugin.pending",
     "audit.logic",
     "node.content", "node.reports", "node.findings", "node.inventory", "node.patch",
     "node.coexistence",

@@ -129,24 +129,79 @@ def test_mig_instances_whole_then_shared_then_mig_disabled_again(
         assert gpu_line.split()[-2:] == ["2048", "2048"] and "MIG 1g.10gb" in gpu_line, logs
         assert "allocated 2000" in lines and "allocated 2100" not in lines, logs
         assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
+        bed.kubectl("delete", "pod", "-n", node_namespace, "shared")
+        burst_each_alone_on_an_instance(bed, node_namespace, total)
         overcommit_is_refused_with_an_event(bed, node_namespace)
     finally:
         bed.kubectl("delete", "gpupartition", "node0-mig", "--wait=false")
     bed.wait_partition_removed("node0-mig")
 
 
+BURST_REPETITIONS = 10
+
+
+def burst_each_alone_on_an_instance(bed: Bed, namespace: str, instance_mib: int) -> None:
+    """Issue 34's burst, without any scheduler extender: pods of 6000 MiB created at once
+    (one ``kubectl apply``) onto node-0's seven shared 1g.10gb instances (one H100 on the
+    test bed), one pod per instance, so the kubelet must use every instance: every pod runs
+    under its budget, each alone on its instance, none refused; ten times over."""
+    n = 7
+    times = []
+    for rep in range(BURST_REPETITIONS):
+        names = [f"burst-{rep}-{i}" for i in range(n)]
+        started = time.time()
+        out = bed.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [
+                gpu_pod(m, "cuda-info && cuda-alloc 5000 && sleep 3600", vgpu(6000))
+                for m in names]}))
+        assert out.returncode == 0, out.stderr
+
+        def all_allocated(names: list[str] = names) -> dict[str, str] | None:
+            items = {p["metadata"]["name"]: p["status"] for p in json.loads(bed.kubectl(
+                "get", "pods", "-n", namespace, "-o", "json").stdout)["items"]}
+            ended = {m: items[m] for m in names
+                     if items.get(m, {}).get("phase") in ("Succeeded", "Failed")}
+            assert not ended, {m: (st, bed.logs(namespace, m)) for m, st in ended.items()}
+            if any(items.get(m, {}).get("phase") != "Running" for m in names):
+                return None
+            logs = {m: bed.logs(namespace, m) for m in names}
+            return logs if all("allocated 5000" in x for x in logs.values()) else None
+
+        logs = wait_until(f"repetition {rep}: {n} pods allocated", all_allocated, 180, 1)
+        times.append(time.time() - started)
+        seen = {}
+        for m, text in logs.items():
+            gpu = next(x for x in text.splitlines() if x.startswith("0 ")).split()
+            assert gpu[-2:] == ["6000", "6000"] and "MIG 1g.10gb" in text, (m, text)
+            seen[m] = gpu[-3]
+        assert len(set(seen.values())) == n, seen  # each alone on its instance
+        refused = bed.kubectl("get", "events", "-n", namespace, "-o", "json",
+                              "--field-selector", "reason=GPUBudgetRefused")
+        assert json.loads(refused.stdout)["items"] == [], refused.stdout
+        bed.kubectl("delete", "pod", "-n", namespace, *names)
+    print(f"\n[figures] {n} pods of 6000 MiB at once onto {n} shared 1g.10gb instances of "
+          f"{instance_mib} MiB, {BURST_REPETITIONS} repetitions: all running, each alone, "
+          f"none refused; apply -> all allocated "
+          f"{', '.join(f'{t:.1f}' for t in times)} s")
+
+
 def overcommit_is_refused_with_an_event(bed: Bed, namespace: str) -> None:
     """Two pods of 6000 MiB each admitted onto one ~10 GiB instance while the daemon cannot
-    confirm them yet (both Allocates fit what is confirmed): once it can, one gets its
-    budget, the other a refused budget file (no GPU memory, the reason on stderr) and an
-    Event saying why. The scheduler cannot see this: the node has room for both."""
+    confirm them yet: once it can, one gets its budget, the other a refused budget file (no
+    GPU memory, the reason on stderr) and an Event saying why. The daemon counts its own
+    allocations not confirmed yet, so it would offer the second pod another instance; a
+    daemon restarted between the two has lost them (the first's budget is not known until
+    it is confirmed), offers the second the same instance, and both Allocates fit what is
+    confirmed. The scheduler cannot see this: the node has room for both."""
     d = bed.daemons["node-0"]
     d.podres.held.set()
     try:
-        for name in ("first", "second"):
-            bed.apply(namespace, gpu_pod(name, "cuda-alloc 5000", vgpu(6000)))
-        for name in ("first", "second"):
-            bed.wait_phase(namespace, name, {"Running", "Succeeded", "Failed"})
+        # their first GPU call after the daemon can confirm (within --budget-wait of it)
+        bed.apply(namespace, gpu_pod("first", "sleep 45; cuda-alloc 5000", vgpu(6000)))
+        bed.wait_phase(namespace, "first", {"Running", "Succeeded", "Failed"})
+        bed.restart_daemon("node-0")
+        bed.apply(namespace, gpu_pod("second", "sleep 15; cuda-alloc 5000", vgpu(6000)))
+        bed.wait_phase(namespace, "second", {"Running", "Succeeded", "Failed"})
     finally:
         d.podres.held.clear()
     outcome = {}

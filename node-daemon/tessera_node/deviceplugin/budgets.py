@@ -10,7 +10,7 @@ from tessera.api.budget import (
     PerShareBudget,
     parse_budget_annotation,
 )
-from tessera.api.names import ANNOTATION_BUDGET
+from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.formats import BudgetEntry
 
 INITIAL_RATE = 100_000.0
@@ -66,3 +66,14 @@ def entries(
 def memory_wanted(budget: PerShareBudget, whole: bool, unit_memory: int | None) -> int | None:
     """What the container's budget takes of each unit's memory: a whole instance all of it."""
     return unit_memory if whole else budget.memory_bytes
+
+
+def per_unit(annotations: Mapping[str, str], container: str, resource: str) -> int | None:
+    """The bytes a container's budget takes of each of its units: None for a whole MIG
+    instance (all of it), 0 when its budget cannot be read (it is refused at confirmation)."""
+    if resource != VGPU:
+        return None
+    try:
+        return container_budget(annotations, container).memory_bytes
+    except BudgetAnnotationError:
+        return 0

@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
-from tessera_node.deviceplugin import budgets, fit, resize
-from tessera_node.deviceplugin.allocation import Policy, decide, preferred
+from tessera_node.deviceplugin import budgets, fit, pending, placed, resize
+from tessera_node.deviceplugin.allocation import Policy, decide, preferred, roomy
 from tessera_node.deviceplugin.devices import (
     PluginDevice,
     Sharing,
     Unit,
     advertised,
-    unit_of,
 )
 from tessera_node.deviceplugin.matcher import (
     ENDED,
@@ -95,6 +94,8 @@ class Manager:
         self._refused: dict[str, str] = {}
         """Allocation key -> why its budget is refused now."""
         self._ready_cache: dict[str, list[tuple[str, int | None]]] | None = None
+        self._tentative: dict[str, pending.Tentative] = {}
+        """Allocations not confirmed yet -> the candidate each is tentatively for."""
 
     # -- what is advertised ------------------------------------------------------------
     def update(self, state: NodeState) -> None:
@@ -116,15 +117,25 @@ class Manager:
             if decision.error:
                 raise AllocateError(decision.error)
             matched = frozenset(self._matched.values())
-            cands = candidates(self.pods(), self.config.node, resource, len(device_ids),
-                               matched)
-            if not any(self._candidate_fits(p, c, resource, decision.units) is None
-                       for p, c in cands):
-                raise AllocateError(
-                    f"no pending pod on {self.config.node} asking for {len(device_ids)} "
-                    f"{resource} fits these devices"
-                )
+            pods = self.pods()
+            cands = candidates(pods, self.config.node, resource, len(device_ids), matched)
+            fits = [(p, c) for p, c in cands
+                    if self._candidate_fits(p, c, resource, decision.units) is None]
             key = allocation_key(resource, device_ids)
+            taken = pending.taken({k: t for k, t in self._tentative.items() if k != key})
+            nxt = pending.next_up(cands, taken)  # the pod the kubelet is admitting
+            why = None if nxt is None else placed.check(*nxt, resource, decision.units)
+            if not fits or (why and pending.next_up(fits, taken) is None):
+                raise AllocateError(why or (
+                    f"no pending pod on {self.config.node} asking for {len(device_ids)} "
+                    f"{resource} fits these devices"))
+            unconfirmed = pending.held(self._tentative, pods, self._unit_memory(), skip=key)
+            p, c = pending.owner(fits, taken, lambda p, c: self._candidate_fits(
+                p, c, resource, decision.units, unconfirmed) is None)
+            self._tentative[key] = pending.Tentative(
+                (ContainerRef(p.namespace, p.name, c),
+                 *(self._tentative[key].refs if key in self._tentative else ())),
+                decision.units, budgets.per_unit(p.annotations, c, resource))
             self._matched.pop(key, None)
             self._refused.pop(key, None)
             self._ready().pop(key, None)
@@ -139,7 +150,7 @@ class Manager:
     def _held(self, exclude: str | set[str] | None = None) -> dict[str, list[int]]:
         """Memory budgeted per unit by ready allocations (a whole instance: all of it),
         but those of ``exclude``."""
-        mem = {u.uuid: u.memory_bytes for u in self.state.units}
+        mem = self._unit_memory()
         skip = {exclude} if isinstance(exclude, str) else (exclude or set())
         held: dict[str, list[int]] = {}
         for key, entries in self._ready().items():
@@ -165,25 +176,35 @@ class Manager:
         return self._ready_cache
 
     def _candidate_fits(self, pod: PodView, container: str, resource: str,
-                        units: Sequence[str]) -> str | None:
-        """None when a candidate container's budget would fit these units, else why not."""
+                        units: Sequence[str], more: Mapping[str, Sequence[int]] | None = None
+                        ) -> str | None:
+        """None when a candidate container may have these units (its placement record's, if
+        it has one) and its budget would fit them (beside ``more`` too), else why not."""
+        why = placed.check(pod, container, resource, units)
+        if why is not None:
+            return why
         try:
             b = budgets.container_budget(pod.annotations, container)
         except BudgetAnnotationError as exc:
             return str(exc)
-        return self._fits(b, resource, units)
+        return self._fits(b, resource, units, more=more)
+
+    def _unit_memory(self) -> dict[str, int | None]:
+        return {u.uuid: u.memory_bytes for u in self.state.units}
 
     def _fits(self, b: PerShareBudget, resource: str, units: Sequence[str],
-              exclude: str | None = None) -> str | None:
-        """None when the container's budget fits beside the ready ones, else why not."""
+              exclude: str | None = None, more: Mapping[str, Sequence[int]] | None = None
+              ) -> str | None:
+        """None when the container's budget fits beside the ready ones (and ``more``), else
+        why not."""
         whole = resource != VGPU
         if not whole and b.shares != len(units):
             return f"budget is for {b.shares} shares, the container got {len(units)}"
-        mem = {u.uuid: u.memory_bytes for u in self.state.units}
+        mem = self._unit_memory()
         want = [budgets.memory_wanted(b, whole, mem.get(u)) for u in units]
         if any(w is None for w in want):
             return "memory of a device is unknown"
-        held = self._held(exclude)
+        held = pending.merged(self._held(exclude), more or {})
         for u, w in zip(units, want, strict=True):
             why = fit.overcommit([u], w or 0, mem, held)
             if why:
@@ -222,6 +243,7 @@ class Manager:
                     why = "pod ended"
                 self._matched.pop(key, None)
                 self._refused.pop(key, None)
+                self._tentative.pop(key, None)
                 self.registry.drop(key)
                 self._ready().pop(key, None)
                 self.writer.remove(key)
@@ -229,6 +251,7 @@ class Manager:
 
     def _confirm(self, rec: AllocationRecord, ref: ContainerRef, pod: PodView | None) -> None:
         self._matched[rec.key] = ref
+        self._tentative.pop(rec.key, None)
         if pod is None:
             self._refuse(rec, ref, None, f"pod {ref.namespace}/{ref.pod} not found")
             return
@@ -238,7 +261,8 @@ class Manager:
         except BudgetAnnotationError as exc:
             self._refuse(rec, ref, pod, str(exc))
             return
-        why = self._fits(b, rec.resource, rec.units, exclude=rec.key)
+        why = (placed.check(pod, ref.container, rec.resource, rec.units)
+               or self._fits(b, rec.resource, rec.units, exclude=rec.key))
         if why is not None:
             self._refuse(rec, ref, pod, why)
             return
@@ -298,7 +322,7 @@ class Manager:
             placed = [resize.Placed(key, ref.container, records[key].units,
                                     tuple(self.writer.read(key).entries))
                       for key, ref in mine]
-            mem = {u.uuid: u.memory_bytes for u in self.state.units}
+            mem = self._unit_memory()
             elsewhere = self._held(exclude={key for key, _ in mine})
             outcome = resize.decide_pod(pod.annotations, placed, mem, elsewhere)
             if outcome is None or not outcome.applied:
@@ -316,37 +340,45 @@ class Manager:
     def commitments(self) -> str:
         """``tessera.dev/gpu-commitments``: per unit, its memory and the budgets held there."""
         with self._lock:
-            return resize.commitments({u.uuid: u.memory_bytes for u in self.state.units},
+            return resize.commitments(self._unit_memory(),
                                       self._held())
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]:
-        """GetPreferredAllocation: the policy's choice among the units whose unbudgeted
-        memory holds the smallest budget a pending pod asking for ``size`` shares has
-        (``pack`` alone would send a pod to the fullest GPU, where its Allocate fails
-        while another GPU has room); all units when too few of them do."""
+        """GetPreferredAllocation for the container the kubelet is allocating (the first
+        candidate without an allocation): its recorded units if tessera placed it, else the
+        policy's choice among the units whose memory not yet budgeted (confirmed,
+        allocated but not confirmed, or recorded for pods not allocated yet) holds its
+        budget; among all units when too few do."""
         with self._lock:
             gpu_of = {u.uuid: u.gpu_uuid for u in self.state.units}
-            if resource == VGPU:
-                need = self._smallest_need(resource, size)
-                if need is not None:
-                    mem = {u.uuid: u.memory_bytes for u in self.state.units}
-                    free = fit.free_memory({u: m for u, m in mem.items() if m is not None},
-                                           self._held())
-                    roomy = [d for d in available if free.get(unit_of(d), -1) >= need]
-                    if len({unit_of(d) for d in [*must_include, *roomy]}) >= size:
-                        available = roomy
-            return preferred(available, must_include, size, gpu_of, self.config.policy)
+            pods = self.pods()
+            cands = candidates(pods, self.config.node, resource, size,
+                               frozenset(self._matched.values()))
+            taken = pending.taken(self._tentative)
+            nxt = pending.next_up(cands, taken)
+            units = None if nxt is None else placed.recorded(nxt[0], nxt[1], resource)
+            if units is not None:
+                return placed.offer(units, available, must_include, size)
+            mem = self._unit_memory()
+            free = fit.free_memory(
+                {u: m for u, m in mem.items() if m is not None},
+                pending.merged(self._held(), pending.held(self._tentative, pods, mem),
+                               placed.reserved(pods, self.config.node, resource,
+                                               taken | frozenset(self._matched.values()),
+                                               mem)))
+            need = None if nxt is None else budgets.per_unit(nxt[0].annotations, nxt[1], resource)
+            if need:
+                available = roomy(available, must_include, size, free, need)
+            return preferred(available, must_include, size, gpu_of, self.config.policy, free)
 
-    def _smallest_need(self, resource: str, size: int) -> int | None:
-        needs = []
-        for p, c in candidates(self.pods(), self.config.node, resource, size,
-                               frozenset(self._matched.values())):
-            try:
-                needs.append(budgets.container_budget(p.annotations, c).memory_bytes)
-            except BudgetAnnotationError:
-                continue
-        return min(needs) if needs else None
+    def knows_next(self, resource: str, size: int) -> bool:
+        """Whether a candidate without an allocation asks for ``size`` of ``resource`` (the
+        pod watch has shown the pod the kubelet is admitting)."""
+        with self._lock:
+            cands = candidates(self.pods(), self.config.node, resource, size,
+                               frozenset(self._matched.values()))
+            return pending.next_up(cands, pending.taken(self._tentative)) is not None
 
     def confirmed(self) -> tuple[frozenset[ContainerRef], frozenset[ContainerRef]]:
         """(containers an allocation is confirmed for, those among them refused)."""

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.placement.record import PlacementRecord, PlacementRecordError, of_pod
+
 ENDED = ("Succeeded", "Failed")
 """Pod phases after which no container of the pod runs again."""
 
@@ -51,6 +53,13 @@ class PodView:
     """``metadata.creationTimestamp`` (RFC 3339, so it sorts as time)."""
     init: frozenset[str] = frozenset()
     """Which of the containers are init containers."""
+    placement: PlacementRecord | None = None
+    """``tessera.dev/placement``: the units tessera's scheduler placed the containers on."""
+    placement_error: str | None = None
+    """Why the pod's placement record cannot be read (then no unit is its: fail closed)."""
+    seen: int = 0
+    """When the pod watch first showed the pod bound here (its event number: the kubelet
+    hears of pods in the same order, and admits them in it)."""
 
 
 def _count(value: Any) -> int | None:
@@ -80,6 +89,10 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         cid = str(cs.get("containerID") or "").partition("://")[2]
         if cid:
             ids[cs["name"]] = cid
+    try:
+        placement, placement_error = of_pod(obj), None
+    except PlacementRecordError as exc:
+        placement, placement_error = None, str(exc)
     return PodView(
         uid=meta.get("uid", ""),
         namespace=meta.get("namespace", ""),
@@ -93,6 +106,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         container_ids=ids,
         created=str(meta.get("creationTimestamp") or ""),
         init=frozenset(c["name"] for c in spec.get("initContainers") or []),
+        placement=placement,
+        placement_error=placement_error,
     )
 
 
@@ -111,7 +126,7 @@ def candidates(
     matched: frozenset[ContainerRef] = frozenset(),
 ) -> list[tuple[PodView, str]]:
     """Containers that could be the one an Allocate of ``count`` devices of ``resource`` is
-    for, oldest name first (the order only makes the answer deterministic)."""
+    for, in the order the kubelet admits them (:func:`admission_order`)."""
     out = []
     for p in pods:
         if p.node_name != node or p.terminating or p.phase != "Pending":
@@ -122,7 +137,16 @@ def candidates(
             if ContainerRef(p.namespace, p.name, name) in matched:
                 continue
             out.append((p, name))
-    return sorted(out, key=lambda pc: (pc[0].namespace, pc[0].name, pc[1]))
+    return sorted(out, key=admission_order)
+
+
+def admission_order(pc: tuple[PodView, str]) -> tuple[int, str, str, str, int]:
+    """The kubelet admits pods in the order its pod watch shows them bound to its node (one
+    pod per watch event; a batch, as after a restart, by creation time) and allocates their
+    containers in the pod's order, init containers first. The daemon's watch of the same
+    pods sees the same order (``PodView.seen``); names break the remaining ties."""
+    p, c = pc
+    return (p.seen, p.created, p.namespace, p.name, list(p.limits).index(c))
 
 
 def allocation_key(resource: str, device_ids: Sequence[str]) -> str:

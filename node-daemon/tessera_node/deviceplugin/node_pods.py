@@ -8,6 +8,7 @@ missing from them counts as ended, so nothing is decided before the watch listed
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -41,6 +42,9 @@ class NodePods:
         self._cond = threading.Condition()
         self.version = 0
         """Bumped at every event (``wait_change``)."""
+        self._seen: dict[str, int] = {}
+        """Pod UID -> the event that first showed it (``PodView.seen``: the kubelet's order)."""
+        self._events = 0
 
     def listed(self) -> bool:
         """Whether the watch has listed the node's pods (before that, a pod not known yet
@@ -56,9 +60,14 @@ class NodePods:
             else:
                 self.objects[key_of(obj)] = obj
             views = []
+            self._events += 1
+            uids = {str((o.get("metadata") or {}).get("uid", "")) for o in self.objects.values()}
+            self._seen = {u: n for u, n in self._seen.items() if u in uids}
             for o in self.objects.values():
                 try:
-                    views.append(pod_view(o))
+                    view = pod_view(o)
+                    views.append(dataclasses.replace(
+                        view, seen=self._seen.setdefault(view.uid, self._events)))
                 except (KeyError, TypeError, ValueError) as exc:  # one odd pod, not all
                     log.warning("pod not understood", extra={"pod": "/".join(key_of(o)),
                                                              "error": str(exc)})

@@ -4,8 +4,9 @@ kubelet restarted (I/O; ``server`` speaks the protocol, ``manager`` decides).
 
 Each server asks a :class:`WaitingResource`: the resource manager's answer, with the calls
 the kubelet makes around an allocation kept apart from a PodResources ``List``
-(``listgate``), and an Allocate that finds no candidate pod waiting a little for the pod
-watch (the kubelet may hear of a pod before the daemon does).
+(``listgate``), and an Allocate that finds no candidate pod, or a GetPreferredAllocation
+that finds none without an allocation, waiting a little for the pod watch (the kubelet may
+hear of a pod before the daemon does).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tessera_node.deviceplugin.manager import Manager
 from tessera_node.deviceplugin.node_pods import NodePods
 from tessera_node.deviceplugin.response import ContainerResponse
 from tessera_node.deviceplugin.server import AllocateError, PluginServer, Resource
-from tessera_node.settings import ALLOCATE_WAIT_S
+from tessera_node.settings import ALLOCATE_WAIT_S, PREFERRED_WAIT_S
 
 log = logging.getLogger("tessera_node.deviceplugin")
 
@@ -44,6 +45,12 @@ class WaitingResource:
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int
                   ) -> list[str]:
+        deadline = time.monotonic() + PREFERRED_WAIT_S
+        while time.monotonic() < deadline:  # the pod being admitted: not in the watch yet?
+            seen = self.pods.version
+            if self.manager().knows_next(self.name, size):
+                break
+            self.pods.wait_change(seen, deadline - time.monotonic())
         with self.gate.answering(then_allocate=True):
             return self.manager().resource(self.name).preferred(available, must_include,
                                                                  size)
