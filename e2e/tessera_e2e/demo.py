@@ -22,10 +22,13 @@ import yaml
 
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.nodes.node import GPUs, NodeGPUs, node_gpus
 from tessera_e2e.paths import REPO as REPO_ROOT
 
-DEMO_GPUS = (("H100-80GB", "H100-80GB"), ("A100-40GB",))
-"""The demo's nodes' simulated GPUs: node-0, node-1."""
+DEMO_GPUS: tuple[GPUs, ...] = (NodeGPUs(("H100-80GB", "H100-80GB"), nvlink="0-1"),
+                               ("A100-40GB",))
+"""The demo's nodes' simulated GPUs: node-0 (two H100s joined by NVLink, both on NUMA node
+0), node-1."""
 NODE_LABELS = {"node-0": {"node-role.example.com/inference": "true"},
                "node-1": {"node-pool.example.com/name": "experiments"}}
 """What the example partitions select (examples/h100-inference-pool.yaml: seven shared
@@ -128,7 +131,7 @@ class Story:
 
 def step_cluster(s: Story) -> None:
     nodes = ", ".join(f"{n.name} ({len(g)}x {g[0]})" for n, g in zip(
-        s.cluster.nodes, DEMO_GPUS, strict=False))
+        s.cluster.nodes, (node_gpus(d).models for d in DEMO_GPUS), strict=False))
     s.say(f"1. Control plane and two real nodes (kubelet, containerd) ready in "
           f"{time.monotonic() - s.started:.0f}s: {nodes}")
     s.show("get", "nodes", "-o", "wide")  # the Kubernetes and containerd versions

@@ -41,8 +41,13 @@ async def run(opts: Options) -> None:
     changed = asyncio.Event()  # what the Node should say may have changed: reconcile
     own = OwnNode(kube, opts.node_name, health, changed.set)
     registry = ContainerRegistry()  # the containers tessera set up here (audit, core control)
+    loop = asyncio.get_running_loop()
+
+    def withdrawn() -> None:  # the enactor's thread: the inventory is to leave them out
+        loop.call_soon_threadsafe(changed.set)
+
     plugin = (DevicePlugin(kube, opts, health, own.current, registry,
-                           on_commitments=changed.set)
+                           on_commitments=changed.set, on_withdrawn=withdrawn)
               if opts.device_plugin else None)
     holders: DeviceHolders = plugin.held if plugin is not None else NoHolders()
     enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), holders,
@@ -74,7 +79,6 @@ async def run(opts: Options) -> None:
         health.track(name, task)
         tasks.append(task)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:

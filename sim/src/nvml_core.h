@@ -11,6 +11,7 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "migtable.h"
@@ -132,6 +133,22 @@ static inline nvmlReturn_t copy_out(char *dst, unsigned len, const char *src)
         return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(dst, src, strlen(src) + 1);
     return NVML_SUCCESS;
+}
+
+/* A GPU's PCI information as nvmlDeviceGetPciInfo_v3 reports it (sub-system ID included). */
+static inline void fill_pci(const struct sim_gpu *g, nvmlPciInfo_t *pci)
+{
+    memset(pci, 0, sizeof *pci);
+    unsigned dom = 0, bus = 0, dev = 0;
+    if (sscanf(g->pci_bus_id, "%x:%x:%x", &dom, &bus, &dev) != 3)
+        dom = bus = dev = 0;
+    sim_copy_str(pci->busId, sizeof pci->busId, g->pci_bus_id);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", dom & 0xffff, bus & 0xff, dev & 0xff);
+    pci->domain = dom;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = (g->pci_device_id & 0xffff0000u) | 0x10de;
 }
 
 /* The profile of GPU instance slot gi of a GPU, and the GPU's MIG table. */

@@ -111,17 +111,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci)
     CHECK_DEV(d);
     if (!pci)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct sim_gpu *g = &S()->gpu[d->gpu];
-    memset(pci, 0, sizeof *pci);
-    unsigned dom = 0, bus = 0, dev = 0;
-    sscanf(g->pci_bus_id, "%x:%x:%x", &dom, &bus, &dev);
-    sim_copy_str(pci->busId, sizeof pci->busId, g->pci_bus_id);
-    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", dom & 0xffff, bus, dev);
-    pci->domain = dom;
-    pci->bus = bus;
-    pci->device = dev;
-    pci->pciDeviceId = g->pci_device_id;
-    pci->pciSubSystemId = (g->pci_device_id & 0xffff0000u) | 0x10de;
+    fill_pci(&S()->gpu[d->gpu], pci);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }

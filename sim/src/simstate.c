@@ -92,6 +92,51 @@ static int parse_u64(const char *v, uint64_t *out)
     return 0;
 }
 
+/* `nvlink=1,1,3`: the GPU index at the other end of links 0, 1, 2 (empty: no link). */
+static int parse_nvlinks(struct sim_gpu *gpu, char *val)
+{
+    int link = 0;
+    char *save = NULL;
+    for (int l = 0; l < SIM_NVLINKS; l++)
+        gpu->nvlink[l] = -1;
+    for (char *item = strtok_r(val, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        uint64_t peer = 0;
+        if (link >= SIM_NVLINKS || parse_u64(trim(item), &peer) || peer >= SIM_MAX_GPUS)
+            return -1;
+        gpu->nvlink[link++] = (int32_t)peer;
+    }
+    return 0;
+}
+
+/* Every link's far end is another GPU of the node, and each pair has as many links seen
+ * from either end. */
+static int check_nvlinks(const struct sim_state *st, const char *path)
+{
+    for (uint32_t i = 0; i < st->ngpus; i++) {
+        for (int l = 0; l < SIM_NVLINKS; l++) {
+            int32_t peer = st->gpu[i].nvlink[l];
+            if (peer < 0)
+                continue;
+            if ((uint32_t)peer >= st->ngpus || (uint32_t)peer == i) {
+                set_error("%s: gpu %u: nvlink %d leads to gpu %d, not another GPU of the node",
+                          path, i, l, peer);
+                return -1;
+            }
+            int here = 0, there = 0;
+            for (int k = 0; k < SIM_NVLINKS; k++) {
+                here += st->gpu[i].nvlink[k] == peer;
+                there += st->gpu[peer].nvlink[k] == (int32_t)i;
+            }
+            if (here != there) {
+                set_error("%s: gpu %u has %d nvlinks to gpu %d, which has %d back", path, i,
+                          here, peer, there);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 static int parse_node(struct sim_state *st, char *text, const char *path)
 {
     int lineno = 0;
@@ -119,6 +164,8 @@ static int parse_node(struct sim_state *st, char *text, const char *path)
             }
             gpu = &st->gpu[st->ngpus++];
             gpu->mig_table = -1;
+            for (int l = 0; l < SIM_NVLINKS; l++)
+                gpu->nvlink[l] = -1;
             continue;
         }
         char *eq = strchr(s, '=');
@@ -167,6 +214,10 @@ static int parse_node(struct sim_state *st, char *text, const char *path)
                 bad = sscanf(val, "%d.%d", &gpu->cc_major, &gpu->cc_minor) != 2;
             else if (strcmp(key, "mig_mode") == 0)
                 bad = parse_u64(val, &n) || n > 1 || ((gpu->mig_current = gpu->mig_pending = (int32_t)n), 0);
+            else if (strcmp(key, "numa_node") == 0)
+                bad = parse_u64(val, &n) || n > 1023 || ((gpu->numa_node = (int32_t)n), 0);
+            else if (strcmp(key, "nvlink") == 0)
+                bad = parse_nvlinks(gpu, val);
             else if (strcmp(key, "mig_mode_change") == 0) {
                 if (strcmp(val, "reset") == 0)
                     gpu->mig_needs_reset = 1;
@@ -208,7 +259,7 @@ static int parse_node(struct sim_state *st, char *text, const char *path)
         if (g->mig_table < 0)
             g->mig_current = g->mig_pending = 0;
     }
-    return 0;
+    return check_nvlinks(st, path);
 }
 
 static char *read_file(const char *path, size_t *len)

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIM_MAGIC 0x7e55e7a51a000004ULL
+#define SIM_MAGIC 0x7e55e7a51a000005ULL
 #define SIM_MAX_GPUS 8
 #define SIM_MAX_GIS 8               /* GPU instance slots per GPU */
 #define SIM_MAX_CIS 8               /* compute instance slots per GPU instance */
@@ -24,6 +24,7 @@
 #define SIM_BUSY_RING 2048
 #define SIM_MAX_FAULTS 32
 #define SIM_FN_NAME 64
+#define SIM_NVLINKS 18              /* NVLink links per GPU (NVML_NVLINK_MAX_LINKS) */
 #define MIB (1024ULL * 1024ULL)
 #define SIM_PROC_LOCK_BASE (1LL << 40) /* OFD lock byte of process slot i: base + i */
 
@@ -72,6 +73,8 @@ struct sim_gpu {
     int32_t mig_pending;
     int32_t mig_needs_reset;  /* mode change waits for a GPU reset (Ampere, passthrough VMs) */
     int32_t mig_table;        /* index of the MIG profile table, -1: not MIG capable */
+    int32_t numa_node;        /* host NUMA node the GPU is attached to */
+    int32_t nvlink[SIM_NVLINKS]; /* GPU index at the other end of each link, -1: inactive */
     struct sim_gi gi[SIM_MAX_GIS];
     struct sim_timeline tl[SIM_TARGETS];
 };

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ class Node:
 def make_node(tmp_path: Path) -> Callable[..., Node]:
     counter = iter(range(1000))
 
-    def make(*gpus: str, **kwargs: int | str) -> Node:
+    def make(*gpus: str, **kwargs: Any) -> Node:
         path = tmp_path / f"node{next(counter)}.conf"
         write_node(path, [GPUSpec.parse(g) for g in gpus], **kwargs)
         return Node(path)

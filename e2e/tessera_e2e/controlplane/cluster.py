@@ -36,7 +36,7 @@ from tessera_e2e.controlplane.processes import Component, RunDirectory, sweep_ki
 from tessera_e2e.nodes.config import CNI_BIN_DIR, RUNC
 from tessera_e2e.nodes.images import ensure_images
 from tessera_e2e.nodes.network import TestbedNetwork, delete_link
-from tessera_e2e.nodes.node import Node, NodeBinaries, sweep_node
+from tessera_e2e.nodes.node import GPUs, Node, NodeBinaries, sweep_node
 from tessera_e2e.paths import REPO
 
 HOST = "127.0.0.1"
@@ -122,14 +122,15 @@ class LocalCluster:
         containerd_bin: Path | None = None,
         extra_args: Mapping[str, list[str]] | None = None,
         report: Reporter = _report_to_stderr,
-        gpu_models: Sequence[tuple[str, ...]] = (),
+        gpu_models: Sequence[GPUs] = (),
     ) -> None:
         self.bin_dir = bin_dir
         self.layout = layout or default_layout()
         self.apiserver_port = apiserver_port
         self.controllers = controllers or nodes > 0
         self.node_count = nodes
-        self.gpu_models = tuple(gpu_models)  # each node's simulated GPUs (node.GPU_MODELS)
+        self.gpu_models = tuple(gpu_models)  # each node's simulated GPUs (node.GPU_MODELS,
+        # node.NodeGPUs for a topology)
         # Binaries come from the build cache even when runs live elsewhere (tests' layouts).
         self.containerd_bin = containerd_bin or containerd_product(default_layout()).bin_dir
         self.network: TestbedNetwork | None = None

@@ -33,7 +33,7 @@ from tessera_e2e.operator.replicas import (
 )
 from tessera_e2e.paths import REPO
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
-from tessera_sim.node import GPUSpec, write_node
+from tessera_sim.node import GPUSpec, Topology, write_node
 
 DAEMON_SA = yaml.safe_load((REPO / "charts/tessera/values.yaml").read_text())[
     "nodeDaemon"]["serviceAccount"]["name"]
@@ -81,10 +81,12 @@ def daemon_kubeconfig(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
 class SimNode:
     """One simulated GPU node (its own state file): ``SimNode(dir, "n1", ["H100-80GB"] * 8)``."""
 
-    def __init__(self, directory: Path, name: str, gpus: list[str]) -> None:
+    def __init__(self, directory: Path, name: str, gpus: list[str],
+                 topology: Topology | None = None) -> None:
+        """``topology``: NUMA nodes and NVLinks (none: all on NUMA node 0, no NVLink)."""
         directory.mkdir(parents=True, exist_ok=True)
         self.path = write_node(directory / f"{name}.conf", [GPUSpec.parse(g) for g in gpus],
-                               seed=name)
+                               topology, seed=name)
         self.env = {**os.environ, "TESSERA_SIM_NODE": str(self.path),
                     "LD_LIBRARY_PATH": f"{LIB_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
 
@@ -328,14 +330,15 @@ def node_json(kubectl: Kubectl, node: str) -> Any:
 
 def start_sim_daemon(kubectl: Kubectl, admin_kubeconfig: Path, directory: Path,
                      gpus: list[str], labels: dict[str, str] | None = None,
-                     extra: list[str] | None = None, name: str | None = None
-                     ) -> NodeDaemonProcess:
+                     extra: list[str] | None = None, name: str | None = None,
+                     topology: Topology | None = None) -> NodeDaemonProcess:
     """A running daemon on a fresh Node (``nd-<random>`` unless named) with its own
-    simulated GPUs, its pod-bound token and its logs in ``directory``."""
+    simulated GPUs (and their ``topology``), its pod-bound token and its logs in
+    ``directory``."""
     node = name or f"nd-{uuid.uuid4().hex[:8]}"
     create_node(kubectl, node, labels)
     kubeconfig = daemon_kubeconfig(kubectl, admin_kubeconfig, directory, node)
-    d = NodeDaemonProcess(node, SimNode(directory / "sim", node, gpus), kubeconfig,
+    d = NodeDaemonProcess(node, SimNode(directory / "sim", node, gpus, topology), kubeconfig,
                           directory, extra)
     try:
         return d.start()

@@ -56,9 +56,31 @@ from tessera_e2e.nodes.network import TestbedNetwork, run
 NODE_MOUNTS = ("run", "var/lib", "var/log")
 GPU_DIR = "/var/lib/tessera/gpu"
 START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeGPUs:
+    """One node's simulated GPUs with a topology: ``models`` (``MODEL[:mig]`` each) and, in
+    ``python -m tessera_sim node``'s forms, the NVLinks (``"0-1,2-3"``, ``"0-1:4"``,
+    ``"all"``; default none) and each GPU's NUMA node (``"0,0,1,1"``; default all 0).
+    A plain tuple of models is the same with no topology."""
+
+    models: tuple[str, ...]
+    nvlink: str = ""
+    numa: str = ""
+
+
+GPUs = tuple[str, ...] | NodeGPUs
+"""What ``LocalCluster(gpu_models=...)`` takes per node."""
+
+
+def node_gpus(spec: GPUs) -> NodeGPUs:
+    """A node's GPUs with their topology (none for a plain tuple of models)."""
+    return spec if isinstance(spec, NodeGPUs) else NodeGPUs(spec)
+
 # Each node's simulated GPUs, by node index (cycled): different models tell nodes apart.
-# LocalCluster(gpu_models=...) gives other nodes (the demo's).
-GPU_MODELS = (("H100-80GB",), ("A100-40GB",))
+# LocalCluster(gpu_models=...) gives other nodes (the demo's, or a test's NodeGPUs).
+GPU_MODELS: tuple[GPUs, ...] = (("H100-80GB",), ("A100-40GB",))
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,7 @@ class Node:
         pki: Pki,
         server: str,
         images: dict[str, Image],
-        gpu_models: Sequence[tuple[str, ...]] = (),
+        gpu_models: Sequence[GPUs] = (),
     ) -> None:
         self.index = index
         self.gpu_models = tuple(gpu_models) or GPU_MODELS
@@ -252,14 +274,14 @@ class Node:
         self._write_gpus()
 
     def _write_gpus(self) -> None:
-        from tessera_sim.node import GPUSpec, write_node
+        from tessera_sim.node import GPUSpec, Topology, write_node
 
         gpu = self.host_path(GPU_DIR)
         for part in ("lib", "bin", "py"):  # nvidia-smi runs py/ with lib/ beside it
             shutil.copytree(self.binaries.sim_build / part, gpu / part, symlinks=True)
-        models = self.gpu_models[self.index % len(self.gpu_models)]
-        write_node(gpu / "node.conf", [GPUSpec.parse(model) for model in models],
-                   seed=self.name)
+        gpus = node_gpus(self.gpu_models[self.index % len(self.gpu_models)])
+        write_node(gpu / "node.conf", [GPUSpec.parse(model) for model in gpus.models],
+                   Topology.parse(gpus.nvlink, gpus.numa, len(gpus.models)), seed=self.name)
 
     def _start_containerd(self) -> None:
         env = dict(os.environ)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +33,9 @@ LIBRARY = "libnvidia-ml.so.1"
 LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu",
                 "usr/lib", "lib64", "lib")
 """Where a driver root keeps NVML (distribution layouts, then the simulator's ``lib``)."""
+
+
+log = logging.getLogger("tessera_node")
 
 
 class DeviceError(Exception):
@@ -76,6 +81,15 @@ def _usage(p: Any) -> ProcessUsage:
                         None if used is None else int(used))
 
 
+def bus_key(bus_id: str) -> str:
+    """A PCI bus ID in one spelling (NVML writes the domain with 8 or 4 digits)."""
+    domain, _, rest = bus_id.strip().upper().partition(":")
+    try:
+        return f"{int(domain, 16):08X}:{rest}"
+    except ValueError:
+        return bus_id.strip().upper()
+
+
 def _mig_mode(value: int) -> MigMode:
     return "enabled" if value == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
 
@@ -89,6 +103,8 @@ class NvmlReader:
         self._started = False
         self._profiles: dict[str, tuple[ProfileInfo, ...]] = {}
         """NVML's profile table per GPU UUID (fixed for a GPU: read once)."""
+        self._unknowns: set[tuple[str, str]] = set()
+        """(GPU UUID, field) whose topology read failed and was logged."""
 
     def read(self) -> DeviceSnapshot:
         with self._lock:
@@ -159,7 +175,53 @@ class NvmlReader:
     def _read(self) -> DeviceSnapshot:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         count = pynvml.nvmlDeviceGetCount()
-        return DeviceSnapshot(tuple(self._gpu(i) for i in range(count)), driver)
+        gpus = [self._gpu(i) for i in range(count)]
+        by_bus = {bus_key(g.pci_bus_id): g.uuid for g in gpus}
+        linked = [self._nvlinks(g) for g in gpus]
+        return DeviceSnapshot(tuple(
+            dataclasses.replace(g, nvlink_peers=tuple(sorted(
+                {by_bus[b] for b in far if b in by_bus} - {g.uuid})))
+            for g, far in zip(gpus, linked, strict=True)), driver)
+
+    def _unknown(self, gpu: GPUState, what: str, exc: pynvml.NVMLError) -> None:
+        """A topology read failed: the field stays unknown; said once per GPU and field."""
+        if (gpu.uuid, what) not in self._unknowns:
+            self._unknowns.add((gpu.uuid, what))
+            log.warning("GPU topology unknown", extra={"gpu": gpu.index, "uuid": gpu.uuid,
+                                                       "field": what, "error": str(exc)})
+
+    def _numa_node(self, h: Any, gpu: GPUState) -> int | None:
+        """The NUMA node the GPU is attached to: NVML's memory affinity (node scope), as
+        ``nvidia-smi topo -m`` shows it (``nvmlDeviceGetNumaNodeId`` answers only where the
+        GPU is a NUMA node itself, Grace platforms)."""
+        try:
+            mask = pynvml.nvmlDeviceGetMemoryAffinity(h, 1, pynvml.NVML_AFFINITY_SCOPE_NODE)
+        except pynvml.NVMLError as exc:
+            self._unknown(gpu, "numaNode", exc)
+            return None
+        word = int(mask[0])
+        return (word & -word).bit_length() - 1 if word else None
+
+    def _nvlinks(self, gpu: GPUState) -> set[str]:
+        """The PCI bus IDs (:func:`bus_key`) at the far end of the GPU's active NVLinks; empty
+        for a GPU without NVLink, or when a read fails (said once)."""
+        far: set[str] = set()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                try:
+                    if (pynvml.nvmlDeviceGetNvLinkState(h, link)
+                            != pynvml.NVML_FEATURE_ENABLED):
+                        continue
+                except pynvml.NVMLError_NotSupported:
+                    return set()  # no NVLink on this GPU
+                except pynvml.NVMLError_InvalidArgument:
+                    break  # past its last link
+                far.add(bus_key(_text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)))
+        except pynvml.NVMLError as exc:
+            self._unknown(gpu, "nvlinkPeers", exc)
+            return set()
+        return far
 
     def _gpu(self, index: int) -> GPUState:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -183,13 +245,15 @@ class NvmlReader:
         if mode == "enabled":
             profiles = self._profile_table(h, uuid)
             instances = self._instances(h, profiles, by_gi)
-        return GPUState(
+        pci = pynvml.nvmlDeviceGetPciInfo(h)
+        gpu = GPUState(
             index=index, uuid=uuid, name=_text(pynvml.nvmlDeviceGetName(h)),
-            pci_device_id=int(pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId),
+            pci_device_id=int(pci.pciDeviceId),
             memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
             utilization_percent=util, mig_mode=mode, mig_pending=pending_mode,
             instances=instances, profiles=profiles, processes=by_gi.get(NO_ID, ()),
-            usage=tuple(_usage(p) for p in records))
+            usage=tuple(_usage(p) for p in records), pci_bus_id=_text(pci.busId))
+        return dataclasses.replace(gpu, numa_node=self._numa_node(h, gpu))
 
     def _processes(self, records: list[Any]) -> dict[int, tuple[str, ...]]:
         """Processes on the GPU by GPU-instance ID (:data:`NO_ID`: outside MIG instances)."""

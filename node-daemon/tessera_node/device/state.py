@@ -90,6 +90,13 @@ class GPUState:
     """Processes NVML shows on the GPU outside any MIG instance (``pid 4242 (python3)``)."""
     usage: tuple[ProcessUsage, ...] = ()
     """NVML's per-process records on this GPU and its MIG instances (the audit's input)."""
+    pci_bus_id: str = ""
+    """NVML's PCI bus ID (``00000000:17:00.0``)."""
+    numa_node: int | None = None
+    """The host NUMA node the GPU is attached to; None where NVML does not say."""
+    nvlink_peers: tuple[str, ...] = ()
+    """UUIDs of the node's GPUs at the far end of this GPU's active NVLinks (empty: none, or
+    NVML did not say)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ out whole and shared at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,6 +85,21 @@ def units(snapshot: DeviceSnapshot, unhealthy: frozenset[str] = frozenset()) -> 
     return out
 
 
+def offered_units(snapshot: DeviceSnapshot, withdrawn: Mapping[str, Collection[str]],
+                  readable: bool = True) -> list[Unit]:
+    """The units of a snapshot less what is withdrawn (GPU UUID -> devices; the GPU's own UUID
+    among them: all of it), every one unhealthy when NVML is not ``readable`` now (the
+    snapshot is the last one read): what the device plugin hands out."""
+    gone = {x for devs in withdrawn.values() for x in devs}
+    whole = {g for g, devs in withdrawn.items() if g in devs}
+    found = [u for u in units(snapshot) if u.uuid not in gone and u.gpu_uuid not in whole]
+    return found if readable else [_unhealthy(u) for u in found]
+
+
+def _unhealthy(u: Unit) -> Unit:
+    return Unit(u.uuid, u.gpu_uuid, u.gpu_index, u.profile, u.memory_bytes, healthy=False)
+
+
 def is_shared(unit: Unit, sharing: Mapping[str, Sharing]) -> bool:
     """Whole GPUs are always shared; a MIG instance as its GPU's partition says."""
     return unit.profile is None or sharing.get(unit.gpu_uuid, "Whole") == "Shares"
@@ -99,6 +114,33 @@ def unit_of(device_id: str) -> str:
     return device_id.split(SHARE_SEP, 1)[0]
 
 
+@dataclass(frozen=True)
+class Offer:
+    """How one unit is advertised: under which resource, as how many devices."""
+
+    unit: Unit
+    resource: str
+    """``tessera.dev/vgpu`` or ``tessera.dev/mig-<profile>``."""
+    shares: int
+    """``tessera.dev/vgpu`` devices (shares) on it; 0: one device, the unit whole."""
+
+
+def offers(all_units: list[Unit], shares_per_unit: int,
+           sharing: Mapping[str, Sharing]) -> list[Offer]:
+    """Each unit's one resource, by GPU index then UUID: what :func:`advertised` serves and
+    what the node's inventory publishes as its ``units`` (one decision for both)."""
+    if shares_per_unit < 1:
+        raise ValueError("shares per unit must be at least 1")
+    out: list[Offer] = []
+    for u in sorted(all_units, key=lambda u: (u.gpu_index, u.uuid)):
+        if is_shared(u, sharing):
+            out.append(Offer(u, VGPU, shares_per_unit))
+        else:
+            assert u.profile is not None
+            out.append(Offer(u, mig_resource_name(u.profile), 0))
+    return out
+
+
 def advertised(
     all_units: list[Unit],
     shares_per_unit: int,
@@ -109,22 +151,15 @@ def advertised(
     so is the resource of every profile in ``profiles`` (the profiles the node's layouts
     name), so a plugin keeps serving, with no devices, while its instances are being
     re-created."""
-    if shares_per_unit < 1:
-        raise ValueError("shares per unit must be at least 1")
     out: dict[str, list[PluginDevice]] = {VGPU: []}
     for p in sorted(profiles):
         out.setdefault(mig_resource_name(p), [])
-    for u in sorted(all_units, key=lambda u: (u.gpu_index, u.uuid)):
-        health = HEALTHY if u.healthy else UNHEALTHY
-        if is_shared(u, sharing):
-            out[VGPU].extend(
-                PluginDevice(share_id(u.uuid, k), u.uuid, health) for k in range(shares_per_unit)
-            )
-        else:
-            assert u.profile is not None
-            out.setdefault(mig_resource_name(u.profile), []).append(
-                PluginDevice(u.uuid, u.uuid, health)
-            )
+    for o in offers(all_units, shares_per_unit, sharing):
+        health = HEALTHY if o.unit.healthy else UNHEALTHY
+        uuid = o.unit.uuid
+        out.setdefault(o.resource, []).extend(
+            [PluginDevice(share_id(uuid, k), uuid, health) for k in range(o.shares)]
+            if o.shares else [PluginDevice(uuid, uuid, health)])
     return out
 
 

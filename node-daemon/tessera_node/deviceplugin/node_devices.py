@@ -14,15 +14,19 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tessera_node.device.state import DeviceSnapshot
-from tessera_node.deviceplugin.devices import Sharing, Unit, units
+from tessera_node.deviceplugin.devices import Sharing, offered_units
 from tessera_node.deviceplugin.manager import NodeState
 
 log = logging.getLogger("tessera_node.deviceplugin")
 
 
 class NodeDevices:
-    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_change: Callable[[], None] = lambda: None,
+                 on_withdrawn: Callable[[], None] = lambda: None) -> None:
+        """``on_change``: any change (the plugins serve it); ``on_withdrawn``: devices were
+        withdrawn (the Node's inventory leaves them out; called from the enactor's thread)."""
         self.on_change = on_change
+        self.on_withdrawn = on_withdrawn
         self._lock = threading.Lock()
         self._snapshot: DeviceSnapshot | None = None
         self._readable = False
@@ -53,13 +57,13 @@ class NodeDevices:
         with self._lock:
             if self._snapshot is None:
                 return NodeState(sharing=self._sharing, profiles=self._profiles)
-            gone = {x for devs in self._withdrawn.values() for x in devs}
-            whole = {g for g, devs in self._withdrawn.items() if g in devs}
-            found = [u for u in units(self._snapshot)
-                     if u.uuid not in gone and u.gpu_uuid not in whole]
-            if not self._readable:
-                found = [_unhealthy(u) for u in found]
+            found = offered_units(self._snapshot, self._withdrawn, self._readable)
             return NodeState(units=found, sharing=self._sharing, profiles=self._profiles)
+
+    def withdrawn(self) -> dict[str, frozenset[str]]:
+        """GPU UUID -> the devices withdrawn from it now (the inventory leaves them out too)."""
+        with self._lock:
+            return {g: frozenset(devs) for g, devs in self._withdrawn.items()}
 
     # -- the MIG enactor's Advertiser (a GPU's worker thread) ---------------------------------
 
@@ -67,13 +71,10 @@ class NodeDevices:
         with self._lock:
             self._withdrawn.setdefault(gpu_uuid, set()).update(devices)
         self.on_change()
+        self.on_withdrawn()
         log.info("devices withdrawn", extra={"gpu": gpu_uuid, "devices": list(devices)})
 
     def changed(self, gpu_uuid: str) -> None:
         with self._lock:
             self._withdrawn.pop(gpu_uuid, None)
         self.on_change()  # the daemon reads NVML next and calls update() with the new layout
-
-
-def _unhealthy(u: Unit) -> Unit:
-    return Unit(u.uuid, u.gpu_uuid, u.gpu_index, u.profile, u.memory_bytes, healthy=False)

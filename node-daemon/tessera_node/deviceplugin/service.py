@@ -59,7 +59,10 @@ REFUSED_REASON = "GPUBudgetRefused"
 class DevicePlugin:
     def __init__(self, kube: Kube, opts: Options, health: Health,
                  node: Callable[[], Obj | None], registry: ContainerRegistry,
-                 on_commitments: Callable[[], None] = lambda: None) -> None:
+                 on_commitments: Callable[[], None] = lambda: None,
+                 on_withdrawn: Callable[[], None] = lambda: None) -> None:
+        """``on_withdrawn``: the MIG enactor withdrew devices (called from its thread); the
+        Node's inventory is to leave them out."""
         self.kube = kube
         self.opts = opts
         self.node = node
@@ -70,7 +73,7 @@ class DevicePlugin:
         """``tessera.dev/gpu-commitments`` as last computed (the reconciler writes it on the
         Node; ``on_commitments`` is called when it changes)."""
         self.manager: Manager | None = None
-        self.devices = NodeDevices(self._publish)
+        self.devices = NodeDevices(self._publish, on_withdrawn)
         self.pods = NodePods(kube, opts.node_name, health, self._pods_changed)
         self.gate = AllocationGate()
         self.held = HeldDevices(opts, self.pods, self.gate, lambda: self.manager)

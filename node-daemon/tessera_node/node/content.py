@@ -10,8 +10,8 @@ the GPUs partitions own here and how they share them (for the device plugin).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ from tessera.api.inventory import (
 from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_NODE_FINDINGS, ANNOTATION_PARTITION_STATUS
 from tessera.api.partition import NodePartitionStatus, Sharing
 from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.devices import offered_units, offers
 from tessera_node.layout.desired import being_reset, misfits, partition_views, targets
 from tessera_node.layout.holders import Holders
 from tessera_node.layout.plan import GPUPlan, Outcome
@@ -33,7 +34,7 @@ from tessera_node.node import findings as findings_
 from tessera_node.node import reports
 from tessera_node.node.coexistence import detect
 from tessera_node.node.findings import Finding
-from tessera_node.node.inventory import node_gpus
+from tessera_node.node.inventory import node_gpus, unhealthy_units, with_units
 from tessera_node.node.patch import OWNED_LABELS
 
 
@@ -46,8 +47,9 @@ class NodeContent:
     findings: tuple[Finding, ...]
     new_findings: tuple[Finding, ...]
     plans: tuple[GPUPlan, ...]
-    sharing: dict[int, Sharing]
-    """GPU index -> how its partition hands out its MIG instances (Whole or Shares)."""
+    sharing: dict[str, Sharing]
+    """GPU UUID -> how its partition hands out its MIG instances (Whole or Shares): what the
+    device plugin is given, and what the inventory's ``units`` were computed with."""
     profiles: frozenset[str]
     """The MIG profiles the node's partitions want (each has a device plugin resource)."""
 
@@ -63,11 +65,23 @@ def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
         return {}  # rewritten whole from what the daemon knows
 
 
+@dataclass(frozen=True)
+class Advertising:
+    """What the node's device plugin advertises besides the GPUs and their sharing."""
+
+    shares_per_unit: int
+    withdrawn: Mapping[str, Collection[str]] = field(default_factory=dict)
+    """GPU UUID -> devices the MIG enactor withdrew (``NodeDevices.withdrawn``)."""
+
+
 def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]],
            snapshot: DeviceSnapshot | None, read_error: str | None,
            sockets: Iterable[str], socket_dir: str,
            outcome: Callable[[GPUPlan], Outcome | None], now: datetime,
-           holders: Holders | None = None, allow_reset: bool = True) -> NodeContent:
+           holders: Holders | None = None, allow_reset: bool = True,
+           advertising: Advertising | None = None) -> NodeContent:
+    """``advertising``: None when the daemon runs no device plugin (every GPU's ``units``
+    is then empty: nothing is advertised)."""
     meta = node.get("metadata") or {}
     have_labels: Mapping[str, str] = meta.get("labels") or {}
     have_annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -79,11 +93,13 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
         inventory = node_gpus(snapshot)
         gpus, found = inventory.gpus, list(inventory.findings)
         labels = node_labels(gpus)
-        annotations[ANNOTATION_GPUS] = to_annotation(gpus)
-    else:  # NVML unreadable: what was published stays (never an empty inventory by error)
+    else:  # NVML unreadable: what was published stays (never an empty inventory by error),
+        # its units unhealthy as the device plugin advertises them meanwhile
         gpus = from_node(node).gpus
         labels = {k: v for k, v in have_labels.items() if k in OWNED_LABELS}
-        if ANNOTATION_GPUS in have_annotations:
+        if any(u.healthy for g in gpus for u in g.units or ()):
+            annotations[ANNOTATION_GPUS] = to_annotation(unhealthy_units(gpus))
+        elif ANNOTATION_GPUS in have_annotations:
             annotations[ANNOTATION_GPUS] = have_annotations[ANNOTATION_GPUS]
     found += detect(node, sockets, socket_dir)
     inv = NodeInventory(name=str(meta.get("name", "")), labels={**have_labels, **labels},
@@ -104,7 +120,15 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
         annotations[ANNOTATION_NODE_FINDINGS] = findings_.to_annotation(found)
     fresh = findings_.new_findings(have_annotations.get(ANNOTATION_NODE_FINDINGS), found)
     spec_of = {v.name: v.spec for v in views}
-    sharing = {i: spec_of[p].sharing for p, gpus in owned.items() for i in gpus}
+    uuid_of = {g.index: g.uuid for g in snapshot.gpus} if snapshot is not None else {}
+    sharing = {uuid_of[i]: spec_of[p].sharing for p, on in owned.items() for i in on
+               if i in uuid_of}
+    if snapshot is not None:
+        offered = (offers(offered_units(snapshot, advertising.withdrawn),
+                          advertising.shares_per_unit, sharing)
+                   if advertising is not None else [])
+        annotations = {ANNOTATION_GPUS: to_annotation(with_units(gpus, offered)),
+                       **annotations}
     profiles = frozenset(n for gpus in owned.values() for t in gpus.values()
                          for n in t.profiles)
     return NodeContent(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),

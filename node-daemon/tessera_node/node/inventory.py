@@ -7,12 +7,14 @@ types, and checks the model table's MIG profiles against NVML's for each GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tessera.api.inventory import GPUInventory, MigInstance
+from tessera.api.inventory import AdvertisedUnit, GPUInventory, MigInstance
 from tessera.mig.catalog import profiles
 from tessera.models import GPUModel
 from tessera_node.device.state import DeviceSnapshot, GPUState, ProfileInfo, model_of
+from tessera_node.deviceplugin.devices import Offer
 from tessera_node.node.findings import Finding
 
 MAX_DIFFERENCES = 3
@@ -44,9 +46,33 @@ def node_gpus(snapshot: DeviceSnapshot) -> NodeGPUs:
             memory_mib=g.memory_total_bytes // (1 << 20),
             mig_mode=g.mig_mode if model.mig_capable else "unsupported",
             instances=tuple(MigInstance(profile=i.profile, start=i.start, uuid=i.uuid)
-                            for i in g.instances)))
+                            for i in g.instances),
+            numa_node=g.numa_node, pci_bus_id=g.pci_bus_id, nvlink_peers=g.nvlink_peers))
         findings.extend(profile_mismatches(g, model))
     return NodeGPUs(tuple(out), tuple(findings))
+
+
+def with_units(gpus: tuple[GPUInventory, ...], offered: Iterable[Offer]
+               ) -> tuple[GPUInventory, ...]:
+    """The GPUs with ``units``: what the device plugin advertises on each (``offered``: its
+    :func:`~tessera_node.deviceplugin.devices.offers`, in its order; a GPU it offers nothing
+    on gets none). A MIG unit's ``start`` is its instance's placement."""
+    starts = {i.uuid: i.start for g in gpus for i in g.instances if i.uuid}
+    by_gpu: dict[str, list[AdvertisedUnit]] = {}
+    for o in offered:
+        u = o.unit
+        by_gpu.setdefault(u.gpu_uuid, []).append(AdvertisedUnit(
+            uuid=u.uuid, resource=o.resource, memory_mib=(u.memory_bytes or 0) // (1 << 20),
+            shares=o.shares, healthy=u.healthy, profile=u.profile,
+            start=starts.get(u.uuid) if u.profile else None))
+    return tuple(g.model_copy(update={"units": tuple(by_gpu.get(g.uuid, ()))}) for g in gpus)
+
+
+def unhealthy_units(gpus: tuple[GPUInventory, ...]) -> tuple[GPUInventory, ...]:
+    """The GPUs with every unit unhealthy: how the device plugin advertises them while NVML
+    cannot be read."""
+    return tuple(g if not g.units else g.model_copy(update={"units": tuple(
+        u.model_copy(update={"healthy": False}) for u in g.units)}) for g in gpus)
 
 
 def profile_mismatches(gpu: GPUState, model: GPUModel) -> list[Finding]:

@@ -36,12 +36,13 @@ from tessera_node import metrics
 from tessera_node.device.nvml import DeviceError, GPUReader
 from tessera_node.device.sockets import device_plugin_sockets
 from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.devices import units
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.layout.enact import Enactor
 from tessera_node.layout.holders import DeviceHolders
 from tessera_node.layout.plan import Outcome
 from tessera_node.layout.queue import PlanQueue
-from tessera_node.node.content import node_content
+from tessera_node.node.content import Advertising, node_content
 from tessera_node.node.inventory import node_gpus
 from tessera_node.node.own_node import NODE_WATCH, OwnNode
 from tessera_node.node.patch import node_patch
@@ -60,7 +61,7 @@ def reported_state(snapshot: DeviceSnapshot | None) -> Any:
     only a change of this wakes the reconciler, not every byte of memory in use."""
     if snapshot is None:
         return None
-    return (node_gpus(snapshot), tuple(
+    return (node_gpus(snapshot), tuple(units(snapshot)), tuple(
         (g.mig_pending, g.processes, tuple((i.gi_id, i.size, bool(i.memory_used_bytes),
                                             i.processes) for i in g.instances))
         for g in snapshot.gpus))
@@ -202,10 +203,13 @@ class NodeReconciler:
             return  # nothing to write to, or not everything known yet
         refusal = self.work.enactor.refusal() or self.pods_error
         refused = Outcome("Pending", refusal) if refusal is not None else None
+        advertising = (Advertising(self.opts.shares_per_unit,
+                                   self.plugin.devices.withdrawn())
+                       if self.plugin is not None else None)
         w = node_content(node, self.partitions.values(), self.snapshot, self.read_error,
                    self.sockets, self.opts.device_plugin_dir,
                    lambda p: refused or self.work.outcome(p), datetime.now(UTC),
-                   self.holders, self.opts.allow_gpu_reset)
+                   self.holders, self.opts.allow_gpu_reset, advertising)
         # beside another MIG manager the reports fail and nothing is touched
         if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
             for p in w.plans:
@@ -217,10 +221,8 @@ class NodeReconciler:
                 self._logged.add(f.message)
                 log.warning("finding", extra={"kind": f.kind, "finding": f.message})
         if self.plugin is not None:
-            uuid_of = {g.index: g.uuid for g in self.snapshot.gpus} if self.snapshot else {}
             self.plugin.update(self.snapshot if self.read_error is None else None,
-                               {uuid_of[i]: s for i, s in w.sharing.items() if i in uuid_of},
-                               w.profiles)
+                               w.sharing, w.profiles)
         for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel"):
             metrics.FINDINGS.labels(kind).set(sum(f.kind == kind for f in w.findings))
         annotations = dict(w.annotations)

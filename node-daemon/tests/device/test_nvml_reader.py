@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tessera_sim import BUILD_DIR
-from tessera_sim.node import GPUSpec, write_node
+from tessera_sim.node import GPUSpec, Topology, write_node
 
 READ = """
 import json, sys
@@ -55,3 +55,53 @@ def test_a_failing_nvml_or_a_missing_library_is_an_error_that_says_so(tmp_path: 
     assert got == {"error": "NVML: Unknown Error"}
     got = read(node, driver_root=str(tmp_path))
     assert "no libnvidia-ml.so.1 below driver root" in str(got["error"])
+
+
+TOPOLOGY = """
+import json, logging, sys
+from tessera_node.device.nvml import NvmlReader
+logging.basicConfig(level=logging.WARNING, format="LOG %(message)s %(field)s")
+r = NvmlReader(sys.argv[1])
+for _ in range(2):  # a failing read is said once
+    s = r.read()
+print(json.dumps([[g.uuid, g.pci_bus_id, g.numa_node, list(g.nvlink_peers)] for g in s.gpus]))
+"""
+
+
+def read_topology(node: Path, **env: str) -> tuple[list[list[object]], str]:
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", TOPOLOGY, str(BUILD_DIR)], capture_output=True, text=True,
+        timeout=60, env={**os.environ, "TESSERA_SIM_NODE": str(node), **env,
+                         "PYTHONPATH": os.pathsep.join([str(root / "node-daemon"),
+                                                        str(root / "sim")])})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), out.stderr
+
+
+def test_reads_numa_nodes_bus_ids_and_nvlink_peers(tmp_path: Path) -> None:
+    node = write_node(tmp_path / "n.conf", [GPUSpec.parse("H100-80GB")] * 4 +
+                      [GPUSpec.parse("A100-40GB")],
+                      Topology.parse("0-1,2-3:4", "0,0,1,1,1", 5))
+    got, log = read_topology(node)
+    uuids = [g[0] for g in got]
+    assert [g[1:] for g in got] == [
+        ["00000000:17:00.0", 0, [uuids[1]]], ["00000000:27:00.0", 0, [uuids[0]]],
+        ["00000000:37:00.0", 1, [uuids[3]]], ["00000000:47:00.0", 1, [uuids[2]]],
+        ["00000000:57:00.0", 1, []]]
+    assert "LOG" not in log
+
+
+def test_a_failing_topology_read_leaves_the_field_unknown_and_is_said_once(
+        tmp_path: Path) -> None:
+    node = write_node(tmp_path / "n.conf", [GPUSpec.parse("H100-80GB")] * 2,
+                      Topology.parse("0-1", "1,1", 2))
+    got, log = read_topology(node, TESSERA_SIM_FAULTS="nvmlDeviceGetMemoryAffinity:-1:999,"
+                             "nvmlDeviceGetNvLinkRemotePciInfo_v2:1:999")
+    assert [g[2] for g in got] == [None, None]  # NUMA unknown on every read
+    # GPU 0's links failed on the first read only (printed: the second); each (GPU, field)
+    # said once over the two reads, and nothing else was lost
+    assert [g[3] for g in got] == [[got[1][0]], [got[0][0]]]
+    assert [g[1] for g in got] == ["00000000:17:00.0", "00000000:27:00.0"]
+    assert log.count("GPU topology unknown numaNode") == 2
+    assert log.count("GPU topology unknown nvlinkPeers") == 1
