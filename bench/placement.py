@@ -15,12 +15,10 @@ shows it bound (this process's clock). Goal: tessera's p99 <= 1.5x the default's
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,40 +54,27 @@ def pod(name: str, scheduler: str) -> dict[str, Any]:
 
 
 def phase(cluster: LocalCluster, ns: str, scheduler: str) -> dict[str, float]:
-    """Create PODS pods in ``ns`` for ``scheduler``; latencies create -> bound."""
+    """Create PODS pods in ``ns`` for ``scheduler``; latencies create -> bound (the pod
+    watch's event, this process's clock)."""
     created: dict[str, float] = {}
     bound: dict[str, float] = {}
-    done = threading.Event()
-    watch = subprocess.Popen(
-        [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", "pods",
-         "-n", ns, "--watch", "--output-watch-events", "-o", "json"],
-        stdout=subprocess.PIPE, text=True)
 
-    def follow() -> None:
-        assert watch.stdout is not None
-        buf = ""
-        depth = 0
-        for line in watch.stdout:
-            buf += line
-            depth += line.count("{") - line.count("}")
-            if depth == 0 and buf.strip():
-                ev = json.loads(buf)
-                buf = ""
-                obj = ev.get("object") or {}
+    async def run() -> float:
+        kube = Kube(load_credentials(str(cluster.kubeconfig)))
+        gate = asyncio.Semaphore(8)
+        all_bound = asyncio.Event()
+        ready = asyncio.Event()
+
+        async def watch() -> None:
+            async for typ, obj in kube.watch(path("", "v1", "pods", ns)):
+                if typ == "SYNC":
+                    ready.set()
+                    continue
                 name = obj["metadata"]["name"]
                 if (obj.get("spec") or {}).get("nodeName") and name not in bound:
                     bound[name] = time.monotonic()
                     if len(bound) == PODS:
-                        done.set()
-                        return
-
-    t = threading.Thread(target=follow, daemon=True)
-    t.start()
-    time.sleep(1)
-    start = time.monotonic()
-    async def create_all() -> None:
-        kube = Kube(load_credentials(str(cluster.kubeconfig)))
-        gate = asyncio.Semaphore(8)
+                        all_bound.set()
 
         async def create(i: int) -> None:
             name = f"p{i:04d}"
@@ -97,14 +82,20 @@ def phase(cluster: LocalCluster, ns: str, scheduler: str) -> dict[str, float]:
                 await kube.create(path("", "v1", "pods", ns), pod(name, scheduler))
             created[name] = time.monotonic()
 
+        watcher = asyncio.create_task(watch())
         try:
+            await asyncio.wait_for(ready.wait(), 30)
+            start = time.monotonic()
             await asyncio.gather(*(create(i) for i in range(PODS)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_bound.wait(), 600)
+            return start
         finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
             await kube.close()
 
-    asyncio.run(create_all())
-    done.wait(600)
-    watch.terminate()
+    start = asyncio.run(run())
     lat = [bound[n] - created[n] for n in created if n in bound]
     last = max(bound.values()) if bound else time.monotonic()
     return {"bound": len(bound), "pods_per_s": len(bound) / (last - start),

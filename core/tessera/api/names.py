@@ -80,6 +80,9 @@ ANNOTATION_GPU_UUIDS_EXCLUDE = f"{GROUP}/gpu-uuids-exclude"
 ANNOTATION_GPU_TOPOLOGY = f"{GROUP}/gpu-topology"
 """Set by the pod's user, for containers of several GPUs: ``prefer`` (default: GPUs joined by
 NVLink first, then on one NUMA node), ``nvlink`` (only GPUs all joined by NVLink), ``none``."""
+ANNOTATION_PLACEMENT_URL = f"{GROUP}/placement-url"
+"""On the operator's leader Lease: where the holder answers extender calls (the other
+replicas forward there)."""
 SCHEDULER_NAME = "tessera-scheduler"
 """The kube-scheduler profile (the chart's second scheduler) that calls tessera's extender;
 the pod webhook sets it on GPU pods when the chart says so."""

@@ -93,6 +93,8 @@ KEYS: tuple[Key, ...] = (
        "placement: GPUs the pod must not use"),
     _k(n.ANNOTATION_GPU_TOPOLOGY, "annotation", "Pod", {USER},
        "placement: prefer, nvlink or none, for containers of several GPUs"),
+    _k(n.ANNOTATION_PLACEMENT_URL, "annotation", "Lease", {OPERATOR},
+       "where the leader answers the scheduler extender (other replicas forward there)"),
     _k(n.LABEL_GPU_PRODUCT, "label", "Node", {NODE}, "GPU model ID (first GPU's)"),
     _k(n.LABEL_GPU_COUNT, "label", "Node", {NODE}, "number of GPUs"),
     _k(n.LABEL_MIG_CAPABLE, "label", "Node", {NODE}, "every GPU supports MIG"),

@@ -8,6 +8,7 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
+from tessera.api.names import ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY, SCHEDULER_NAME
 from tessera_operator.cli.errors import CLIError
 from tessera_operator.controller.settings import DEFAULTS as D
 from tessera_operator.webhooks.serving import EXTERNAL, GENERATE
@@ -39,7 +40,6 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError("--cert-check-interval must be positive")
     if args.shutdown_drain < 0:
         raise CLIError("--shutdown-drain must be 0 or more")
-    from tessera.api.names import ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY
     from tessera.placement.policy import PolicyError
     from tessera.placement.policy import parse as parse_policy
     try:
@@ -138,13 +138,13 @@ def register(subparsers: Any) -> None:
                    "checked for when another replica forwards to it (default: the Service's "
                    "DNS name in a pod)")
     r.add_argument("--placement-node-policy", default=D.placement_node_policy,
-                   help="binpack or spread over nodes (a pod's tessera.dev/node-policy wins)")
+                   help=f"binpack or spread over nodes (a pod's {ANNOTATION_NODE_POLICY} wins)")
     r.add_argument("--placement-gpu-policy", default=D.placement_gpu_policy,
                    help="binpack or spread over GPUs and MIG instances "
-                   "(a pod's tessera.dev/gpu-policy wins)")
+                   f"(a pod's {ANNOTATION_GPU_POLICY} wins)")
     r.add_argument("--scheduler-name", default=D.scheduler_name,
                    help="give GPU pods that name no scheduler this spec.schedulerName "
-                   "(the chart's tessera-scheduler); empty: leave them to the default")
+                   f"(the chart's {SCHEDULER_NAME}); empty: leave them to the default")
     r.set_defaults(handler=_run)
 
 

@@ -27,6 +27,7 @@ import kopf
 from tessera.api.names import (
     ANNOTATION_GPU_POLICY,
     ANNOTATION_NODE_POLICY,
+    ANNOTATION_PLACEMENT_URL,
     GPUPARTITIONS,
     GROUP,
     VERSION,
@@ -48,7 +49,7 @@ from tessera_operator.controller.seal import seal_key
 from tessera_operator.controller.settings import Options
 from tessera_operator.placement.cache import PlacementCache
 from tessera_operator.placement.eviction import evictor
-from tessera_operator.placement.extender import ANNOTATION_PLACEMENT_URL, LeaderLink, add_routes
+from tessera_operator.placement.extender import LeaderLink, add_routes
 from tessera_operator.placement.service import PlacementService
 from tessera_operator.webhooks import server
 from tessera_operator.webhooks.admission import Admission

@@ -23,15 +23,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tessera.api.names import PLACEMENT_PATH_PREFIX
+from tessera.api.names import ANNOTATION_PLACEMENT_URL, PLACEMENT_PATH_PREFIX
 from tessera.kube.client import ApiError, Kube, path
 from tessera_operator import metrics
 from tessera_operator.placement.service import PlacementService
 
 log = logging.getLogger("tessera.placement")
 
-ANNOTATION_PLACEMENT_URL = "tessera.dev/placement-url"
-"""On the leader Lease: where the holder answers extender calls (others forward there)."""
 VERBS = ("filter", "prioritize", "bind", "preempt")
 MAX_BODY = 8 << 20
 """Largest call read: a Pod and up to 5,000 node names (or a NodeList, without
