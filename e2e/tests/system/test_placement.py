@@ -3,8 +3,9 @@
 binds a GPU pod only where one GPU or MIG instance holds each container's budget, records
 the units in the Binding, and the device plugin gives the container exactly those.
 
-node-0's H100 is partitioned into seven shared ``1g.10gb`` instances (10,194 MiB each);
-node-1 has one A100-40GB, shared whole. The operator runs with ``--scheduler-name
+node-0's H100 is partitioned into seven shared ``1g.10gb`` instances (10,194 MiB each),
+node-1's A100-40GB into three shared ``2g.10gb``: ten units, each of which holds one 6,000
+MiB pod and no two. The operator runs with ``--scheduler-name
 tessera-scheduler``: the pod webhook hands every GPU pod to it.
 """
 
@@ -17,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from tessera.api.names import ANNOTATION_PLACEMENT, API_VERSION, SCHEDULER_NAME
+from tessera.api.names import (
+    ANNOTATION_GPU_MODELS_EXCLUDE,
+    ANNOTATION_GPU_POLICY,
+    ANNOTATION_GPUS,
+    ANNOTATION_PLACEMENT,
+    API_VERSION,
+    SCHEDULER_NAME,
+    VGPU,
+)
 from tessera.mig.catalog import profile
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu
@@ -27,6 +36,8 @@ from tessera_e2e.operator.scheduler import TesseraScheduler
 pytestmark = [pytest.mark.integration]
 
 UNIT_MIB = profile("H100-80GB", "1g.10gb").memory_mib
+PARTITIONS = (("node0-shared", "node-0", "1g.10gb", 7),   # one H100: 7 units of 10,194 MiB
+              ("node1-shared", "node-1", "2g.10gb", 3))   # one A100-40GB: 3 of ~9.6 GiB
 
 
 @pytest.fixture(scope="module")
@@ -39,21 +50,24 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         sched = TesseraScheduler(node_cluster.bin_dir, node_cluster.kubeconfig, b.operators,
                                  logdir).start()
         b.scheduler = sched  # type: ignore[attr-defined]
-        b.apply("default", {
-            "apiVersion": API_VERSION, "kind": "GPUPartition",
-            "metadata": {"name": "node0-shared"},
-            "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "node-0"}},
-                     "layout": {"profiles": [{"name": "1g.10gb", "count": 7}]},
-                     "sharing": "Shares", "deletionPolicy": "Reset"}})
+        for name, node, prof, count in PARTITIONS:
+            b.apply("default", {
+                "apiVersion": API_VERSION, "kind": "GPUPartition", "metadata": {"name": name},
+                "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+                         "layout": {"profiles": [{"name": prof, "count": count}]},
+                         "sharing": "Shares", "deletionPolicy": "Reset"}})
         try:
-            wait_until("node-0 advertising shares over seven 1g.10gb instances", lambda: (
-                units_of(b, "node-0") if len(units_of(b, "node-0")) == 7 * gpus(b, "node-0")
-                else None), 240, 1)
+            for _, node, prof, count in PARTITIONS:
+                wait_until(f"{node} advertising shares over {count} {prof} instances",
+                           lambda node=node, prof=prof, count=count: len(
+                               units_of(b, node, prof)) == count * gpus(b, node), 240, 1)
             yield b
         finally:
             sched.stop()
-            b.kubectl("delete", "gpupartition", "node0-shared", "--wait=false")
-            b.wait_partition_removed("node0-shared")
+            for name, _, _, _ in PARTITIONS:
+                b.kubectl("delete", "gpupartition", name, "--wait=false")
+            for name, node, _, _ in PARTITIONS:
+                b.wait_partition_removed(name, node)
 
 
 @pytest.fixture
@@ -65,16 +79,16 @@ def scheduler(bed: Bed[Any]) -> TesseraScheduler:
 def gpus(bed: Bed[Any], node: str) -> int:
     out = bed.kubectl("get", "node", node, "-o", "json")
     return len(json.loads(json.loads(out.stdout)["metadata"]["annotations"]
-                          .get("tessera.dev/gpus", "[]")))
+                          .get(ANNOTATION_GPUS, "[]")))
 
 
-def units_of(bed: Bed[Any], node: str) -> list[dict[str, Any]]:
-    """The vgpu units node publishes in its inventory."""
+def units_of(bed: Bed[Any], node: str, prof: str = "1g.10gb") -> list[dict[str, Any]]:
+    """The shared units of MIG profile ``prof`` that node publishes in its inventory."""
     out = bed.kubectl("get", "node", node, "-o", "json")
     inv = json.loads(json.loads(out.stdout)["metadata"]["annotations"].get(
-        "tessera.dev/gpus", "[]"))
+        ANNOTATION_GPUS, "[]"))
     return [u for g in inv for u in (g.get("units") or [])
-            if u["resource"] == "tessera.dev/vgpu" and u.get("profile") == "1g.10gb"]
+            if u["resource"] == VGPU and u.get("profile") == prof]
 
 
 def record(pod: dict[str, Any]) -> dict[str, Any]:
@@ -107,14 +121,16 @@ def test_a_pod_no_unit_holds_stays_pending_and_says_why(bed: Bed[Any],
 
 def test_ten_pods_at_once_each_alone_on_a_unit_in_every_repetition(
         bed: Bed[Any], node_namespace: str) -> None:
-    """Ten 6,000 MiB pods in one apply onto node-0's units (room for one each): all run
-    under their budgets, each on its own unit, none refused, ten times over."""
+    """Ten 6,000 MiB pods in one apply onto the ten units (room for one each, none to
+    spare): all run under their budgets, each on its own unit, none refused, ten times
+    over."""
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     names = [f"burst-{i}" for i in range(10)]
     for rep in range(10):
         started = time.monotonic()
-        items = [gpu_pod(n, "cuda-info && cuda-alloc 5900", vgpu(6000)) for n in names]
+        items = [gpu_pod(n, "cuda-info && cuda-alloc 5900", vgpu(6000), node=None)
+                 for n in names]
         out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": items}))
         assert out.returncode == 0, out.stderr
@@ -145,7 +161,7 @@ def test_binpack_fills_one_unit_spread_uses_two(bed: Bed[Any], node_namespace: s
     names = [f"{policy}-{i}" for i in range(2)]
     for n in names:
         pod = gpu_pod(n, "cuda-info", vgpu(2000))
-        pod["metadata"]["annotations"] = {"tessera.dev/gpu-policy": policy}
+        pod["metadata"]["annotations"] = {ANNOTATION_GPU_POLICY: policy}
         bed.apply(node_namespace, pod)
         bed.wait_phase(node_namespace, n, {"Succeeded", "Failed"}, 120)
     units = {next(iter(record(bed.pod(node_namespace, n))["containers"]["main"].values()))[0]
@@ -158,7 +174,7 @@ def test_model_exclusion_sends_the_pod_to_the_other_model(bed: Bed[Any],
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     pod = gpu_pod("no-h100", "cuda-info", vgpu(1024), node=None)
-    pod["metadata"]["annotations"] = {"tessera.dev/gpu-models-exclude": "H100-80GB"}
+    pod["metadata"]["annotations"] = {ANNOTATION_GPU_MODELS_EXCLUDE: "H100-80GB"}
     bed.apply(node_namespace, pod)
     done = bed.wait_phase(node_namespace, "no-h100", {"Succeeded", "Failed"}, 120)
     assert done["spec"]["nodeName"] == "node-1", done["spec"]
@@ -170,10 +186,10 @@ def test_a_bad_policy_is_refused_at_admission_with_the_reason(bed: Bed[Any],
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     pod = gpu_pod("bad-policy", "cuda-info", vgpu(1024))
-    pod["metadata"]["annotations"] = {"tessera.dev/gpu-policy": "pack"}
+    pod["metadata"]["annotations"] = {ANNOTATION_GPU_POLICY: "pack"}
     out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(pod))
     assert out.returncode != 0
-    assert "tessera.dev/gpu-policy" in out.stderr and "binpack" in out.stderr, out.stderr
+    assert ANNOTATION_GPU_POLICY in out.stderr and "binpack" in out.stderr, out.stderr
 
 
 def test_a_forged_placement_is_removed_at_admission(bed: Bed[Any],
@@ -183,7 +199,7 @@ def test_a_forged_placement_is_removed_at_admission(bed: Bed[Any],
     pod = gpu_pod("forged", "cuda-info", vgpu(1024))
     unit = units_of(bed, "node-0")[0]["uuid"]
     pod["metadata"]["annotations"] = {ANNOTATION_PLACEMENT: json.dumps(
-        {"version": 1, "node": "node-0", "containers": {"main": {"tessera.dev/vgpu": [unit]}}})}
+        {"version": 1, "node": "node-0", "containers": {"main": {VGPU: [unit]}}})}
     bed.apply(node_namespace, pod)
     done = bed.wait_phase(node_namespace, "forged", {"Succeeded", "Failed"}, 120)
     # what it carries now is tessera's own choice, written in the Binding
@@ -228,7 +244,8 @@ def test_a_leader_killed_in_the_middle_of_a_burst_double_books_nothing(
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     names = [f"failover-{i}" for i in range(10)]
-    items = [gpu_pod(n, "cuda-info && cuda-alloc 5900", vgpu(6000)) for n in names]
+    items = [gpu_pod(n, "cuda-info && cuda-alloc 5900", vgpu(6000), node=None)
+             for n in names]
     out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": items}))
     assert out.returncode == 0, out.stderr
