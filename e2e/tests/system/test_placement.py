@@ -122,34 +122,41 @@ def test_a_pod_no_unit_holds_stays_pending_and_says_why(bed: Bed[Any],
 def test_ten_pods_at_once_each_alone_on_a_unit_in_every_repetition(
         bed: Bed[Any], node_namespace: str) -> None:
     """Ten 6,000 MiB pods in one apply onto the ten units (room for one each, none to
-    spare): all run under their budgets, each on its own unit, none refused, ten times
-    over."""
+    spare): all ten run at once under their budgets, each on its own unit, none refused,
+    ten times over. (Each holds its unit until the test deletes it: a pod that ended would
+    rightly give its unit to the next.)"""
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     names = [f"burst-{i}" for i in range(10)]
     for rep in range(10):
         started = time.monotonic()
-        items = [gpu_pod(n, "cuda-info && cuda-alloc 5900", vgpu(6000), node=None)
-                 for n in names]
+        items = [gpu_pod(n, "cuda-info && cuda-alloc 5900 && sleep 600", vgpu(6000),
+                         node=None) for n in names]
         out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": items}))
         assert out.returncode == 0, out.stderr
-        done = {n: bed.wait_phase(node_namespace, n, {"Succeeded", "Failed"}, 180)
-                for n in names}
+        try:
+            running = {n: bed.wait_phase(node_namespace, n, {"Running", "Succeeded",
+                                                             "Failed"}, 180) for n in names}
+        except TimeoutError as exc:
+            raise AssertionError((rep, {n: failed_scheduling(bed, node_namespace, n)[-2:]
+                                        for n in names})) from exc
+        wait_until("every pod allocated its 5900 MiB", lambda: all(
+            "allocated 5900" in bed.logs(node_namespace, n) for n in names), 120)
         elapsed = time.monotonic() - started
-        failed = {n: bed.logs(node_namespace, n) for n, p in done.items()
-                  if p["status"]["phase"] != "Succeeded"}
-        assert not failed, (rep, failed)
-        units = [u for p in done.values() for us in record(p)["containers"]["main"].values()
+        pods = {n: bed.pod(node_namespace, n) for n in names}
+        assert all(p["status"]["phase"] == "Running" for p in pods.values()), {
+            n: p["status"]["phase"] for n, p in pods.items()}
+        units = [u for p in pods.values() for us in record(p)["containers"]["main"].values()
                  for u in us]
         assert len(set(units)) == 10, (rep, units)
         refused = [m for n in names for m in bed.events(node_namespace, n, "GPUBudgetRefused")]
         assert not refused, (rep, refused)
-        for n in names:
-            assert "allocated 5900" in bed.logs(node_namespace, n), n
-        print(f"\n[figures] repetition {rep}: ten pods Succeeded on ten units in "
-              f"{elapsed:.1f}s")
-        out = bed.kubectl("delete", "pod", "-n", node_namespace, *names, "--wait=true")
+        assert running
+        print(f"\n[figures] repetition {rep}: ten pods running on ten units, each with its "
+              f"5900 MiB, {elapsed:.1f}s after the apply")
+        out = bed.kubectl("delete", "pod", "-n", node_namespace, *names, "--wait=true",
+                          "--grace-period=1")
         assert out.returncode == 0, out.stderr
 
 
@@ -244,20 +251,21 @@ def test_a_leader_killed_in_the_middle_of_a_burst_double_books_nothing(
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     names = [f"failover-{i}" for i in range(10)]
-    items = [gpu_pod(n, "cuda-info && cuda-alloc 5900", vgpu(6000), node=None)
+    items = [gpu_pod(n, "cuda-info && cuda-alloc 5900 && sleep 600", vgpu(6000), node=None)
              for n in names]
     out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": items}))
     assert out.returncode == 0, out.stderr
     ops.leader().kill()
     try:
-        done = {n: bed.wait_phase(node_namespace, n, {"Succeeded", "Failed"}, 240)
-                for n in names}
+        wait_until("every pod allocated its 5900 MiB", lambda: all(
+            "allocated 5900" in bed.logs(node_namespace, n) for n in names), 240)
     finally:
         ops.ensure_running()
-    assert all(p["status"]["phase"] == "Succeeded" for p in done.values()), {
-        n: bed.logs(node_namespace, n) for n, p in done.items()
-        if p["status"]["phase"] != "Succeeded"}
-    units = [u for p in done.values() for us in record(p)["containers"]["main"].values()
+    pods = {n: bed.pod(node_namespace, n) for n in names}
+    assert all(p["status"]["phase"] == "Running" for p in pods.values())
+    units = [u for p in pods.values() for us in record(p)["containers"]["main"].values()
              for u in us]
     assert len(set(units)) == 10, units
+    bed.kubectl("delete", "pod", "-n", node_namespace, *names, "--wait=true",
+                "--grace-period=1")

@@ -133,9 +133,13 @@ class PlacementService:
         return list(out.values())
 
     def used(self, view: NodeView, placed: Sequence[Placed]) -> dict[str, UnitUsage]:
-        """Usage by records and reservations, plus what the daemon confirmed on a unit
-        beyond what the records there explain (pods bound without a record)."""
+        """Usage by records and reservations, plus, on a node where a pod bound without a
+        record holds units, what the daemon confirmed on a unit beyond what the records
+        there explain. (Only then: the daemon's figures trail the pods by its confirmation
+        round and its Node write, and a unit a deleted pod left would look held.)"""
         out = usage(view.units, placed)
+        if not any(p.placed is None for p in self.cache.holding(view.name)):
+            return out
         whole_units = {u.uuid for u in view.units if u.shares == 0}
         for uuid, mib in view.committed_mib.items():
             u = out.get(uuid)

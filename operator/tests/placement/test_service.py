@@ -214,3 +214,18 @@ def test_node_policy_binpack_fills_the_busier_node_spread_the_emptier() -> None:
                       ["gpu-000", "gpu-001"]).nodes == ("gpu-000",)
     assert svc.filter(pod("s", 1000, annotations={"tessera.dev/node-policy": "spread"}),
                       ["gpu-000", "gpu-001"]).nodes == ("gpu-001",)
+
+
+def test_the_daemons_commitments_count_only_for_pods_bound_without_a_record() -> None:
+    """A unit the daemon still reports committed after its pod was deleted (its figures
+    trail by a confirmation round) is free when every pod on the node has a record; a pod
+    bound by another scheduler (no record) makes the daemon's figures count."""
+    n = node("gpu-000", gpus=1, memory_mib=10000)
+    n["metadata"]["annotations"]["tessera.dev/gpu-commitments"] = json.dumps(
+        {"GPU-gpu-000-0": {"memory": 10000 * MIB, "committed": 8000 * MIB, "containers": 1}})
+    svc = service(n)
+    assert svc.filter(pod("new", 4000), ["gpu-000"]).nodes == ("gpu-000",)
+    foreign = pod("foreign", 8000, node="gpu-000")  # bound, no record
+    svc = service(n, pods=(foreign,))
+    got = svc.filter(pod("new", 4000), ["gpu-000"])
+    assert got.nodes == () and "largest free unit 2000 MiB" in got.failed["gpu-000"], got
