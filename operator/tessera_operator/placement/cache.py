@@ -179,7 +179,15 @@ class PlacementCache:
             self.by_node.setdefault(view.node, {})[view.uid] = view
             self.bump(view.node)
 
-    def _drop(self, uid: str) -> None:
+    deleted: dict[str, None] = field(default_factory=dict)
+    """UIDs of pods the watch saw deleted (the last 10,000, oldest first): a reservation
+    for one of them is dropped at once."""
+
+    def _drop(self, uid: str, gone: bool = False) -> None:
+        if gone:
+            self.deleted[uid] = None
+            if len(self.deleted) > 10_000:
+                del self.deleted[next(iter(self.deleted))]
         old = self.pods.pop(uid, None)
         if old is not None and old.holds:
             self.bump(old.node)
@@ -221,7 +229,7 @@ class PlacementCache:
                     self.load_pods(obj)
                 else:
                     if typ == "DELETED":
-                        self._drop(str((obj.get("metadata") or {}).get("uid")))
+                        self._drop(str((obj.get("metadata") or {}).get("uid")), gone=True)
                     else:
                         self._put(pod_view(obj))
                 self.changed.set()

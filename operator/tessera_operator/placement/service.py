@@ -19,7 +19,8 @@ There is no node lock: two pods bind on one node at once, each on its own reserv
 units the pod needs (:func:`tessera.placement.preemption.victims`).
 
 A reservation the scheduler never binds (a later plugin refused the pod) lapses after
-``reserve_s``; a bound one stays until the pod watch shows the record.
+``reserve_s``; a bound one stays until the pod watch shows the record; either goes at once
+when the pod is deleted.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class PlacementService:
         now = self.clock()
         for uid, r in list(self.reservations.items()):
             seen = self.cache.pods.get(uid)
-            if r.until < now or (r.bound and seen is not None and seen.placed is not None):
+            if (r.until < now or uid in self.cache.deleted
+                    or (r.bound and seen is not None and seen.placed is not None)):
                 self._unreserve(uid)
 
     def _reserve(self, uid: str, r: Reservation) -> None:

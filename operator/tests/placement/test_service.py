@@ -229,3 +229,14 @@ def test_the_daemons_commitments_count_only_for_pods_bound_without_a_record() ->
     svc = service(n, pods=(foreign,))
     got = svc.filter(pod("new", 4000), ["gpu-000"])
     assert got.nodes == () and "largest free unit 2000 MiB" in got.failed["gpu-000"], got
+
+
+def test_a_deleted_pods_reservation_goes_at_once() -> None:
+    """Bound, then deleted before the watch showed its record: its units are free again
+    at the next decision, not after the reservation's two minutes."""
+    svc = service(node("gpu-000", gpus=1, memory_mib=10000))
+    svc.filter(pod("gone", 8000), ["gpu-000"])
+    assert asyncio.run(svc.bind("team", "gone", "uid-gone", "gpu-000")) == ""
+    assert svc.filter(pod("next", 8000), ["gpu-000"]).nodes == ()
+    svc.cache._drop("uid-gone", gone=True)
+    assert svc.filter(pod("next", 8000), ["gpu-000"]).nodes == ("gpu-000",)
