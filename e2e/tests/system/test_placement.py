@@ -29,7 +29,7 @@ from tessera.api.names import (
 )
 from tessera.mig.catalog import profile
 from tessera_e2e.controlplane.cluster import LocalCluster
-from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu
+from tessera_e2e.gpubed.bed import SHARES, Bed, gpu_bed, gpu_pod, vgpu
 from tessera_e2e.operator.replicas import wait_until
 from tessera_e2e.operator.scheduler import TesseraScheduler
 
@@ -58,16 +58,23 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
                          "sharing": "Shares", "deletionPolicy": "Reset"}})
         try:
             for _, node, prof, count in PARTITIONS:
-                wait_until(f"{node} advertising shares over {count} {prof} instances",
-                           lambda node=node, prof=prof, count=count: len(
-                               units_of(b, node, prof)) == count * gpus(b, node), 240, 1)
+                want = count * gpus(b, node)
+                wait_until(f"{node} publishing {count} shared {prof} units", lambda node=node,
+                           prof=prof, want=want: len(units_of(b, node, prof)) == want, 240, 1)
+                wait_until(f"{node} advertising their shares", lambda node=node, want=want: (
+                    b.allocatable(node).get(VGPU) == str(want * SHARES)), 60, 1)
             yield b
         finally:
             sched.stop()
             for name, _, _, _ in PARTITIONS:
                 b.kubectl("delete", "gpupartition", name, "--wait=false")
             for name, node, _, _ in PARTITIONS:
-                b.wait_partition_removed(name, node)
+                try:
+                    b.wait_partition_removed(name, node)
+                except TimeoutError as exc:
+                    raise AssertionError((node, b.allocatable(node), b.kubectl(
+                        "get", "node", node, "-o", "jsonpath={.metadata.annotations}").stdout
+                        [:3000])) from exc
 
 
 @pytest.fixture
@@ -166,14 +173,15 @@ def test_binpack_fills_one_unit_spread_uses_two(bed: Bed[Any], node_namespace: s
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     names = [f"{policy}-{i}" for i in range(2)]
-    for n in names:
-        pod = gpu_pod(n, "cuda-info", vgpu(2000))
+    for n in names:  # one after the other, both running at once
+        pod = gpu_pod(n, "cuda-info && sleep 600", vgpu(2000))
         pod["metadata"]["annotations"] = {ANNOTATION_GPU_POLICY: policy}
         bed.apply(node_namespace, pod)
-        bed.wait_phase(node_namespace, n, {"Succeeded", "Failed"}, 120)
+        bed.wait_phase(node_namespace, n, {"Running"}, 120)
     units = {next(iter(record(bed.pod(node_namespace, n))["containers"]["main"].values()))[0]
              for n in names}
     assert len(units) == (1 if policy == "binpack" else 2), units
+    bed.kubectl("delete", "pod", "-n", node_namespace, *names, "--grace-period=1")
 
 
 def test_model_exclusion_sends_the_pod_to_the_other_model(bed: Bed[Any],

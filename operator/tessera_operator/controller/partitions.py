@@ -42,6 +42,9 @@ class PartitionController:
     health: Health | None = None
     nodes: dict[str, NodeInventory] = field(default_factory=dict)
     partitions: dict[str, Obj] = field(default_factory=dict)
+    nodes_synced: bool = False
+    """The node watch has listed: until then no node looks selected, and a deleting Reset
+    partition must not lose its finalizer for want of nodes."""
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
 
     def forget(self) -> None:
@@ -71,6 +74,7 @@ class PartitionController:
 
     def on_node_sync(self, items: list[Obj]) -> None:
         self.nodes = {str(n["metadata"]["name"]): from_node(n) for n in items}
+        self.nodes_synced = True
         metrics.WATCHED.labels("node").set(len(self.nodes))
         self._dirty.set()
 
@@ -144,7 +148,7 @@ class PartitionController:
                                       "NoNodesSelected")
         if reset and not deleting and not has:
             finalizers.append(FINALIZER_RESET)
-        elif has and (not reset or (deleting and done)):
+        elif has and (not reset or (deleting and done and self.nodes_synced)):
             finalizers.remove(FINALIZER_RESET)
         else:
             return
@@ -152,7 +156,10 @@ class PartitionController:
             await self.kube.merge_patch(path(GROUP, VERSION, GPUPARTITIONS, name=v.name), {
                 "metadata": {"resourceVersion": meta.get("resourceVersion"),
                              "finalizers": finalizers}})
-            log.info("finalizer updated", extra={"partition": v.name, "finalizers": finalizers})
+            log.info("finalizer updated", extra={
+                "partition": v.name, "finalizers": finalizers, "deleting": deleting,
+                "reset": reset, "ready": None if ready is None else ready.reason,
+                "nodesSynced": self.nodes_synced})
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise

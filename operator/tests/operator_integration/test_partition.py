@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -176,3 +177,25 @@ def test_reset_deletion_waits_for_the_daemons_and_retain_does_not(
     assert not kubectl_json(cluster, "get", "gpupartition", retain)["metadata"].get(
         "finalizers")
     assert cluster.kubectl("delete", "gpupartition", retain, "--timeout=10s").returncode == 0
+
+
+def test_a_restarted_leader_keeps_the_reset_finalizer(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    """The Lease holder killed and started again (same identity: it takes its Lease back at
+    once): the Reset partition keeps its finalizer until it is deleted and reset."""
+    n = f"{pool}-n0"
+    assert cluster.kubectl("create", "-f", "-", input=node_json(n, pool=pool)).returncode == 0
+    part = f"{pool}-keep"
+    doc = json.loads(partition_json(part, {"matchLabels": {"pool": pool}}, {"3g.40gb": 2},
+                                    deletionPolicy="Reset"))
+    doc["metadata"]["labels"] = {"test-pool": pool}
+    assert cluster.kubectl("apply", "-f", "-", input=json.dumps(doc)).returncode == 0
+    wait_until("finalizer", lambda: "tessera.dev/reset" in (kubectl_json(
+        cluster, "get", "gpupartition", part)["metadata"].get("finalizers") or []))
+    report(cluster, part, n, "Ready", 1)
+    leader = ops.leader()
+    leader.kill()
+    ops.ensure_running()
+    time.sleep(8)
+    assert "tessera.dev/reset" in (kubectl_json(cluster, "get", "gpupartition", part)[
+        "metadata"].get("finalizers") or [])
