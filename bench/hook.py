@@ -177,7 +177,7 @@ def bench_instructions(tmp: Path, quick: bool) -> dict[str, float]:
     try:
         _, _, at8 = added_per_op(c, env, ["alloc", "4096"], "cuMemAlloc_v2", n1, n2, tmp)
     finally:
-        release(others)  # type: ignore[arg-type]
+        release(others)
     out["alloc_instr_1proc"] = at1
     out["alloc_instr_8proc"] = at8
     out["alloc_8_vs_1"] = at8 / at1
@@ -254,7 +254,7 @@ def p99(c: Container, procs: int, n: int) -> float:
     for p in ps:
         out, _ = p.communicate(timeout=300)
         vals.append(json.loads(out.strip().splitlines()[-1])["p99_us"])
-    return statistics.mean(vals)
+    return float(statistics.mean(vals))
 
 
 def bench_latency(tmp: Path, quick: bool) -> dict[str, float]:
