@@ -1,5 +1,6 @@
-"""nvidia-smi in C (tools/smi/) against the Python one (tessera_sim/smi.py): the same
-commands on two identical simulated nodes, byte for byte, exit status included."""
+"""nvidia-smi in C (tools/smi/, the installed ``bin/nvidia-smi``) against the Python
+reference (tessera_sim/smi.py, ``bin/nvidia-smi-py``): the same commands on two identical
+simulated nodes, byte for byte, exit status included."""
 
 from __future__ import annotations
 
@@ -63,13 +64,13 @@ def run(tool: str, node: Node, args: tuple[str, ...]) -> tuple[int, str]:
 def test_same_output(make_node: Callable[..., Node], gpus: tuple[str, ...]) -> None:
     py, c = make_node(*gpus), make_node(*gpus)
     for args in STEPS:
-        assert run("nvidia-smi-c", c, args) == run("nvidia-smi", py, args), args
+        assert run("nvidia-smi", c, args) == run("nvidia-smi-py", py, args), args
 
 
 def test_default_table(make_node: Callable[..., Node]) -> None:
     node = make_node(*GPUS)
-    assert run("nvidia-smi-c", node, ("mig", "-i", "0", "-cgi", "19", "-C"))[0] == 0
-    rc, out = run("nvidia-smi-c", node, ())
+    assert run("nvidia-smi", node, ("mig", "-i", "0", "-cgi", "19", "-C"))[0] == 0
+    rc, out = run("nvidia-smi", node, ())
     lines = out.splitlines()
     assert rc == 0
     assert "Driver Version:" in lines[2] and "CUDA Version:" in lines[2]
