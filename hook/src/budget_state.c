@@ -18,6 +18,7 @@
 
 int bs_mode;
 const volatile unsigned char *bs_map;
+const volatile unsigned char *bs_one_map;
 uint64_t bs_gen = UINT64_MAX;
 uint32_t bs_ndev;
 uint32_t bs_flags[TB_MAX_DEV];
@@ -182,6 +183,9 @@ void budget_reload(void)
                            b.reason[0] ? b.reason : "no reason given");
                 refused_gen = g;
             }
+            /* the launch fast path reads entry 0 alone while bs_one_map is set: cleared
+             * before the values change, set again once the generation is published */
+            __atomic_store_n(&bs_one_map, NULL, __ATOMIC_RELEASE);
             if (b.state & (TB_PENDING | TB_REFUSED))
                 deny_all();
             else
@@ -193,6 +197,8 @@ void budget_reload(void)
             ever_valid = 1;
         }
         __atomic_store_n(&bs_gen, g, __ATOMIC_RELEASE);
+        if (bs_ndev == 1)
+            __atomic_store_n(&bs_one_map, map, __ATOMIC_RELEASE);
         break;
     }
     pthread_mutex_unlock(&reload_mu);

@@ -18,6 +18,7 @@ enum { MODE_OFF, MODE_FILE, MODE_ENV }; /* no budget; the budget file; the envir
  * save one more register on every call.) */
 extern int bs_mode;                           /* MODE_* */
 extern const volatile unsigned char *bs_map;  /* the budget file's mapping (MODE_FILE) */
+extern const volatile unsigned char *bs_one_map; /* bs_map while ndev is 1, else NULL */
 extern uint64_t bs_gen;                       /* the generation the values below reflect */
 extern uint32_t bs_ndev;
 extern uint32_t bs_flags[TB_MAX_DEV];         /* TB_DEV_* */
@@ -50,6 +51,18 @@ static inline void budget_check(void)
     }
 }
 
+/* The launch fast path's one load: the budget file's mapping while the budget in force came
+ * from it and has exactly one entry (NULL otherwise, and before the first read). */
+static inline const volatile unsigned char *budget_one_map(void)
+{
+    return __atomic_load_n(&bs_one_map, __ATOMIC_ACQUIRE);
+}
+/* Is the budget in force the file's current generation (`map` from budget_one_map())? */
+static inline int budget_current(const volatile unsigned char *map)
+{
+    return __atomic_load_n((const volatile uint64_t *)(map + 8), __ATOMIC_ACQUIRE) ==
+           __atomic_load_n(&bs_gen, __ATOMIC_RELAXED);
+}
 /* The generation in force (acquire: the values below are at least as new). */
 static inline uint64_t budget_gen(void)
 {

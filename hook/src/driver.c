@@ -23,9 +23,19 @@ static const struct {
 #include "hooks.def"
 #undef H
 
+/* The library's own definition of `name` when it has one, read from its symbol table (a
+ * tenth of what glibc's dlsym costs, which pays for its error handling on every call); else
+ * what dlsym finds (in a dependency, or not a plain function).  x: NULL when not indexed. */
+static void *lookup(void *h, const struct elf_index *x, const char *name)
+{
+    void *p = x ? elf_find(x, name) : NULL;
+    return p ? p : tessera_real_dlsym(h, name);
+}
+
 /* dlopen the library (already loaded by the caller: this finds it) and resolve its hooked
- * names.  NULL, logged, when it cannot be loaded. */
-static void *open_lib(const char *file, enum th_lib lib)
+ * names.  NULL, logged, when it cannot be loaded; *x: its symbol table (NULL: none read). */
+static void *open_lib(const char *file, enum th_lib lib, struct elf_index *idx,
+                      const struct elf_index **x)
 {
     pthread_once(&libc_once, libc_init);
     void *h = dlopen(file, RTLD_NOW | RTLD_GLOBAL);
@@ -33,17 +43,21 @@ static void *open_lib(const char *file, enum th_lib lib)
         th_log("cannot load %s: %s", file, dlerror());
         return NULL;
     }
+    struct link_map *m;
+    *x = dlinfo(h, RTLD_DI_LINKMAP, &m) == 0 && elf_index(m, idx) ? idx : NULL;
     for (int i = 0; i < IDX_COUNT; i++)
         if (hooked[i].lib == lib)
-            real_ptr[i] = tessera_real_dlsym(h, hooked[i].name);
+            real_ptr[i] = lookup(h, *x, hooked[i].name);
     return h;
 }
 
-#define RESOLVE(h, field, name) (drv.field = (__typeof__(drv.field))tessera_real_dlsym(h, name))
+#define RESOLVE(h, field, name) (drv.field = (__typeof__(drv.field))lookup(h, x, name))
 
 void cu_init(void)
 {
-    void *h = open_lib("libcuda.so.1", LIB_CU);
+    struct elf_index idx;
+    const struct elf_index *x;
+    void *h = open_lib("libcuda.so.1", LIB_CU, &idx, &x);
     if (!h)
         return;
     RESOLVE(h, cuCtxGetDevice, "cuCtxGetDevice");
@@ -60,7 +74,9 @@ void cu_init(void)
 
 void nvml_init(void)
 {
-    void *h = open_lib("libnvidia-ml.so.1", LIB_NVML);
+    struct elf_index idx;
+    const struct elf_index *x;
+    void *h = open_lib("libnvidia-ml.so.1", LIB_NVML, &idx, &x);
     if (h) {
         RESOLVE(h, nvmlDeviceGetUUID, "nvmlDeviceGetUUID");
         RESOLVE(h, nvmlDeviceGetIndex, "nvmlDeviceGetIndex");

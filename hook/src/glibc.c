@@ -59,39 +59,54 @@ NOSAN static uint32_t gnu_hash(const char *s)
     return h;
 }
 
-NOSAN static void *elf_find(const struct link_map *m, const char *sym)
+NOSAN int elf_index(const struct link_map *m, struct elf_index *x)
 {
-    const ElfW(Sym) *symtab = NULL;
-    const char *strtab = NULL;
     const uint32_t *gh = NULL;
-    const ElfW(Half) *versym = NULL;
+    x->base = m->l_addr;
+    x->symtab = NULL;
+    x->strtab = NULL;
+    x->versym = NULL;
     for (const ElfW(Dyn) *dyn = m->l_ld; dyn && dyn->d_tag != DT_NULL; dyn++) {
         ElfW(Addr) p = dyn->d_un.d_ptr;
         if (p < m->l_addr)
             p += m->l_addr;
         switch (dyn->d_tag) {
-        case DT_SYMTAB: symtab = (const void *)p; break;
-        case DT_STRTAB: strtab = (const void *)p; break;
+        case DT_SYMTAB: x->symtab = (const void *)p; break;
+        case DT_STRTAB: x->strtab = (const void *)p; break;
         case DT_GNU_HASH: gh = (const void *)p; break;
-        case DT_VERSYM: versym = (const void *)p; break;
+        case DT_VERSYM: x->versym = (const void *)p; break;
         default: break;
         }
     }
-    if (!symtab || !strtab || !gh)
-        return NULL;
-    uint32_t nb = gh[0], symoff = gh[1], bloom = gh[2];
-    const ElfW(Addr) *bl = (const void *)(gh + 4);
-    const uint32_t *buckets = (const void *)(bl + bloom);
-    const uint32_t *chain = buckets + nb;
+    if (!x->symtab || !x->strtab || !gh || gh[0] == 0 || gh[2] == 0)
+        return 0;
+    x->nbuckets = gh[0];
+    x->symoff = gh[1];
+    x->nbloom = gh[2];
+    x->shift = gh[3];
+    x->bloom = (const void *)(gh + 4);
+    x->buckets = (const void *)(x->bloom + x->nbloom);
+    x->chain = x->buckets + x->nbuckets;
+    return 1;
+}
+
+NOSAN void *elf_find(const struct elf_index *x, const char *sym)
+{
+    const unsigned bits = 8 * sizeof(ElfW(Addr));
     uint32_t h = gnu_hash(sym);
-    uint32_t i = nb ? buckets[h % nb] : 0;
-    if (i < symoff)
+    ElfW(Addr) w = x->bloom[(h / bits) % x->nbloom];
+    if (!((w >> (h % bits)) & (w >> ((h >> x->shift) % bits)) & 1))
+        return NULL; /* the bloom filter: not defined here */
+    uint32_t i = x->buckets[h % x->nbuckets];
+    if (i < x->symoff)
         return NULL;
     for (;; i++) {
-        uint32_t c = chain[i - symoff];
-        if ((c | 1) == (h | 1) && glibc_streq(strtab + symtab[i].st_name, sym) &&
-            symtab[i].st_shndx != SHN_UNDEF && (!versym || !(versym[i] & 0x8000)))
-            return (void *)(m->l_addr + symtab[i].st_value);
+        uint32_t c = x->chain[i - x->symoff];
+        const ElfW(Sym) *s = &x->symtab[i];
+        if ((c | 1) == (h | 1) && glibc_streq(x->strtab + s->st_name, sym) &&
+            s->st_shndx != SHN_UNDEF && ELF64_ST_TYPE(s->st_info) == STT_FUNC &&
+            (!x->versym || !(x->versym[i] & 0x8000)))
+            return (void *)(x->base + s->st_value);
         if (c & 1)
             return NULL;
     }
@@ -102,8 +117,10 @@ extern struct r_debug _r_debug;
 NOSAN static void *libc_sym(const char *name)
 {
     for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next)
-        if (m->l_name && s_has(m->l_name, "libc.so.6"))
-            return elf_find(m, name);
+        if (m->l_name && s_has(m->l_name, "libc.so.6")) {
+            struct elf_index x;
+            return elf_index(m, &x) ? elf_find(&x, name) : NULL;
+        }
     return NULL;
 }
 

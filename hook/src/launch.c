@@ -7,9 +7,37 @@
 
 #include <stdlib.h>
 
-/* A launch spends `cost` tokens (kernels), then is the driver's.  Each comes with its
- * per-thread-default-stream twin, of the same parameters. */
-#define LAUNCH_HOOK(name, params, args, cost)                                              \
+/* A kernel launch's fast path (no call: see the hooks below): under a budget file of one
+ * entry (the started library's usual case), spend_fast(); with no budget at all, nothing to
+ * spend once started.  False: everything again the slow way (spend()). */
+static inline __attribute__((always_inline)) int launch_fast(uint64_t kernels)
+{
+    const volatile unsigned char *map = budget_one_map();
+    if (LIKELY(map != NULL))
+        return spend_fast(map, kernels);
+    return budget_mode() == MODE_OFF && __atomic_load_n(&cu_ready, __ATOMIC_ACQUIRE);
+}
+
+/* A kernel launch spends `kernels` tokens, then is the driver's.  Each comes with its
+ * per-thread-default-stream twin, of the same parameters.  The hook makes no call but the
+ * driver's on its fast path and passes everything else to name##_slow, of the same
+ * parameters: both are jumps (sibling calls), so the hook saves nothing across a call. */
+#define LAUNCH_HOOK(name, params, args, kernels)                                           \
+    static CUresult __attribute__((noinline)) name##_slow params                           \
+    {                                                                                      \
+        CU_READY();                                                                        \
+        REAL_OR_FAIL(name);                                                                \
+        spend(kernels);                                                                    \
+        return REAL(name) args;                                                            \
+    }                                                                                      \
+    EXPORT CUresult CUDAAPI name params                                                    \
+    {                                                                                      \
+        if (LIKELY(launch_fast(kernels) && REAL(name)))                                    \
+            return REAL(name) args;                                                        \
+        return name##_slow args;                                                           \
+    }
+/* A graph launch spends what its kernels cost (found in this process's records). */
+#define GRAPH_LAUNCH_HOOK(name, params, args, cost)                                        \
     EXPORT CUresult CUDAAPI name params                                                    \
     {                                                                                      \
         CU_READY();                                                                        \
@@ -94,8 +122,8 @@ static uint64_t graph_cost(CUgraphExec ex)
     return rec_get(K_GEXEC, (uint64_t)(uintptr_t)ex, 0, &rc) ? rc.bytes : 1;
 }
 
-LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec ex, CUstream s), (ex, s), graph_cost(ex))
-LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec ex, CUstream s), (ex, s), graph_cost(ex))
+GRAPH_LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec ex, CUstream s), (ex, s), graph_cost(ex))
+GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec ex, CUstream s), (ex, s), graph_cost(ex))
 
 /* Graph memory nodes: the driver maps their memory at launch, from a per-device graph pool
  * that nothing here sees, so none of it would be counted.  While a budget is in force they

@@ -39,5 +39,25 @@ static inline __attribute__((always_inline)) void spend(uint64_t kernels)
         refill(e, (uint64_t)cost);
 }
 
+/* A kernel launch's fast path, inline in the hook and free of calls, so that the hook can
+ * pass the launch on with a jump: true when this launch's `kernels` tokens are spent (or none
+ * are owed) under the budget file of one entry `map` (budget_one_map()) whose generation has
+ * not moved.  False, with nothing spent, in every other case: the hook then takes spend(),
+ * which does it all the slow way (a reload, a refill). */
+static inline __attribute__((always_inline)) int spend_fast(const volatile unsigned char *map,
+                                                            uint64_t kernels)
+{
+    if (UNLIKELY(!budget_current(map)))
+        return 0;
+    if (!(budget_flags(0) & TB_DEV_CORE_LIMIT))
+        return 1;
+    int64_t cost = (int64_t)kernels * 1000;
+    if (LIKELY(__atomic_sub_fetch(&credit[0], cost, __ATOMIC_RELAXED) >= 0))
+        return 1;
+    /* the credit ran out: given back, and spend() takes it again and refills */
+    __atomic_add_fetch(&credit[0], cost, __ATOMIC_RELAXED);
+    return 0;
+}
+
 #pragma GCC visibility pop
 #endif

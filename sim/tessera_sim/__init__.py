@@ -1,4 +1,4 @@
-"""The simulated GPU node: node descriptions, the fake nvidia-smi, test helpers."""
+"""The simulated GPU node: node descriptions, the reference nvidia-smi, test helpers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The fake ``nvidia-smi``: the real tool's output formats and error strings for the commands
-tessera's node daemon uses, computed from NVML calls (pynvml) into the loaded
-``libnvidia-ml.so.1``.  NVML owns all state and all MIG rules; this module only formats.
+"""The reference ``nvidia-smi`` (``build/bin/nvidia-smi-py``): the real tool's output formats
+and error strings for the commands tessera's node daemon uses, computed from NVML calls
+(pynvml) into the loaded ``libnvidia-ml.so.1``.  NVML owns all state and all MIG rules; this
+module only formats.  The installed ``build/bin/nvidia-smi`` is the C tool (``tools/smi/``);
+``tests/test_smi_c.py`` compares the two byte for byte, which is all this one is kept for.
 
 Exit status: 0 on success, otherwise the NVML error code of the failure (2 for bad usage).
 """

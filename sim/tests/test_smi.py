@@ -123,19 +123,21 @@ def test_create_list_destroy(make_node: Callable[..., Node]) -> None:
 
 def test_a_copy_of_the_build_runs_anywhere_without_a_shell_or_environment(
         make_node: Callable[..., Node], tmp_path: Path) -> None:
-    """What the node daemon's container does: a copy of bin/, lib/ and py/ mounted elsewhere,
-    run with nothing but TESSERA_SIM_NODE (no PATH, PYTHONPATH or LD_LIBRARY_PATH)."""
+    """What the node daemon's container does: a copy of bin/nvidia-smi and lib/ mounted
+    elsewhere, run with nothing but TESSERA_SIM_NODE (no PATH or LD_LIBRARY_PATH): the C tool
+    finds libnvidia-ml.so.1 through its RUNPATH, $ORIGIN/../lib."""
     node = make_node("A100-40GB")
     root = tmp_path / "driver-root"
-    for part in ("bin", "lib", "py"):
-        shutil.copytree(BUILD_DIR / part, root / part, symlinks=True)
+    shutil.copytree(BUILD_DIR / "lib", root / "lib", symlinks=True)
+    (root / "bin").mkdir()
+    shutil.copy2(BUILD_DIR / "bin" / "nvidia-smi", root / "bin" / "nvidia-smi")
     run = subprocess.run([str(root / "bin" / "nvidia-smi"), "-L"], capture_output=True,
                          text=True, timeout=60, env={"TESSERA_SIM_NODE": str(node.path)})
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout == node.smi("-L").stdout
     assert run.stdout.startswith("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-")
-    # it runs the copy's formatter, not the checkout's: a broken copy fails
-    (root / "py" / "tessera_sim" / "smi.py").write_text("raise SystemExit(7)\n")
+    # it loads the copy's library, not the checkout's: a broken copy fails
+    (root / "lib" / "libnvidia-ml.so.1").write_bytes(b"not a library")
     run = subprocess.run([str(root / "bin" / "nvidia-smi"), "-L"], capture_output=True,
                          text=True, timeout=60, env={"TESSERA_SIM_NODE": str(node.path)})
-    assert run.returncode == 7
+    assert run.returncode == 127 and "libnvidia-ml.so.1" in run.stderr, run.stderr

@@ -1,11 +1,12 @@
-/* Fake nvidia-smi of the tessera simulated GPU node: a launcher for the formatter over NVML
- * calls (python -m tessera_sim.smi) into the simulator's libnvidia-ml.so.1.
+/* The Python reference nvidia-smi of the tessera simulated GPU node (build/bin/nvidia-smi-py,
+ * what tests/test_smi_c.py compares the installed C tool, tools/smi/, with): a launcher for
+ * the formatter over NVML calls (python -m tessera_sim.smi) into the simulator's
+ * libnvidia-ml.so.1.
  *
- * Relocatable: it finds the simulator's files beside itself (<dir>/bin/nvidia-smi,
+ * Relocatable: it finds the simulator's files beside itself (<dir>/bin/nvidia-smi-py,
  * <dir>/lib/libnvidia-ml.so.1, <dir>/py/tessera_sim), so a copy of the build directory works
- * wherever it is mounted: in a node of the test bed, or in tessera's node daemon container
- * (which has Python and pynvml but no shell).  The Python is the one the simulator was built
- * with (SIM_PYTHON), else the first of PYTHONS that exists. */
+ * wherever it is mounted.  The Python is the one the simulator was built with (SIM_PYTHON),
+ * else the first of PYTHONS that exists. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -40,7 +41,7 @@ int main(int argc, char **argv) {
         return 255;
     }
     self[len] = '\0';
-    for (int up = 0; up < 2; up++) { /* <dir>/bin/nvidia-smi -> <dir> */
+    for (int up = 0; up < 2; up++) { /* <dir>/bin/nvidia-smi-py -> <dir> */
         char *slash = strrchr(self, '/');
         if (slash == NULL) return 255;
         *slash = '\0';

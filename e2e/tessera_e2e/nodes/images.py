@@ -6,9 +6,10 @@ Two images, each written as an OCI image layout tarball (`oci-layout`, `index.js
 - `pause`: the pod sandbox, our own statically linked `pause.c` (what Kubernetes' pause does);
 - `workload`: Debian's static busybox (sh, sleep, wget, httpd, nc, ...) for plain pods, the
   C library's runtime files, Debian's `openssl` (the TLS that busybox wget uses for https),
-  and test CUDA programs (`cuda-info`, `cuda-alloc`, `cuda-spin`, and the NVML client
-  `nvml-info`) that are linked against `libcuda.so.1`
-  (`libnvidia-ml.so.1`) but do not carry it: like a real CUDA container they get it from
+  test CUDA programs (`cuda-info`, `cuda-alloc`, `cuda-spin`, and the NVML client
+  `nvml-info`) and the simulator's `nvidia-smi` (sim/tools/smi/, at /usr/bin/nvidia-smi
+  where the NVIDIA container toolkit mounts the real one), linked against `libcuda.so.1`
+  (`libnvidia-ml.so.1`) but not carrying it: like a real CUDA container they get it from
   what the node mounts (the image's LD_LIBRARY_PATH names /usr/local/nvidia/lib64, the CUDA
   base images' convention).
 
@@ -34,9 +35,10 @@ from pathlib import Path
 
 from tessera_e2e.controlplane.cache import Layout
 from tessera_e2e.controlplane.errors import ControlPlaneError
-from tessera_e2e.paths import E2E
+from tessera_e2e.paths import E2E, REPO
 
 SOURCES = E2E / "images"
+SMI_SOURCES = REPO / "sim" / "tools" / "smi"  # the simulator's nvidia-smi, in C
 REPOSITORY = "tessera.local"
 PAUSE = f"{REPOSITORY}/pause:1"
 WORKLOAD = f"{REPOSITORY}/workload:1"
@@ -170,10 +172,11 @@ def oci_layered_archive(ref: str, layers: Sequence[bytes], config: Mapping[str, 
     return _sha256(manifest), layer_tar({path: ImageFile(data) for path, data in archive.items()})
 
 
-def _compile(source: Path, output: Path, extra: list[str]) -> None:
+def _compile(source: Path, output: Path, extra: list[str], more: Sequence[Path] = ()) -> None:
+    """``source`` and ``more`` (files of the same folder) into ``output``."""
     result = subprocess.run(
         ["cc", *CFLAGS, f"-ffile-prefix-map={source.parent}=.", "-o", str(output), str(source),
-         *extra],
+         *map(str, more), *extra],
         capture_output=True, text=True, check=False,
     )
     if result.returncode != 0:
@@ -210,10 +213,12 @@ def image_contents(sim_lib: Path, work: Path) -> dict[str, tuple[Mapping[str, Im
         # no rpath): at run time the library is whatever the node mounts.
         _compile(SOURCES / f"{program}.c", work / program,
                  [f"-I{include}", f"-L{sim_lib}", "-lcuda"])
+    nvml = [f"-I{_wheel_include('nvidia.nvml_dev', 'nvidia-nvml-dev-cu12')}",
+            f"-L{sim_lib}", "-lnvidia-ml"]
     for program in NVML_PROGRAMS:  # the same for libnvidia-ml.so.1
-        _compile(SOURCES / f"{program}.c", work / program,
-                 [f"-I{_wheel_include('nvidia.nvml_dev', 'nvidia-nvml-dev-cu12')}",
-                  f"-L{sim_lib}", "-lnvidia-ml"])
+        _compile(SOURCES / f"{program}.c", work / program, nvml)
+    smi = sorted(SMI_SOURCES.glob("*.c"))
+    _compile(smi[0], work / "nvidia-smi", [*nvml, "-ldl"], smi[1:])
     pause = {"pause": ImageFile((work / "pause").read_bytes(), 0o755)}
     busybox = _required(BUSYBOX, "install Debian's busybox-static (`make sysdeps`)")
     workload: dict[str, ImageFile] = {"bin/busybox": ImageFile(busybox, 0o755)}
@@ -226,6 +231,7 @@ def image_contents(sim_lib: Path, work: Path) -> dict[str, tuple[Mapping[str, Im
                                                "(`make sysdeps`)"), 0o755)
     for program in (*CUDA_PROGRAMS, *NVML_PROGRAMS):
         workload[f"usr/local/bin/{program}"] = ImageFile((work / program).read_bytes(), 0o755)
+    workload["usr/bin/nvidia-smi"] = ImageFile((work / "nvidia-smi").read_bytes(), 0o755)
     workload["etc/passwd"] = ImageFile(b"root:x:0:0:root:/:/bin/sh\n"
                                        b"nobody:x:65534:65534:nobody:/:/bin/false\n")
     workload["etc/group"] = ImageFile(b"root:x:0:\nnogroup:x:65534:\n")
@@ -233,7 +239,7 @@ def image_contents(sim_lib: Path, work: Path) -> dict[str, tuple[Mapping[str, Im
     return {
         PAUSE: (pause, {"Entrypoint": ["/pause"], "User": "65535:65535"}),
         WORKLOAD: (workload, {
-            "Env": ["PATH=/usr/local/bin:/bin",
+            "Env": ["PATH=/usr/local/bin:/usr/bin:/bin",
                     f"LD_LIBRARY_PATH={DRIVER_LIBRARY_DIR}"],
             "Cmd": ["/bin/sh"],
         }),

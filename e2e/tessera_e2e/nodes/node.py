@@ -277,8 +277,10 @@ class Node:
         from tessera_sim.node import GPUSpec, Topology, write_node
 
         gpu = self.host_path(GPU_DIR)
-        for part in ("lib", "bin", "py"):  # nvidia-smi runs py/ with lib/ beside it
-            shutil.copytree(self.binaries.sim_build / part, gpu / part, symlinks=True)
+        # nvidia-smi (the simulator's, in C) finds lib/ beside its bin/ (RUNPATH $ORIGIN/../lib)
+        shutil.copytree(self.binaries.sim_build / "lib", gpu / "lib", symlinks=True)
+        (gpu / "bin").mkdir()
+        shutil.copy2(self.binaries.sim_build / "bin" / "nvidia-smi", gpu / "bin" / "nvidia-smi")
         gpus = node_gpus(self.gpu_models[self.index % len(self.gpu_models)])
         write_node(gpu / "node.conf", [GPUSpec.parse(model) for model in gpus.models],
                    Topology.parse(gpus.nvlink, gpus.numa, len(gpus.models)), seed=self.name)

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 MIG_1G = mig_resource_name("1g.10gb")
 MIB = 1 << 20
+SMI_MEMORY = "--query-gpu=memory.total,memory.used,memory.free --format=csv,noheader,nounits"
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,8 @@ def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)
     bed.apply(node_namespace, gpu_pod(
-        "budgeted", "nvml-info && cuda-info && cuda-alloc 1000 && cuda-alloc 1100",
-        vgpu(1024)))
+        "budgeted", f"nvidia-smi && nvidia-smi {SMI_MEMORY} && nvml-info && cuda-info && "
+        "cuda-alloc 1000 && cuda-alloc 1100", vgpu(1024)))
     done = bed.wait_phase(node_namespace, "budgeted", {"Succeeded", "Failed"})
     logs = bed.logs(node_namespace, "budgeted")
     assert done["status"]["phase"] == "Failed", logs
@@ -77,6 +78,12 @@ def test_a_vgpu_pod_runs_under_its_budget_and_is_refused_past_it(
     assert nvml[-3:] == ["1024", "0", "1024"] and nvml[2] == gpu_line.split()[-3], logs
     assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
     assert "allocated 1100" not in lines, logs
+    # the image's nvidia-smi (the simulator's, over the mounted libnvidia-ml.so.1 that
+    # libtessera wraps) shows the budget as the GPU's memory, as HAMi's does
+    assert "1024, 0, 1024" in lines, logs  # --query-gpu=memory.total,memory.used,memory.free
+    table = [line for line in lines if line.startswith("|") and "MiB /" in line]
+    assert len(table) == 1 and "0MiB / 1024MiB" in table[0], logs
+    assert "NVIDIA-SMI" in logs and "Processes:" in logs, logs
 
 
 def partition(sharing: str) -> dict[str, Any]:
