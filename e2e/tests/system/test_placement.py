@@ -277,3 +277,41 @@ def test_a_leader_killed_in_the_middle_of_a_burst_double_books_nothing(
     assert len(set(units)) == 10, units
     bed.kubectl("delete", "pod", "-n", node_namespace, *names, "--wait=true",
                 "--grace-period=1")
+
+
+def test_a_higher_priority_pod_preempts_one_pod_of_one_unit(
+        bed: Bed[Any], node_namespace: str) -> None:
+    """Every unit holds a low-priority 6,000 MiB pod; the nodes' totals still hold one
+    more (so kube-scheduler's own preemption finds no victim): a high-priority pod of 6,000
+    MiB evicts exactly one of them, and runs on its unit under its budget."""
+    bed.cluster.wait_for_service_account(node_namespace)
+    bed.quota(node_namespace)
+    high = f"{node_namespace}-high"
+    bed.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": high}, "value": 1000}))
+    try:
+        lows = [f"low-{i}" for i in range(10)]
+        out = bed.kubectl("apply", "-n", node_namespace, "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [
+                gpu_pod(n, "cuda-alloc 5900 && sleep 600", vgpu(6000), node=None)
+                for n in lows]}))
+        assert out.returncode == 0, out.stderr
+        for n in lows:
+            bed.wait_phase(node_namespace, n, {"Running"}, 180)
+        pod = gpu_pod("high", "cuda-info && cuda-alloc 5900", vgpu(6000), node=None)
+        pod["spec"]["priorityClassName"] = high
+        bed.apply(node_namespace, pod)
+        done = bed.wait_phase(node_namespace, "high", {"Succeeded", "Failed"}, 180)
+        assert done["status"]["phase"] == "Succeeded", bed.logs(node_namespace, "high")
+        left = [n for n in lows if bed.kubectl("get", "pod", "-n", node_namespace, n,
+                                               "-o", "name").returncode == 0
+                and not bed.pod(node_namespace, n)["metadata"].get("deletionTimestamp")]
+        assert len(left) == 9, left
+        out = bed.kubectl("get", "events", "-n", node_namespace, "-o", "json",
+                          "--field-selector", "reason=Preempted")
+        msgs = [e["message"] for e in json.loads(out.stdout)["items"]]
+        assert len(msgs) == 1 and f"{node_namespace}/high" in msgs[0], msgs
+        print(f"\n[figures] preemption: {msgs[0]}")
+    finally:
+        bed.kubectl("delete", "priorityclass", high, "--ignore-not-found")
