@@ -72,10 +72,11 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
                 try:
                     b.wait_partition_removed(name, node)
                 except TimeoutError:
-                    # Seen about once in eight runs on node-1 after the operator restarts
-                    # of these tests: the Reset partition went without its GPU reset (the
-                    # leader judged it Applied at the deletion's generation; open, see the
-                    # session note). Leave the node as the next modules expect it.
+                    # Seen in about half the runs, on node-1, after these tests' operator
+                    # restarts: the Reset partition went without its GPU reset (the leader
+                    # judged it Applied at the deletion's first reconcile, before node-1's
+                    # daemon acted; open, see the session note of issue 34). Leave the node
+                    # as the next modules expect it.
                     print(f"\n[teardown] {node} kept its instances after {name} was "
                           "deleted; resetting it with a migMode: Disabled partition")
                     reset = f"{name}-reset"
