@@ -71,24 +71,10 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
             for name, node, _, _ in PARTITIONS:
                 try:
                     b.wait_partition_removed(name, node)
-                except TimeoutError:
-                    # Seen in about half the runs, on node-1, after these tests' operator
-                    # restarts: the Reset partition went without its GPU reset (the leader
-                    # judged it Applied at the deletion's first reconcile, before node-1's
-                    # daemon acted; open, see the session note of issue 34). Leave the node
-                    # as the next modules expect it.
-                    print(f"\n[teardown] {node} kept its instances after {name} was "
-                          "deleted; resetting it with a migMode: Disabled partition")
-                    reset = f"{name}-reset"
-                    b.apply("default", {
-                        "apiVersion": API_VERSION, "kind": "GPUPartition",
-                        "metadata": {"name": reset},
-                        "spec": {"nodeSelector": {"matchLabels": {
-                            "kubernetes.io/hostname": node}},
-                            "layout": {"migMode": "Disabled"}, "deletionPolicy": "Retain"}})
-                    wait_until(f"{node} reset", lambda node=node: b.allocatable(node).get(
-                        VGPU) == str(SHARES), 120, 1)
-                    b.kubectl("delete", "gpupartition", reset)
+                except TimeoutError as exc:
+                    raise AssertionError((node, b.allocatable(node), b.kubectl(
+                        "get", "node", node, "-o", "jsonpath={.metadata.annotations}").stdout
+                        [:3000])) from exc
 
 
 @pytest.fixture

@@ -78,8 +78,10 @@ class PartitionController:
         metrics.WATCHED.labels("node").set(len(self.nodes))
         self._dirty.set()
 
-    def _views(self) -> tuple[list[PartitionView], dict[str, GPUPartitionStatus]]:
-        views, olds = [], {}
+    def _views(self) -> tuple[list[PartitionView], dict[str, GPUPartitionStatus],
+                              dict[str, Obj]]:
+        """Each partition's view, stored status and the body both were read from."""
+        views, olds, bodies = [], {}, {}
         for name, body in sorted(self.partitions.items()):
             meta, status = body["metadata"], body.get("status") or {}
             try:
@@ -96,15 +98,21 @@ class PartitionController:
             views.append(PartitionView(name, spec, int(meta.get("generation") or 1),
                                        str(meta.get("creationTimestamp") or ""), entries))
             olds[name] = GPUPartitionStatus(conditions=conditions(status.get("conditions")))
-        return views, olds
+            bodies[name] = body
+        return views, olds, bodies
 
     async def reconcile_partitions(self) -> None:
-        views, olds = self._views()
+        views, olds, bodies = self._views()
         resolutions = resolve(views, self.nodes.values())
         for v in views:
-            body = self.partitions.get(v.name)
-            if body is None:
+            if v.name not in self.partitions:
                 continue
+            # the body the view was made from, not a newer one that arrived during this
+            # pass: a view of generation 1 judged with a body marked for deletion (generation
+            # 2) saw the nodes' generation-1 reports as the reset done and dropped the Reset
+            # finalizer before any daemon acted. A newer body marks the work dirty; its own
+            # pass follows, and writes carry this body's resourceVersion (409 if stale).
+            body = bodies[v.name]
             new = aggregate(v, resolutions[v.name], olds[v.name])
             await self._deletion_policy(body, v, new)
             wire = new.to_dict()
