@@ -124,9 +124,8 @@ class PodView:
     placed: Placed | None
     """What it holds by its record; None when bound without one (or not bound)."""
     holds: bool
-    """Bound and not ended: it holds GPU units (by record, or unrecorded)."""
-    error: str | None = None
-    terminating: bool = False
+    """Bound and not ended: it holds GPU units (by record, or unrecorded; a record or budget
+    that cannot be read counts as none: the daemon's commitments then stand for it)."""
     requests: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -139,18 +138,15 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     priority = int(spec.get("priority") or 0)
     phase = (pod.get("status") or {}).get("phase")
     holds = bool(node) and phase not in ENDED
-    terminating = bool(meta.get("deletionTimestamp"))
-    requests = pod_requests(pod)
+    placed = None
     try:
         record = of_pod(pod)
-        placed = None
         if record is not None:
             placed = Placed(key=key, uid=uid, priority=priority, node=record.node,
                             record=record, demands=tuple(pod_demands(pod)))
-        return PodView(key, uid, node, priority, placed, holds, None, terminating, requests)
-    except (PlacementRecordError, DemandError) as exc:
-        return PodView(key, uid, node, priority, None, holds, str(exc), terminating,
-                       requests)
+    except (PlacementRecordError, DemandError):
+        placed = None
+    return PodView(key, uid, node, priority, placed, holds, pod_requests(pod))
 
 
 @dataclass

@@ -30,10 +30,6 @@ from tessera_operator.placement.service import PlacementService
 
 log = logging.getLogger("tessera.placement")
 
-VERBS = ("filter", "prioritize", "bind", "preempt")
-MAX_BODY = 8 << 20
-"""Largest call read: a Pod and up to 5,000 node names (or a NodeList, without
-``nodeCacheCapable``) fit well within it."""
 
 
 def filter_answer(args: Mapping[str, Any], svc: PlacementService) -> dict[str, Any]:
@@ -46,7 +42,7 @@ def filter_answer(args: Mapping[str, Any], svc: PlacementService) -> dict[str, A
     got = svc.filter(pod, list(names))
     out: dict[str, Any] = {"FailedNodes": dict(got.failed),
                            "FailedAndUnresolvableNodes": dict(got.unresolvable),
-                           "Error": got.error}
+                           "Error": ""}
     if args.get("NodeNames") is not None:
         out["NodeNames"] = list(got.nodes)
         out["Nodes"] = None
@@ -56,15 +52,6 @@ def filter_answer(args: Mapping[str, Any], svc: PlacementService) -> dict[str, A
             n for n in items if (n.get("metadata") or {}).get("name") in keep]}
         out["NodeNames"] = None
     return out
-
-
-def prioritize_answer(args: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Filter already answered the one node (scored by the node policy): it scores 10."""
-    names = args.get("NodeNames")
-    if names is None:
-        names = [(n.get("metadata") or {}).get("name")
-                 for n in ((args.get("Nodes") or {}).get("items") or [])]
-    return [{"Host": n, "Score": 10} for n in names]
 
 
 async def bind_answer(args: Mapping[str, Any], svc: PlacementService) -> dict[str, Any]:
@@ -174,17 +161,13 @@ def add_routes(app: web.Application, svc: PlacementService, link: LeaderLink) ->
     async def _filter(a: Mapping[str, Any]) -> Any:
         return filter_answer(a, svc)
 
-    async def _prioritize(a: Mapping[str, Any]) -> Any:
-        return prioritize_answer(a)
-
     async def _bind(a: Mapping[str, Any]) -> Any:
         return await bind_answer(a, svc)
 
     async def _preempt(a: Mapping[str, Any]) -> Any:
         return preempt_answer(a, svc)
 
-    for verb, fn in (("filter", _filter), ("prioritize", _prioritize), ("bind", _bind),
-                     ("preempt", _preempt)):
+    for verb, fn in (("filter", _filter), ("bind", _bind), ("preempt", _preempt)):
         app.router.add_post(f"{PLACEMENT_PATH_PREFIX}/{verb}", endpoint(verb, fn))
 
 

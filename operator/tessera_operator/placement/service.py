@@ -60,7 +60,6 @@ class FilterResult:
     nodes: tuple[str, ...] = ()
     failed: Mapping[str, str] = field(default_factory=dict)
     unresolvable: Mapping[str, str] = field(default_factory=dict)
-    error: str = ""
 
 
 @dataclass
@@ -212,15 +211,13 @@ class PlacementService:
         metrics.PLACEMENT_DECISIONS.labels("placed").inc()
         return FilterResult(nodes=(name,), failed=failed, unresolvable=unresolvable)
 
-    def _totals_fit(self, view: NodeView, pod: Mapping[str, Any], without: set[str]) -> bool:
+    def _totals_fit(self, view: NodeView, pod: Mapping[str, Any]) -> bool:
         """Whether the scheduler's own fit (the Node's allocatable less the requests of the
         pods bound there) holds the pod: then its preemption finds no victim on this node
         (it removes pods only while the totals do not fit) and cannot make unit room."""
         want = pod_requests(pod)
         used: dict[str, int] = {}
         for p in self.cache.holding(view.name):
-            if p.uid in without:
-                continue
             for k, v in p.requests.items():
                 used[k] = used.get(k, 0) + v
         return all(view.allocatable.get(k, 0) - used.get(k, 0) >= v for k, v in want.items())
@@ -236,7 +233,7 @@ class PlacementService:
         best: tuple[tuple[int, int, str], str, list[Placed]] | None = None
         for name in failed:
             view = self.cache.nodes.get(name)
-            if view is None or view.error is not None or not self._totals_fit(view, pod, set()):
+            if view is None or view.error is not None or not self._totals_fit(view, pod):
                 continue
             chosen = victims(name, priority, demands, view.units, self.placed_on(name, uid),
                              policy)

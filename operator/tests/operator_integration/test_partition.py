@@ -152,11 +152,11 @@ def test_layout_no_model_can_hold_is_rejected_with_field_and_reason(
             "fits no GPU model") in out.stderr, out.stderr
 
 
-def test_reset_deletion_waits_for_the_daemons_and_retain_does_not(
-        cluster: Any, ops: Operators, pool: str) -> None:
+def reset_partition_applied(cluster: Any, pool: str, part: str) -> tuple[str, str]:
+    """A node of the pool and a Reset partition of it, holding its finalizer, that the
+    node reports applied at generation 1: (node, partition)."""
     n = f"{pool}-n0"
     assert cluster.kubectl("create", "-f", "-", input=node_json(n, pool=pool)).returncode == 0
-    part = f"{pool}-reset"
     doc = json.loads(partition_json(part, {"matchLabels": {"pool": pool}}, {"3g.40gb": 2},
                                     deletionPolicy="Reset"))
     doc["metadata"]["labels"] = {"test-pool": pool}
@@ -164,6 +164,12 @@ def test_reset_deletion_waits_for_the_daemons_and_retain_does_not(
     wait_until("finalizer", lambda: "tessera.dev/reset" in (kubectl_json(
         cluster, "get", "gpupartition", part)["metadata"].get("finalizers") or []))
     report(cluster, part, n, "Ready", 1)
+    return n, part
+
+
+def test_reset_deletion_waits_for_the_daemons_and_retain_does_not(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    n, part = reset_partition_applied(cluster, pool, f"{pool}-reset")
     assert cluster.kubectl("delete", "gpupartition", part, "--wait=false").returncode == 0
     obj = kubectl_json(cluster, "get", "gpupartition", part)
     gen = obj["metadata"]["generation"]
@@ -183,16 +189,7 @@ def test_a_restarted_leader_keeps_the_reset_finalizer(
         cluster: Any, ops: Operators, pool: str) -> None:
     """The Lease holder killed and started again (same identity: it takes its Lease back at
     once): the Reset partition keeps its finalizer until it is deleted and reset."""
-    n = f"{pool}-n0"
-    assert cluster.kubectl("create", "-f", "-", input=node_json(n, pool=pool)).returncode == 0
-    part = f"{pool}-keep"
-    doc = json.loads(partition_json(part, {"matchLabels": {"pool": pool}}, {"3g.40gb": 2},
-                                    deletionPolicy="Reset"))
-    doc["metadata"]["labels"] = {"test-pool": pool}
-    assert cluster.kubectl("apply", "-f", "-", input=json.dumps(doc)).returncode == 0
-    wait_until("finalizer", lambda: "tessera.dev/reset" in (kubectl_json(
-        cluster, "get", "gpupartition", part)["metadata"].get("finalizers") or []))
-    report(cluster, part, n, "Ready", 1)
+    _, part = reset_partition_applied(cluster, pool, f"{pool}-keep")
     leader = ops.leader()
     leader.kill()
     ops.ensure_running()

@@ -29,6 +29,8 @@ nvmlDevice_t handle(unsigned i);
 /* The GPU's PCI bus id (00000000:17:00.0). */
 void bus_id(unsigned i, char *out, unsigned len);
 int is_mig_enabled(unsigned i);
+/* GPU i's MIG devices in index order (none with MIG off), at most SMI_MAX_ITEMS; their number. */
+unsigned mig_handles(unsigned i, nvmlDevice_t *out);
 
 /* A GPU-instance profile: NVML's profile index, nvidia-smi's ID, the name without "MIG ". */
 struct gi_profile {

@@ -102,6 +102,18 @@ int is_mig_enabled(unsigned i)
     return nvmlDeviceGetMigMode(handle(i), &cur, &pending) == NVML_SUCCESS && cur;
 }
 
+unsigned mig_handles(unsigned i, nvmlDevice_t *out)
+{
+    if (!is_mig_enabled(i))
+        return 0;
+    unsigned max = 0, n = 0;
+    NV(nvmlDeviceGetMaxMigDeviceCount(handle(i), &max));
+    while (n < max && n < SMI_MAX_ITEMS
+           && nvmlDeviceGetMigDeviceHandleByIndex(handle(i), n, &out[n]) == NVML_SUCCESS)
+        n++;
+    return n;
+}
+
 static unsigned device_count(void)
 {
     unsigned n = 0;
@@ -164,14 +176,10 @@ static int list_gpus(void)
         NV(nvmlDeviceGetName(dev, name, sizeof name));
         NV(nvmlDeviceGetUUID(dev, uuid, sizeof uuid));
         printf("GPU %u: %s (UUID: %s)\n", i, name, uuid);
-        if (!is_mig_enabled(i))
-            continue;
-        unsigned max = 0;
-        NV(nvmlDeviceGetMaxMigDeviceCount(dev, &max));
-        for (unsigned k = 0; k < max; k++) {
-            nvmlDevice_t mig;
-            if (nvmlDeviceGetMigDeviceHandleByIndex(dev, k, &mig) != NVML_SUCCESS)
-                break;
+        nvmlDevice_t migs[SMI_MAX_ITEMS];
+        unsigned nmig = mig_handles(i, migs);
+        for (unsigned k = 0; k < nmig; k++) {
+            nvmlDevice_t mig = migs[k];
             NV(nvmlDeviceGetName(mig, name, sizeof name));
             NV(nvmlDeviceGetUUID(mig, uuid, sizeof uuid));
             const char *profile = strstr(name, " MIG ");

@@ -79,15 +79,10 @@ static unsigned mig_devices(const unsigned *gpus, unsigned n)
 {
     unsigned rows = 0;
     for (unsigned g = 0; g < n; g++) {
-        if (!is_mig_enabled(gpus[g]))
-            continue;
-        nvmlDevice_t dev = handle(gpus[g]);
-        unsigned max = 0;
-        NV(nvmlDeviceGetMaxMigDeviceCount(dev, &max));
-        for (unsigned k = 0; k < max; k++) {
-            nvmlDevice_t mig;
-            if (nvmlDeviceGetMigDeviceHandleByIndex(dev, k, &mig) != NVML_SUCCESS)
-                break;
+        nvmlDevice_t migs[SMI_MAX_ITEMS];
+        unsigned nmig = mig_handles(gpus[g], migs);
+        for (unsigned k = 0; k < nmig; k++) {
+            nvmlDevice_t mig = migs[k];
             if (!rows++) {
                 puts("");
                 rule('-');
