@@ -32,10 +32,13 @@ from tessera_operator.placement.config import scheduler_configuration
 
 class TesseraScheduler:
     def __init__(self, bin_dir: Path, admin_kubeconfig: Path, operators: LocalOperators,
-                 logdir: Path, name: str = SCHEDULER_NAME) -> None:
+                 logdir: Path, name: str = SCHEDULER_NAME, url: str | None = None) -> None:
         self.bin = Path(bin_dir) / "kube-scheduler"
         self.kubeconfig = Path(admin_kubeconfig)
         self.operators = operators
+        self.url = url
+        """The extender's URL; by default the replicas' Service (the round-robin proxy). A
+        test that must reach one replica names its webhook port."""
         self.logdir = Path(logdir)
         self.name = name
         self.log = self.logdir / f"{name}.log"
@@ -59,8 +62,8 @@ class TesseraScheduler:
             raise RuntimeError(f"token for {SCHEDULER_NAME}: {token.stderr.strip()}")
         kubeconfig = token_kubeconfig(self.kubeconfig, self.logdir, token.stdout.strip(),
                                       SCHEDULER_NAME)
-        conf = scheduler_configuration(f"https://127.0.0.1:{self.operators.proxy.port}",
-                                       OPERATOR_NS, kubeconfig=str(kubeconfig),
+        url = self.url or f"https://127.0.0.1:{self.operators.proxy.port}"
+        conf = scheduler_configuration(url, OPERATOR_NS, kubeconfig=str(kubeconfig),
                                        ca_pem=self.ca_pem())
         path = self.logdir / f"{self.name}.yaml"
         path.write_text(yaml.safe_dump(conf, sort_keys=False))

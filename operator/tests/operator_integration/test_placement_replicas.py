@@ -19,6 +19,7 @@ import pytest
 
 from tessera.api.names import ANNOTATION_PLACEMENT, SCHEDULER_NAME, VGPU, VGPU_CORES, VGPU_MEMORY
 from tessera_e2e.operator.api_nodes import ApiGPUNodes
+from tessera_e2e.operator.replicas import OperatorProcess
 from tessera_e2e.operator.scheduler import TesseraScheduler
 
 from .conftest import Operators
@@ -56,10 +57,23 @@ def gpu_pod(ns: str, name: str, mem: int) -> str:
                                                     VGPU_CORES: "10"}}}]}})
 
 
-def _forwarded(ops: Operators) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for rep in ops.replicas.values()
-               for line in rep.metrics().splitlines()
+def _forwarded(rep: OperatorProcess) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in rep.metrics().splitlines()
                if line.startswith('tessera_placement_forwarded_total{outcome="ok"}'))
+
+
+@pytest.fixture
+def follower_scheduler(cluster: Any, ops: Operators,
+                       tmp_path: Path) -> Iterator[tuple[TesseraScheduler, OperatorProcess]]:
+    """tessera-scheduler whose extender URL is the replica that does not hold the Lease
+    (the Service spreads connections, but kube-scheduler keeps one alive, so through the
+    Service which replica answers is chance)."""
+    leader = ops.leader()
+    follower = next(r for r in ops.replicas.values() if r is not leader)
+    sched = TesseraScheduler(cluster.bin_dir, cluster.kubeconfig, ops, tmp_path,
+                             url=f"https://127.0.0.1:{follower.webhook_port}").start()
+    yield sched, follower
+    sched.stop()
 
 
 def test_a_burst_with_the_leader_killed_never_puts_two_pods_on_one_unit(
@@ -100,18 +114,27 @@ def test_a_burst_with_the_leader_killed_never_puts_two_pods_on_one_unit(
 
 
 def test_the_replica_that_does_not_lead_forwards_to_the_one_that_does(
-        cluster: Any, namespace: str, ops: Operators, scheduler: TesseraScheduler,
+        cluster: Any, namespace: str, ops: Operators,
+        follower_scheduler: tuple[TesseraScheduler, OperatorProcess],
         gpu_nodes: ApiGPUNodes) -> None:
     ns = namespace
+    _, follower = follower_scheduler
     setup_ns(cluster, ns, quota(ns, hard={"cores": 1000, "memory": "400Gi"}))
-    before = _forwarded(ops)
+    before = _forwarded(follower)
     for i in range(6):
         out = cluster.kubectl("create", "-f", "-", input=gpu_pod(ns, f"f{i}", 1000))
         assert out.returncode == 0, out.stderr
-    wait_until("six pods bound", lambda: len([
-        p for p in kubectl_json(cluster, "get", "pods", "-n", ns)["items"]
-        if p["spec"].get("nodeName")]) == 6, 60)
-    assert _forwarded(ops) > before
+
+    def six_bound() -> dict[str, Any] | None:
+        bound = _bound_pods(cluster, ns)
+        return bound if len(bound) == 6 else None
+    placed = wait_until("six pods bound", six_bound, 60)
+    # every pod was placed by the leader: a filter and a bind per pod went through the
+    # follower, and each bound pod carries the leader's record
+    assert _forwarded(follower) - before >= 12
+    for p in placed.values():
+        rec = json.loads(p["metadata"]["annotations"][ANNOTATION_PLACEMENT])
+        assert rec["node"] == p["spec"]["nodeName"]
 
 
 @pytest.fixture
