@@ -306,6 +306,7 @@ EXPORT CUresult cuCtxSynchronize(void)
 /* Destroying a context frees everything allocated in it, as the driver does. */
 static void free_ctx_resources(CUcontext c)
 {
+    sim_ctx_storage_drop(c);
     for (size_t i = 0; i < g_nalloc;) {
         struct alloc *a = &g_alloc[i];
         if (a->ctx != c) {

@@ -14,7 +14,7 @@ unsigned long long g_next_id = 1;
 
 /* ------------------------------------------------------------- handle registry */
 
-struct reg r_ctx, r_stream, r_event, r_mod, r_func, r_pool, r_graph, r_gexec, r_node;
+struct reg r_ctx, r_stream, r_event, r_mod, r_func, r_pool, r_graph, r_gexec, r_node, r_lib, r_kern;
 
 int reg_add(struct reg *r, void *p)
 {

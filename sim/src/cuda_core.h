@@ -30,6 +30,9 @@ CUresult sim_cuGraphInstantiate_legacy(CUgraphExec *pe, CUgraph g, CUgraphNode *
     __asm__("cuGraphInstantiate_v2");
 CUresult sim_cuGraphInstantiate_v1(CUgraphExec *pe, CUgraph g, CUgraphNode *err, char *log, size_t n)
     __asm__("cuGraphInstantiate");
+CUresult sim_cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
+CUresult sim_cuStreamGetCaptureInfo_v1(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+    __asm__("cuStreamGetCaptureInfo");
 
 /* Everything below is hidden: the files reach each other's globals PC-relative. */
 #pragma GCC visibility push(hidden)
@@ -39,6 +42,8 @@ CUresult sim_cuGraphInstantiate_v1(CUgraphExec *pe, CUgraph g, CUgraphNode *err,
 #define MAGIC_EVENT 0x45564e31u
 #define MAGIC_MOD 0x4d4f4431u
 #define MAGIC_FUNC 0x46554e31u
+#define MAGIC_LIB 0x4c494231u
+#define MAGIC_KERN 0x4b524e31u
 #define MAGIC_POOL 0x504f4f31u
 #define MAGIC_GRAPH 0x47525031u
 #define MAGIC_GEXEC 0x47455831u
@@ -84,6 +89,9 @@ struct CUstream_st {
     uint64_t *ring;     /* end times of queued kernels (bounded launch queue) */
     uint32_t ring_cap, ring_head, ring_count;
     unsigned long long id;
+    CUgraph capture;          /* the graph a capture records launches into (cuda_graph.c) */
+    CUgraphNode capture_last; /* the node the next captured launch depends on */
+    cuuint64_t capture_id;
 };
 
 struct CUevent_st {
@@ -104,6 +112,7 @@ struct sim_kernel {
 struct CUmod_st {
     uint32_t magic;
     CUcontext ctx;
+    CUlibrary lib; /* the library this module is in this context (cuda_library.c), or NULL */
     int nfuncs;
     struct CUfunc_st *funcs;
 };
@@ -143,7 +152,7 @@ struct reg {
     void **items;
     size_t n, cap;
 };
-extern struct reg r_ctx, r_stream, r_event, r_mod, r_func, r_pool, r_graph, r_gexec, r_node;
+extern struct reg r_ctx, r_stream, r_event, r_mod, r_func, r_pool, r_graph, r_gexec, r_node, r_lib, r_kern;
 
 int reg_add(struct reg *r, void *p);
 
@@ -306,6 +315,16 @@ void stream_free(CUstream s);
 CUresult stream_lookup(CUstream s, CUstream *out);
 /* cuda_module.c */
 void module_free(CUmodule m);
+/* The text a module image holds (a fatbin's PTX, PTX, the simulator's own format). */
+CUresult module_image(const void *image, const char **text, size_t *len);
+/* Load a module image's text into context c. Caller holds g_mu. */
+CUresult module_load_locked(CUcontext c, const char *img, size_t len, CUmodule *pm);
+/* cuda_library.c: f itself, or the function a CUkernel passed as f has in the current
+ * context (loaded there now if it was not); NULL if f is neither. Caller holds g_mu. */
+CUfunction func_resolve(CUfunction f);
+
+/* cuda_export.c: forget the values the runtime kept for a destroyed context */
+void sim_ctx_storage_drop(CUcontext c);
 static inline int max_blocks_per_sm(int threads)
 {
     if (threads <= 0)
@@ -315,6 +334,9 @@ static inline int max_blocks_per_sm(int threads)
 }
 /* cuda_launch.c: put a launch on its device's timeline */
 CUresult launch_do(struct launch *l, int cooperative);
+/* cuda_graph.c: a launch on a stream that is capturing becomes a node of its graph (1, *rc
+ * the outcome); 0: the stream is not capturing, launch it. */
+int capture_launch(const struct launch *l, void **params, CUresult *rc);
 
 #pragma GCC visibility pop
 #endif

@@ -1,6 +1,9 @@
-/* Fake libcuda.so.1: graphs of kernel nodes.  Instantiation copies the nodes' launches (in
- * insertion order, which is topological); a graph launch puts them on the stream one after
- * the other. */
+/* Fake libcuda.so.1: graphs of kernel nodes, built node by node or captured from a stream
+ * (kernel launches on a capturing stream become nodes, each depending on the one before;
+ * memory operations on it still run at once, uncaptured: the simulator's graphs hold
+ * kernels only).
+ * Instantiation copies the nodes' launches (in insertion order, which is topological); a
+ * graph launch puts them on the stream one after the other. */
 #include "cuda_core.h"
 
 #include <string.h>
@@ -70,9 +73,9 @@ static CUresult add_kernel_node(CUgraphNode *pn, CUgraph g, const CUgraphNode *d
     for (size_t i = 0; rc == CUDA_SUCCESS && i < ndeps; i++)
         if (!reg_has(&r_node, deps[i]) || deps[i]->graph != g)
             rc = CUDA_ERROR_INVALID_VALUE;
-    struct launch l = {f, gx, gy, gz, bx, by, bz, shmem, NULL, 0, 0};
-    if (rc == CUDA_SUCCESS && !reg_has(&r_func, f))
+    if (rc == CUDA_SUCCESS && !(f = func_resolve(f)))
         rc = CUDA_ERROR_INVALID_VALUE;
+    struct launch l = {f, gx, gy, gz, bx, by, bz, shmem, NULL, 0, 0};
     if (rc == CUDA_SUCCESS && f->k.cost_param >= 0) {
         /* Like the real graph, node parameters are copied at creation. */
         if (!params || !params[f->k.cost_param])
@@ -201,4 +204,154 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
     }
     pthread_mutex_unlock(&g_mu);
     return rc;
+}
+
+/* ---- stream capture ------------------------------------------------------------------- */
+
+static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static cuuint64_t capture_ids;
+
+/* The stream s names, capturing or not. Caller holds g_mu. */
+static CUresult capture_stream(CUstream s, CUstream *out)
+{
+    return stream_lookup(s, out);
+}
+
+EXPORT CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode)
+{
+    ENTER();
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s == NULL || s == CU_STREAM_LEGACY)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
+    CUgraph g = NULL;
+    CUresult rc = cuGraphCreate(&g, 0);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&g_mu);
+    CUstream st = NULL;
+    rc = capture_stream(s, &st);
+    if (rc == CUDA_SUCCESS && st->capture)
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    if (rc == CUDA_SUCCESS) {
+        st->capture = g;
+        st->capture_last = NULL;
+        st->capture_id = ++capture_ids;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (rc != CUDA_SUCCESS)
+        cuGraphDestroy(g);
+    return rc;
+}
+
+EXPORT CUresult sim_cuStreamBeginCapture_v1(CUstream s)
+{
+    return cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg)
+{
+    ENTER();
+    if (!pg)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUstream st = NULL;
+    CUresult rc = capture_stream(s, &st);
+    if (rc == CUDA_SUCCESS && !st->capture)
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    if (rc == CUDA_SUCCESS) {
+        *pg = st->capture;
+        st->capture = NULL;
+        st->capture_last = NULL;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+    ENTER();
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUstream st = NULL;
+    CUresult rc = capture_stream(s, &st);
+    if (rc == CUDA_SUCCESS)
+        *status = st->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *g,
+                                          const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps)
+{
+    ENTER();
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUstream st = NULL;
+    CUresult rc = capture_stream(s, &st);
+    if (rc == CUDA_SUCCESS) {
+        *status = st->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+        if (id && st->capture)
+            *id = st->capture_id;
+        if (g)
+            *g = st->capture;
+        if (deps)
+            *deps = st->capture_last ? &st->capture_last : NULL;
+        if (edges)
+            *edges = NULL;
+        if (ndeps)
+            *ndeps = st->capture_last ? 1 : 0;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *g,
+                                          const CUgraphNode **deps, size_t *ndeps)
+{
+    return cuStreamGetCaptureInfo_v3(s, status, id, g, deps, NULL, ndeps);
+}
+
+EXPORT CUresult sim_cuStreamGetCaptureInfo_v1(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id)
+{
+    return cuStreamGetCaptureInfo_v3(s, status, id, NULL, NULL, NULL, NULL);
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+int capture_launch(const struct launch *l, void **params, CUresult *rc)
+{
+    if (l->stream == NULL || l->stream == CU_STREAM_LEGACY || l->stream == CU_STREAM_PER_THREAD)
+        return 0;
+    pthread_mutex_lock(&g_mu);
+    CUstream st = NULL;
+    CUgraph g = NULL;
+    CUgraphNode last = NULL;
+    if (stream_lookup(l->stream, &st) == CUDA_SUCCESS && st->capture) {
+        g = st->capture;
+        last = st->capture_last;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!g)
+        return 0;
+    CUgraphNode n = NULL;
+    *rc = add_kernel_node(&n, g, last ? &last : NULL, last ? 1 : 0, l->f, l->gx, l->gy, l->gz, l->bx, l->by,
+                          l->bz, l->shmem, params, NULL);
+    if (*rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_mu);
+        if (st->capture == g)
+            st->capture_last = n;
+        pthread_mutex_unlock(&g_mu);
+    }
+    return 1;
 }

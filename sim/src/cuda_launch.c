@@ -87,15 +87,18 @@ CUresult launch_do(struct launch *l, int cooperative)
 static CUresult launch_common(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                               unsigned bz, unsigned shmem, CUstream s, void **params, void **extra, int coop)
 {
-    struct launch l = {f, gx, gy, gz, bx, by, bz, shmem, s, 0, 0};
     if (params && extra)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    int ok = reg_has(&r_func, f);
-    int cp = ok ? f->k.cost_param : -1;
+    f = func_resolve(f); /* a CUkernel: its function in the current context */
+    int cp = f ? f->k.cost_param : -1;
     pthread_mutex_unlock(&g_mu);
-    if (!ok)
+    if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
+    struct launch l = {f, gx, gy, gz, bx, by, bz, shmem, s, 0, 0};
+    CUresult captured = CUDA_SUCCESS;
+    if (!coop && capture_launch(&l, params, &captured))
+        return captured;
     if (cp >= 0) {
         if (!params || !params[cp])
             return CUDA_ERROR_INVALID_VALUE;

@@ -1,7 +1,10 @@
 /* Fake libcuda.so.1: modules and functions.  A module image is the simulator's own
  * description of its kernels and what each costs, or PTX text (every .entry a kernel of the
- * node's default cost); machine code (cubin, fatbin) is refused: none runs here. */
+ * node's default cost), or a fat binary carrying PTX (what nvcc embeds in a program and the
+ * CUDA runtime loads); machine code alone (cubin, a fatbin without PTX) is refused: none runs
+ * here. */
 #include "cuda_core.h"
+#include "fatbin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -96,33 +99,55 @@ static CUresult parse_module(const char *img, size_t len, CUmodule m)
     return CUDA_SUCCESS;
 }
 
+CUresult module_load_locked(CUcontext c, const char *img, size_t len, CUmodule *pm)
+{
+    CUmodule m = calloc(1, sizeof *m);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->magic = MAGIC_MOD;
+    m->ctx = c;
+    CUresult rc = parse_module(img, len, m);
+    if (rc == CUDA_SUCCESS && reg_add(&r_mod, m) != 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS) {
+        *pm = m;
+        return rc;
+    }
+    for (int i = 0; i < m->nfuncs; i++)
+        reg_del(&r_func, &m->funcs[i]);
+    free(m->funcs);
+    free(m);
+    return rc;
+}
+
 static CUresult module_load(CUmodule *pm, const char *img, size_t len)
 {
     pthread_mutex_lock(&g_mu);
     CUcontext c = NULL;
     CUresult rc = need_ctx(&c);
-    CUmodule m = NULL;
-    if (rc == CUDA_SUCCESS) {
-        m = calloc(1, sizeof *m);
-        rc = m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (rc == CUDA_SUCCESS) {
-        m->magic = MAGIC_MOD;
-        m->ctx = c;
-        rc = parse_module(img, len, m);
-    }
-    if (rc == CUDA_SUCCESS && reg_add(&r_mod, m) != 0)
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    if (rc == CUDA_SUCCESS) {
-        *pm = m;
-    } else if (m) {
-        for (int i = 0; i < m->nfuncs; i++)
-            reg_del(&r_func, &m->funcs[i]);
-        free(m->funcs);
-        free(m);
-    }
+    if (rc == CUDA_SUCCESS)
+        rc = module_load_locked(c, img, len, pm);
     pthread_mutex_unlock(&g_mu);
     return rc;
+}
+
+CUresult module_image(const void *image, const char **text, size_t *len)
+{
+    switch (fatbin_ptx(image, SIZE_MAX, text, len)) {
+    case FATBIN_PTX:
+        return CUDA_SUCCESS;
+    case FATBIN_NOT_FATBIN:
+        break;
+    case FATBIN_MALFORMED:
+        return CUDA_ERROR_INVALID_IMAGE;
+    case FATBIN_NO_PTX:
+        return CUDA_ERROR_NO_BINARY_FOR_GPU;
+    case FATBIN_COMPRESSED:
+        return CUDA_ERROR_NOT_SUPPORTED; /* the simulator reads uncompressed PTX only */
+    }
+    *text = image;
+    *len = memcmp(image, "\177ELF", 4) == 0 ? 4 : strlen(image);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuModuleLoadData(CUmodule *pm, const void *image)
@@ -130,9 +155,10 @@ EXPORT CUresult cuModuleLoadData(CUmodule *pm, const void *image)
     ENTER();
     if (!pm || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    const char *img = image;
-    size_t len = memcmp(img, "\177ELF", 4) == 0 ? 4 : strlen(img);
-    return module_load(pm, img, len);
+    const char *img = NULL;
+    size_t len = 0;
+    CUresult rc = module_image(image, &img, &len);
+    return rc == CUDA_SUCCESS ? module_load(pm, img, len) : rc;
 }
 
 EXPORT CUresult cuModuleLoadDataEx(CUmodule *pm, const void *image, unsigned int n, CUjit_option *o, void **v)
@@ -275,4 +301,13 @@ EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f
     if (rc == CUDA_SUCCESS)
         *n = max_blocks_per_sm(bs);
     return rc;
+}
+
+/* Modules load when they are loaded: what the runtime asks before it registers kernels. */
+EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
+{
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
+    *mode = CU_MODULE_EAGER_LOADING;
+    return CUDA_SUCCESS;
 }

@@ -1,16 +1,8 @@
-/* Fake libcuda.so.1: cuGetProcAddress (version-aware, from cuda_procs.h), the export table
- * the runtime would need (refused) and the simulator's fault control. */
+/* Fake libcuda.so.1: cuGetProcAddress (version-aware, from cuda_procs.h) and the simulator's
+ * fault control.  The runtime's export tables are in cuda_export.c. */
 #include "cuda_core.h"
 
 #include <string.h>
-
-EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
-{
-    (void)id;
-    if (table)
-        *table = NULL;
-    return CUDA_ERROR_NOT_SUPPORTED; /* the runtime's private tables are out of reach */
-}
 
 /* Simulator control, for tests: make the next `count` calls of `fn` (in every process of
  * the node) fail with `code` after `delay_us`.  count -1: every call; code 0: delay only. */
