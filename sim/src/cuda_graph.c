@@ -355,3 +355,35 @@ int capture_launch(const struct launch *l, void **params, CUresult *rc)
     }
     return 1;
 }
+
+EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
+{
+    ENTER();
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult rc = reg_has(&r_graph, g) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        if (nodes)
+            for (size_t i = 0; i < *n && i < g->n; i++)
+                nodes[i] = g->nodes[i];
+        if (!nodes || *n > g->n)
+            *n = g->n;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* Every node of the simulator's graphs is a kernel node. */
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *type)
+{
+    ENTER();
+    if (!type)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult rc = reg_has(&r_node, n) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *type = CU_GRAPH_NODE_TYPE_KERNEL;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}

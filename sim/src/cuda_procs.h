@@ -157,6 +157,8 @@ static const struct proc procs[] = {
     P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     P("cuGraphLaunch", 10000, cuGraphLaunch),
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     P("cuStreamBeginCapture", 10000, sim_cuStreamBeginCapture_v1),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),

@@ -11,7 +11,8 @@ from tessera_sim import BUILD_DIR
 
 from .conftest import Node
 
-NODES = {"test_cuda": ("H100-80GB", "A100-40GB"), "test_nvml": ("A100-40GB:mig", "H100-80GB")}
+NODES = {"test_cuda": ("H100-80GB", "A100-40GB"), "test_nvml": ("A100-40GB:mig", "H100-80GB"),
+         "test_runtime_driver": ("H100-80GB",)}
 
 
 @pytest.mark.parametrize("variant", ["tests", "san/tests"])
