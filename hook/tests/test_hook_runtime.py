@@ -82,6 +82,13 @@ def test_memory_a_pool_keeps_counts_until_it_is_trimmed(container: Container) ->
     assert r["trimmed_err"] == CUDA_SUCCESS, r
 
 
+def test_a_release_threshold_is_what_the_pool_keeps_of_the_budget(container: Container) -> None:
+    """The default pool's release threshold (128 MiB): after the stream synchronises, the
+    pool keeps that much of the 512 MiB freed, and the budget counts exactly that."""
+    r = trt(container, "threshold", str(512 * MIB), str(128 * MIB))
+    assert r["err"] == CUDA_SUCCESS and r["held"] == 512 * MIB and r["used"] == 128 * MIB, r
+
+
 def test_threads_allocating_at_once_share_one_budget(container: Container) -> None:
     r = trt(container, "threads", "8", str(32 * MIB))
     assert r["got"] == GIB and r["held"] == GIB and r["after"] == 0, r

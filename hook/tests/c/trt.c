@@ -11,6 +11,9 @@
  *   trt poolkeep BYTES             the default pool keeps BYTES freed by cudaFreeAsync (release
  *                                  threshold: all): cudaMalloc of BYTES while it keeps them,
  *                                  after cudaMemPoolTrimTo(0): {"kept_err","trimmed_err"}
+ *   trt threshold BYTES KEEP       the default pool's release threshold KEEP: BYTES allocated
+ *                                  with cudaMallocAsync, freed, synchronised: {"used"} (the
+ *                                  budget's view: what the pool still keeps)
  *   trt launch DEV N BLOCKS        N cudaLaunchKernel of BLOCKS blocks on device DEV: {"secs"}
  *   trt graph N NODES              capture NODES launches from a stream into a graph,
  *                                  instantiate it, launch it N times: {"err","secs","nodes"}
@@ -157,6 +160,27 @@ static int op_poolkeep(size_t bytes)
     return 0;
 }
 
+static int op_threshold(size_t bytes, uint64_t keep)
+{
+    cudaMemPool_t pool = NULL;
+    cudaStream_t s = NULL;
+    void *p = NULL;
+    cudaError_t e = cudaStreamCreate(&s);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetDefaultMemPool(&pool, 0);
+    if (e == cudaSuccess)
+        e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (e == cudaSuccess)
+        e = cudaMallocAsync(&p, bytes, s);
+    size_t held = used_bytes();
+    if (e == cudaSuccess)
+        e = cudaFreeAsync(p, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    printf("{\"err\": %d, \"held\": %zu, \"used\": %zu}\n", e, held, used_bytes());
+    return 0;
+}
+
 static cudaError_t spin(unsigned blocks, cudaStream_t s)
 {
     dim3 grid = {blocks, 1, 1}, block = {128, 1, 1};
@@ -277,6 +301,8 @@ int main(int argc, char **argv)
         return op_fill(argv[2], strtoull(argv[3], NULL, 0));
     if (!strcmp(op, "poolkeep") && argc == 3)
         return op_poolkeep(strtoull(argv[2], NULL, 0));
+    if (!strcmp(op, "threshold") && argc == 4)
+        return op_threshold(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     if (!strcmp(op, "launch") && argc == 5)
         return op_launch(atoi(argv[2]), atoi(argv[3]), (unsigned)atoi(argv[4]));
     if (!strcmp(op, "graph") && argc == 4)
