@@ -79,7 +79,7 @@ static int match_mig_uuid(const char *want, int *gpu, int *slot, int *ci)
         if (!st->gpu[g].mig_current)
             continue;
         int slots[64], cis[64];
-        int n = sim_mig_devices((int)g, slots, cis, 64);
+        int n = sim_mig_devices(g, slots, cis, 64);
         for (int i = 0; i < n; i++) {
             char u[96], legacy[160];
             sim_mig_uuid(g, slots[i] - 1, cis[i], u, sizeof u);
