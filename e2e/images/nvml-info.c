@@ -1,7 +1,8 @@
 /* An NVML client for pods, what `nvidia-smi --query-gpu=index,name,uuid,memory.total,
  * memory.used,memory.free --format=csv,noheader,nounits` prints: one line per GPU, memory in
- * MiB, through nvmlDeviceGetMemoryInfo (as nvidia-smi reads it), then "gpus <count>".
- * libnvidia-ml.so.1 comes from what the node mounts. */
+ * MiB, through nvmlDeviceGetMemoryInfo (as nvidia-smi reads it), each MIG-enabled GPU's MIG
+ * devices under it ("<gpu>:<mig index>, name, uuid, total, used, free", the MIG devices by
+ * index), then "gpus <count>". libnvidia-ml.so.1 comes from what the node mounts. */
 #include <nvml.h>
 #include <stdio.h>
 
@@ -28,6 +29,22 @@ int main(void) {
             return 1;
         printf("%u, %s, %s, %llu, %llu, %llu\n", index, name, uuid, memory.total >> 20,
                memory.used >> 20, memory.free >> 20);
+        unsigned current = 0, pending = 0, max = 0;
+        if (nvmlDeviceGetMigMode(device, &current, &pending) != NVML_SUCCESS || !current)
+            continue;
+        if (check(nvmlDeviceGetMaxMigDeviceCount(device, &max), "nvmlDeviceGetMaxMigDeviceCount"))
+            return 1;
+        for (unsigned k = 0; k < max; k++) {
+            nvmlDevice_t mig;
+            if (nvmlDeviceGetMigDeviceHandleByIndex(device, k, &mig) != NVML_SUCCESS)
+                break;
+            if (check(nvmlDeviceGetName(mig, name, sizeof name), "nvmlDeviceGetName") ||
+                check(nvmlDeviceGetUUID(mig, uuid, sizeof uuid), "nvmlDeviceGetUUID") ||
+                check(nvmlDeviceGetMemoryInfo(mig, &memory), "nvmlDeviceGetMemoryInfo"))
+                return 1;
+            printf("%u:%u, %s, %s, %llu, %llu, %llu\n", index, k, name, uuid,
+                   memory.total >> 20, memory.used >> 20, memory.free >> 20);
+        }
     }
     printf("gpus %u\n", count);
     nvmlShutdown();

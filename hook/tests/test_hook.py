@@ -239,6 +239,30 @@ def assert_no_memory_at_all(c: Container) -> None:
     assert "is not in the budget" in r.stderr
 
 
+def test_entries_follow_the_uuid_not_the_containers_indices(hook_built: None,
+                                                            tmp_path: Path) -> None:
+    """In a container given only the node's second GPU (its device file alone, as the device
+    plugin's sim visibility mounts it) that GPU is CUDA ordinal 0 and NVML index 0: the
+    entry naming its UUID holds it; one naming the node's first GPU, whose index the
+    container's GPU now has, holds nothing."""
+    second = "GPU-22222222-2222-3333-4444-555555555555"
+    (tmp_path / "node.ini").write_text(node_description(
+        [GPUSpec("H100-80GB", uuid=GPU_UUID), GPUSpec("A100-40GB", uuid=second)]))
+    c = Container(tmp_path, "second")
+    dev = tmp_path / "container-dev"
+    dev.mkdir()
+    (dev / "nvidia1").touch()
+    c.env["TESSERA_SIM_DEV"] = str(dev)
+    c.set(BudgetEntry(uuid=second, memory=512 * MIB))
+    r = c.probe("info")
+    assert r["total"] == 512 * MIB and r["device_total"] == 512 * MIB, r
+    assert r["nvml_total"] == 512 * MIB, r  # NVML index 0
+    assert c.probe("fill", "alloc", str(64 * MIB))["got"] == 512 * MIB
+    c.set(BudgetEntry(uuid=GPU_UUID, memory=512 * MIB))
+    assert_no_memory_at_all(c)
+    c.budget.close()
+
+
 def test_mig_instance_entries(hook_built: None, tmp_path: Path) -> None:
     """A budget entry naming a MIG device (MIG- UUID, flagged as such in the file) holds a
     process on that MIG instance to its budget."""

@@ -30,6 +30,7 @@ PURE = frozenset({
     "deviceplugin.devices", "deviceplugin.allocation", "deviceplugin.matcher",
     "deviceplugin.fit", "deviceplugin.budgets", "deviceplugin.resize", "deviceplugin.pacing",
     "deviceplugin.response", "deviceplugin.placed", "deviceplugin.pending",
+    "deviceplugin.device_files",
     "audit.logic",
     "node.content", "node.reports", "node.findings", "node.inventory", "node.patch",
     "node.coexistence",

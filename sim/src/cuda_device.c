@@ -1,6 +1,7 @@
-/* Fake libcuda.so.1: initialisation and devices.  cuInit enumerates the node's GPUs (a
- * MIG-enabled GPU: its MIG devices) as CUDA_VISIBLE_DEVICES says, the way the real driver
- * reads it; the device queries answer from the node's description. */
+/* Fake libcuda.so.1: initialisation and devices.  cuInit enumerates the GPUs this process
+ * sees (its device files, simdev.c; a MIG-enabled GPU: its visible MIG devices) as
+ * CUDA_VISIBLE_DEVICES says, the way the real driver reads it; the device queries answer
+ * from the node's description. */
 #include "cuda_core.h"
 #include "cuerrors.h"
 #include "migtable.h"
@@ -35,27 +36,6 @@ static void add_dev(int gpu, int slot, int ci)
         memset(d->uuid_bytes, 0, sizeof d->uuid_bytes);
 }
 
-/* MIG devices of a GPU in enumeration order (GI id, then CI id). */
-static int mig_devices(int gpu, int *slots, int *cis, int cap)
-{
-    struct sim_gpu *g = &sim_state()->gpu[gpu];
-    int n = 0;
-    for (uint32_t id = 0; id < 15; id++)
-        for (int k = 0; k < SIM_MAX_GIS; k++) {
-            struct sim_gi *gi = &g->gi[k];
-            if (!gi->used || gi->id != id)
-                continue;
-            for (uint32_t cid = 0; cid < SIM_MAX_CIS; cid++)
-                for (int c = 0; c < SIM_MAX_CIS; c++)
-                    if (gi->ci[c].used && gi->ci[c].id == cid && n < cap) {
-                        slots[n] = k + 1;
-                        cis[n] = c;
-                        n++;
-                    }
-        }
-    return n;
-}
-
 static int have_dev(int gpu, int slot, int ci)
 {
     for (int i = 0; i < g_ndev; i++)
@@ -83,7 +63,7 @@ static int add_gpu(int gpu)
         return 1;
     }
     int slots[64], cis[64];
-    int n = mig_devices(gpu, slots, cis, 64);
+    int n = sim_mig_devices(gpu, slots, cis, 64);
     /* CUDA enumerates a single MIG device per process. */
     if (n > 0 && !mig_enumerated())
         add_dev(gpu, slots[0], cis[0]);
@@ -94,18 +74,19 @@ static int match_mig_uuid(const char *want, int *gpu, int *slot, int *ci)
 {
     struct sim_state *st = sim_state();
     int found = 0;
-    for (uint32_t g = 0; g < st->ngpus; g++) {
+    for (int v = 0; v < sim_gpu_count(); v++) {
+        int g = sim_gpu_at(v);
         if (!st->gpu[g].mig_current)
             continue;
         int slots[64], cis[64];
-        int n = mig_devices((int)g, slots, cis, 64);
+        int n = sim_mig_devices(g, slots, cis, 64);
         for (int i = 0; i < n; i++) {
             char u[96], legacy[160];
-            sim_mig_uuid((int)g, slots[i] - 1, cis[i], u, sizeof u);
+            sim_mig_uuid(g, slots[i] - 1, cis[i], u, sizeof u);
             snprintf(legacy, sizeof legacy, "MIG-%s/%u/%u", st->gpu[g].uuid,
                      st->gpu[g].gi[slots[i] - 1].id, st->gpu[g].gi[slots[i] - 1].ci[cis[i]].id);
             if (strncmp(u, want, strlen(want)) == 0 || strcmp(legacy, want) == 0) {
-                *gpu = (int)g;
+                *gpu = g;
                 *slot = slots[i];
                 *ci = cis[i];
                 found++;
@@ -121,8 +102,8 @@ static void enumerate(void)
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     g_ndev = 0;
     if (!cvd) {
-        for (uint32_t g = 0; g < st->ngpus && g_ndev < SIM_MAX_DEVS; g++)
-            add_gpu((int)g);
+        for (int v = 0; v < sim_gpu_count() && g_ndev < SIM_MAX_DEVS; v++)
+            add_gpu(sim_gpu_at(v));
         return;
     }
     /* Like the real driver: entries are read in order and parsing stops at the first
@@ -139,13 +120,13 @@ static void enumerate(void)
         if (isdigit((unsigned char)*e)) {
             char *stop = NULL;
             long idx = strtol(e, &stop, 10);
-            if (*stop != '\0' || idx < 0 || idx >= (long)st->ngpus || !add_gpu((int)idx))
+            if (*stop != '\0' || idx < 0 || idx >= (long)sim_gpu_count() || !add_gpu(sim_gpu_at((int)idx)))
                 return;
         } else if (strncmp(e, "GPU-", 4) == 0) {
             int hit = -1, hits = 0;
-            for (uint32_t g = 0; g < st->ngpus; g++)
-                if (strncmp(st->gpu[g].uuid, e, strlen(e)) == 0) {
-                    hit = (int)g;
+            for (int v = 0; v < sim_gpu_count(); v++)
+                if (strncmp(st->gpu[sim_gpu_at(v)].uuid, e, strlen(e)) == 0) {
+                    hit = sim_gpu_at(v);
                     hits++;
                 }
             if (hits != 1 || !add_gpu(hit))

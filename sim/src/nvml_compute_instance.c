@@ -166,6 +166,8 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t h, unsigned profile, int want, u
         return NVML_ERROR_INVALID_ARGUMENT;
     LOCK();
     uint32_t c = 0, starts[8], ns = 0, start = 0;
+    int ci_id = -1;
+    uint32_t gi_id = 0;
     nvmlReturn_t rc = ci_shape(h, profile, &c, starts, &ns);
     if (rc == NVML_SUCCESS && want >= 0 && want_size != c)
         rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -195,9 +197,13 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t h, unsigned profile, int want, u
             ci->serial = ++S()->serial;
             ci->used = 1;
             *out = &g_cih[h->gpu][h->gi][slot];
+            ci_id = (int)id;
+            gi_id = gi->id;
         }
     }
     sim_unlock();
+    if (rc == NVML_SUCCESS)
+        sim_dev_publish_cap(h->gpu, gi_id, ci_id); /* its access capability's device file */
     return rc;
 }
 

@@ -51,7 +51,7 @@ static inline int dev_ok(nvmlDevice_t d)
     if (!d || !S())
         return 0;
     if (d >= &g_phys[0] && d < &g_phys[SIM_MAX_GPUS])
-        return d->gpu < (int)S()->ngpus;
+        return d->gpu < (int)S()->ngpus && sim_gpu_index(d->gpu) >= 0;
     if ((void *)d >= (void *)&g_mig[0][0][0] && (void *)d < (void *)((char *)g_mig + sizeof g_mig)) {
         const struct sim_gpu *g = &S()->gpu[d->gpu];
         return g->mig_current && g->gi[d->gi].used && g->gi[d->gi].ci[d->ci].used;

@@ -1,6 +1,7 @@
-/* Fake libnvidia-ml.so.1: devices.  Handles by index, UUID and PCI bus ID; name, UUID, PCI
- * and memory information; utilisation and the processes on a device, from the node's shared
- * state (README.md, "Kernel time model"). */
+/* Fake libnvidia-ml.so.1: devices.  Handles by index, UUID and PCI bus ID of the GPUs and
+ * MIG devices this process sees (its device files, simdev.c); name, UUID, PCI and memory
+ * information; utilisation and the processes on a device, from the node's shared state
+ * (README.md, "Kernel time model"). */
 #include "nvml_core.h"
 
 #include <stdio.h>
@@ -17,7 +18,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
     ENTER();
     if (!n)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *n = S()->ngpus;
+    *n = (unsigned)sim_gpu_count();
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
@@ -25,9 +26,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCo
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d)
 {
     ENTER();
-    if (!d || i >= S()->ngpus)
+    if (!d || i >= (unsigned)sim_gpu_count())
         return NVML_ERROR_INVALID_ARGUMENT;
-    *d = &g_phys[i];
+    *d = &g_phys[sim_gpu_at((int)i)];
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) { return nvmlDeviceGetHandleByIndex_v2(i, d); }
@@ -39,22 +40,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
         return NVML_ERROR_INVALID_ARGUMENT;
     LOCK();
     nvmlReturn_t rc = NVML_ERROR_NOT_FOUND;
-    for (uint32_t g = 0; g < S()->ngpus && rc != NVML_SUCCESS; g++) {
+    for (int v = 0; v < sim_gpu_count() && rc != NVML_SUCCESS; v++) {
+        int g = sim_gpu_at(v);
         if (strcmp(S()->gpu[g].uuid, uuid) == 0) {
             *d = &g_phys[g];
             rc = NVML_SUCCESS;
         }
-        for (int i = 0; i < SIM_MAX_GIS && rc != NVML_SUCCESS && S()->gpu[g].mig_current; i++)
-            for (int c = 0; c < SIM_MAX_CIS && rc != NVML_SUCCESS; c++) {
-                if (!S()->gpu[g].gi[i].used || !S()->gpu[g].gi[i].ci[c].used)
-                    continue;
-                char u[96];
-                sim_mig_uuid((int)g, i, c, u, sizeof u);
-                if (strcmp(u, uuid) == 0) {
-                    *d = &g_mig[g][i][c];
-                    rc = NVML_SUCCESS;
-                }
+        int slots[SIM_MAX_GIS * SIM_MAX_CIS], cis[SIM_MAX_GIS * SIM_MAX_CIS];
+        int n = S()->gpu[g].mig_current ? sim_mig_devices(g, slots, cis, SIM_MAX_GIS * SIM_MAX_CIS) : 0;
+        for (int k = 0; k < n && rc != NVML_SUCCESS; k++) {
+            char u[96];
+            sim_mig_uuid(g, slots[k] - 1, cis[k], u, sizeof u);
+            if (strcmp(u, uuid) == 0) {
+                *d = &g_mig[g][slots[k] - 1][cis[k]];
+                rc = NVML_SUCCESS;
             }
+        }
     }
     sim_unlock();
     return rc;
@@ -65,11 +66,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice
     ENTER();
     if (!bus || !d)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (uint32_t g = 0; g < S()->ngpus; g++)
+    for (int v = 0; v < sim_gpu_count(); v++) {
+        int g = sim_gpu_at(v);
         if (strcasecmp(S()->gpu[g].pci_bus_id, bus) == 0 || strcasecmp(S()->gpu[g].pci_bus_id + 4, bus) == 0) {
             *d = &g_phys[g];
             return NVML_SUCCESS;
         }
+    }
     return NVML_ERROR_NOT_FOUND;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus, nvmlDevice_t *d) { return nvmlDeviceGetHandleByPciBusId_v2(bus, d); }
@@ -100,7 +103,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int l
     return copy_out(uuid, len, buf);
 }
 
-DEVICE_QUERY(nvmlDeviceGetIndex, (nvmlDevice_t d, unsigned int *i), !i, 0, *i = (unsigned)d->gpu)
+/* The index is the GPU's place among those this process sees; the minor number is the
+ * driver's own (its device file's), the same everywhere. */
+DEVICE_QUERY(nvmlDeviceGetIndex, (nvmlDevice_t d, unsigned int *i), !i, 0, *i = (unsigned)sim_gpu_index(d->gpu))
 DEVICE_QUERY(nvmlDeviceGetMinorNumber, (nvmlDevice_t d, unsigned int *m), !m, 0, *m = (unsigned)d->gpu)
 DEVICE_QUERY(nvmlDeviceGetCudaComputeCapability, (nvmlDevice_t d, int *major, int *minor), !major || !minor, 0,
              (*major = S()->gpu[d->gpu].cc_major, *minor = S()->gpu[d->gpu].cc_minor))
@@ -170,7 +175,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
     return NVML_SUCCESS;
 }
 
-/* Processes with a context or memory on the device (a MIG handle: on its GI only). */
+/* Processes with a context or memory on the device (a MIG handle: on its GI only; a
+ * MIG-enabled GPU: on the MIG devices this process sees). */
 static nvmlReturn_t processes(nvmlDevice_t d, unsigned *count, void *out, size_t stride, int with_ids)
 {
     if (!count || (*count && !out))
@@ -187,6 +193,9 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned *count, void *out, size_t
             if (is_mig_handle(d) && t != d->gi + 1)
                 continue;
             if (!p->ctx[d->gpu][t] && !p->mem[d->gpu][t])
+                continue;
+            if (!is_mig_handle(d) && t > 0 &&
+                !sim_mig_visible(d->gpu, S()->gpu[d->gpu].gi[t - 1].id, p->ci[d->gpu][t]))
                 continue;
             if (n < *count) {
                 unsigned char *rec = (unsigned char *)out + (size_t)n * stride;

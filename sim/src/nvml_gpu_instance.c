@@ -257,7 +257,10 @@ static nvmlReturn_t create_gi(nvmlDevice_t d, unsigned profile, int want_start, 
         memset(&g->tl[slot + 1], 0, sizeof g->tl[slot + 1]);
         *out = &g_gih[d->gpu][slot];
     }
+    uint32_t id = rc == NVML_SUCCESS ? g->gi[slot].id : 0;
     sim_unlock();
+    if (rc == NVML_SUCCESS)
+        sim_dev_publish_cap(d->gpu, id, -1); /* its access capability's device file */
     return rc;
 }
 

@@ -1,5 +1,6 @@
 /* Fake libnvidia-ml.so.1: MIG devices -- the handles of a MIG-enabled GPU's compute
- * instances, their parent, their GPU and compute instance IDs, and the device attributes. */
+ * instances (those this process sees, simdev.c), their parent, their GPU and compute
+ * instance IDs, and the device attributes. */
 #include "nvml_core.h"
 
 #include <string.h>
@@ -16,20 +17,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned
     if (!S()->gpu[d->gpu].mig_current)
         return NVML_ERROR_NOT_FOUND;
     LOCK();
-    unsigned n = 0;
+    int slots[SIM_MAX_GIS * SIM_MAX_CIS], cis[SIM_MAX_GIS * SIM_MAX_CIS];
+    int n = sim_mig_devices(d->gpu, slots, cis, SIM_MAX_GIS * SIM_MAX_CIS);
     nvmlReturn_t rc = NVML_ERROR_NOT_FOUND;
-    const struct sim_gpu *g = &S()->gpu[d->gpu];
-    for (uint32_t id = 0; id < 15 && rc != NVML_SUCCESS; id++)
-        for (int i = 0; i < SIM_MAX_GIS && rc != NVML_SUCCESS; i++) {
-            if (!g->gi[i].used || g->gi[i].id != id)
-                continue;
-            for (uint32_t cid = 0; cid < SIM_MAX_CIS && rc != NVML_SUCCESS; cid++)
-                for (int c = 0; c < SIM_MAX_CIS && rc != NVML_SUCCESS; c++)
-                    if (g->gi[i].ci[c].used && g->gi[i].ci[c].id == cid && n++ == index) {
-                        *out = &g_mig[d->gpu][i][c];
-                        rc = NVML_SUCCESS;
-                    }
-        }
+    if (index < (unsigned)n) {
+        *out = &g_mig[d->gpu][slots[index] - 1][cis[index]];
+        rc = NVML_SUCCESS;
+    }
     sim_unlock();
     return rc;
 }

@@ -415,7 +415,9 @@ int sim_attach(void)
             st->magic = 0;
             goto out_unlock;
         }
+        fresh = 1;
     }
+    sim_dev_load(state_path, st, fresh);
     rc = 0;
 out_unlock:
     flock(fd, LOCK_UN);

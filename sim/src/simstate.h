@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIM_MAGIC 0x7e55e7a51a000005ULL
+#define SIM_MAGIC 0x7e55e7a51a000006ULL
 #define SIM_MAX_GPUS 8
 #define SIM_MAX_GIS 8               /* GPU instance slots per GPU */
 #define SIM_MAX_CIS 8               /* compute instance slots per GPU instance */
@@ -164,6 +164,30 @@ void sim_copy_str(char *dst, size_t cap, const char *src);
 uint32_t sim_gi_tree_id(uint32_t total_slices, uint32_t start, uint32_t size);
 
 
+
+/* Device files and visibility (simdev.c; README.md, "Device files and visibility").
+ * sim_attach calls sim_dev_load: the node's root is the state file's directory; a node
+ * started afresh gets its GPUs' files there (dev/nvidia<minor>) and the capability table
+ * (proc/driver/nvidia-caps/mig-minors); TESSERA_SIM_DEV, when set, names the only device
+ * files this process has. */
+void sim_dev_load(const char *state_path, const struct sim_state *st, int fresh);
+/* dev/nvidia-caps/nvidia-cap<N> of a GPU instance's access (ci_id -1) or a compute
+ * instance's, as the driver's tools create it when the instance is created. */
+void sim_dev_publish_cap(int gpu, uint32_t gi_id, int ci_id);
+/* The driver's minor of a MIG access capability (ci_id -1: the GPU instance's); -1 when
+ * there is none. */
+int sim_cap_minor(int gpu, int gi_id, int ci_id);
+/* The GPUs this process sees, in index order: how many, the node's GPU at visible index i
+ * (-1: none), the visible index of a node GPU (-1: not visible). */
+int sim_gpu_count(void);
+int sim_gpu_at(int i);
+int sim_gpu_index(int gpu);
+/* Whether this process sees a MIG device (ci_id -1: any compute instance of the GPU
+ * instance, by its GI access alone). */
+int sim_mig_visible(int gpu, uint32_t gi_id, int ci_id);
+/* A GPU's visible MIG devices in enumeration order (GI ID, then CI ID): their GI slots + 1
+ * and CI slots, at most cap; their number.  Reads the state: hold the lock. */
+int sim_mig_devices(int gpu, int *slots, int *cis, int cap);
 
 /* MIG device UUID of a compute instance ("MIG-xxxxxxxx-xxxx-..."), new on every re-creation. */
 void sim_mig_uuid(int gpu, int gi_slot, int ci_slot, char *buf, size_t cap);

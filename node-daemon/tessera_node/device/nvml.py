@@ -252,8 +252,16 @@ class NvmlReader:
             memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
             utilization_percent=util, mig_mode=mode, mig_pending=pending_mode,
             instances=instances, profiles=profiles, processes=by_gi.get(NO_ID, ()),
-            usage=tuple(_usage(p) for p in records), pci_bus_id=_text(pci.busId))
+            usage=tuple(_usage(p) for p in records), pci_bus_id=_text(pci.busId),
+            minor=self._minor(h))
         return dataclasses.replace(gpu, numa_node=self._numa_node(h, gpu))
+
+    @staticmethod
+    def _minor(h: Any) -> int | None:
+        try:
+            return int(pynvml.nvmlDeviceGetMinorNumber(h))
+        except pynvml.NVMLError_NotSupported:
+            return None
 
     def _processes(self, records: list[Any]) -> dict[int, tuple[str, ...]]:
         """Processes on the GPU by GPU-instance ID (:data:`NO_ID`: outside MIG instances)."""
@@ -283,7 +291,7 @@ class NvmlReader:
 
     def _instances(self, h: Any, profiles: tuple[ProfileInfo, ...],
                    by_gi: dict[int, tuple[str, ...]]) -> tuple[MigInstanceState, ...]:
-        devices: dict[int, tuple[str, int, int]] = {}
+        devices: dict[int, tuple[str, int | None, int | None, int | None]] = {}
         for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
             try:
                 m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
@@ -293,7 +301,7 @@ class NvmlReader:
             if gi not in devices:
                 mem = pynvml.nvmlDeviceGetMemoryInfo(m)
                 devices[gi] = (_text(pynvml.nvmlDeviceGetUUID(m)), int(mem.total),
-                               int(mem.used))
+                               int(mem.used), int(pynvml.nvmlDeviceGetComputeInstanceId(m)))
         out = []
         for p in profiles:
             arr = (pynvml.c_nvmlGpuInstance_t * p.max_count)()
@@ -301,10 +309,10 @@ class NvmlReader:
             pynvml.nvmlDeviceGetGpuInstances(h, p.profile_id, arr, ctypes.byref(n))
             for k in range(n.value):
                 info = pynvml.nvmlGpuInstanceGetInfo(arr[k])
-                uuid, total, used = devices.get(int(info.id), ("", None, None))
+                uuid, total, used, ci = devices.get(int(info.id), ("", None, None, None))
                 out.append(MigInstanceState(
                     profile_id=p.profile_id, profile=p.name,
                     start=int(info.placement.start), size=int(info.placement.size),
-                    gi_id=int(info.id), uuid=uuid, memory_total_bytes=total,
+                    gi_id=int(info.id), uuid=uuid, ci_id=ci, memory_total_bytes=total,
                     memory_used_bytes=used, processes=by_gi.get(int(info.id), ())))
         return tuple(sorted(out, key=lambda i: (i.start, i.gi_id)))

@@ -28,6 +28,8 @@ class MigInstanceState:
     gi_id: int
     uuid: str = ""
     """MIG device UUID; empty while the instance has no compute instance."""
+    ci_id: int | None = None
+    """The compute instance of that MIG device (None: none, or NVML did not say)."""
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     processes: tuple[str, ...] = ()
@@ -97,6 +99,9 @@ class GPUState:
     nvlink_peers: tuple[str, ...] = ()
     """UUIDs of the node's GPUs at the far end of this GPU's active NVLinks (empty: none, or
     NVML did not say)."""
+    minor: int | None = None
+    """The driver's minor number (its device file ``/dev/nvidia<minor>``); None where NVML
+    does not say."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ out whole and shared at once.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from tessera.api.names import GPU_POD, VGPU, VGPU_CORES, VGPU_MEMORY
@@ -39,6 +39,12 @@ class Unit:
     memory_bytes: int | None
     """None: unknown (the unit is advertised unhealthy: its budgets cannot be checked)."""
     healthy: bool
+    minor: int | None = None
+    """The GPU's minor number (its device file ``nvidia<minor>``); None: unknown."""
+    gi_id: int | None = None
+    """A MIG instance's GPU-instance ID; None for a whole GPU."""
+    ci_id: int | None = None
+    """The compute instance of a MIG instance's device; None for a whole GPU or unknown."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +81,13 @@ def units(snapshot: DeviceSnapshot, unhealthy: frozenset[str] = frozenset()) -> 
                     profile=inst.profile or None, memory_bytes=mem,
                     healthy=not bad_gpu and inst.uuid not in unhealthy and mem is not None
                     and bool(inst.profile),
+                    minor=gpu.minor, gi_id=inst.gi_id, ci_id=inst.ci_id,
                 ))
         else:
             mem = gpu.memory_total_bytes or None
             out.append(Unit(
                 uuid=gpu.uuid, gpu_uuid=gpu.uuid, gpu_index=gpu.index, profile=None,
-                memory_bytes=mem, healthy=not bad_gpu and mem is not None,
+                memory_bytes=mem, healthy=not bad_gpu and mem is not None, minor=gpu.minor,
             ))
     return out
 
@@ -97,7 +104,7 @@ def offered_units(snapshot: DeviceSnapshot, withdrawn: Mapping[str, Collection[s
 
 
 def _unhealthy(u: Unit) -> Unit:
-    return Unit(u.uuid, u.gpu_uuid, u.gpu_index, u.profile, u.memory_bytes, healthy=False)
+    return replace(u, healthy=False)
 
 
 def is_shared(unit: Unit, sharing: Mapping[str, Sharing]) -> bool:

@@ -16,12 +16,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
 from tessera_node.deviceplugin import budgets, fit, pending, placed, resize
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred, roomy
+from tessera_node.deviceplugin.device_files import (
+    DeviceFilesError,
+    container_files,
+    parse_mig_minors,
+)
 from tessera_node.deviceplugin.devices import (
     PluginDevice,
     Sharing,
@@ -96,6 +102,8 @@ class Manager:
         self._ready_cache: dict[str, list[tuple[str, int | None]]] | None = None
         self._tentative: dict[str, pending.Tentative] = {}
         """Allocations not confirmed yet -> the candidate each is tentatively for."""
+        self._mig_minors: dict[str, int] | None = None
+        """The simulated driver's capability table (``sim`` visibility), once read."""
 
     # -- what is advertised ------------------------------------------------------------
     def update(self, state: NodeState) -> None:
@@ -116,6 +124,7 @@ class Manager:
             decision = decide(device_ids, devices)
             if decision.error:
                 raise AllocateError(decision.error)
+            files = self._device_files(decision.units)
             matched = frozenset(self._matched.values())
             pods = self.pods()
             cands = candidates(pods, self.config.node, resource, len(device_ids), matched)
@@ -144,8 +153,21 @@ class Manager:
             return container_response(
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
                           str(self.writer.ledger_path(key)), str(self.writer.marker)),
-                decision.units, self.config.visibility, self.config.sim,
+                decision.units, self.config.visibility, self.config.sim, files,
             )
+
+    def _device_files(self, units: Sequence[str]) -> tuple[str, ...]:
+        """With the ``sim`` visibility, the units' device files (the simulated driver's
+        capability table read at the first allocation: it never changes); else none."""
+        sim = self.config.sim
+        if self.config.visibility != "sim" or sim is None:
+            return ()
+        try:
+            if self._mig_minors is None:
+                self._mig_minors = parse_mig_minors(Path(sim.mig_minors).read_text())
+            return container_files(units, self.state.units, self._mig_minors)
+        except (OSError, DeviceFilesError) as exc:
+            raise AllocateError(f"device files: {exc}") from exc
 
     def _held(self, exclude: str | set[str] | None = None) -> dict[str, list[int]]:
         """Memory budgeted per unit by ready allocations (a whole instance: all of it),

@@ -39,12 +39,15 @@ class KubeletBusy(Exception):
 
 
 def rows(pod: Any) -> list[Held]:
-    return [
-        Held(ContainerRef(pod.namespace, pod.name, c.name), d.resource_name,
-             tuple(d.device_ids))
-        for c in pod.containers
-        for d in c.devices
-    ]
+    """One row per container and resource. The kubelet answers one ``ContainerDevices`` per
+    device (each with its own topology), so a container's devices of one resource, which one
+    Allocate gave it, are gathered again here."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for c in pod.containers:
+        for d in c.devices:
+            out.setdefault((c.name, d.resource_name), []).extend(d.device_ids)
+    return [Held(ContainerRef(pod.namespace, pod.name, c), r, tuple(ids))
+            for (c, r), ids in out.items()]
 
 
 class PodResourcesClient:

@@ -13,8 +13,11 @@
   device list in ``NVIDIA_VISIBLE_DEVICES``, a pod cannot set for itself (the variable only
   names the folder, as NVIDIA's device plugin sets it). ``sim``: the simulated node
   (containerd without CDI): the simulator's libraries and node state are mounted, as the
-  toolkit would mount the driver's, and ``CUDA_VISIBLE_DEVICES`` names the units by UUID
-  (``GPU-…``/``MIG-…``, as the driver reads it).
+  toolkit would mount the driver's, and, read-only in one device directory that
+  ``TESSERA_SIM_DEV`` names, exactly the device files of the container's units
+  (:mod:`~tessera_node.deviceplugin.device_files`), as the toolkit would mount the
+  ``/dev/nvidia*`` nodes: NVML and CUDA inside see only those units, re-indexed from 0. No
+  ``CUDA_VISIBLE_DEVICES``: NVIDIA's plugin sets none either, the device files do the work.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ CONTAINER_RUN = "/run/tessera"
 CDI_KIND = "nvidia.com/gpu"
 TOOLKIT_DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 SIM_CONTAINER_DIR = "/usr/local/tessera-sim"
+SIM_DEV_DIR = f"{SIM_CONTAINER_DIR}/dev"
+SIM_MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"
 
 
 @dataclass(frozen=True)
@@ -62,11 +67,23 @@ class HostPaths:
 
 @dataclass(frozen=True)
 class SimPaths:
-    """The simulated node: its driver libraries' directory, node description and state."""
+    """The simulated node: its driver libraries' directory, node description and state, and
+    below the state file's directory (the node's root) its device files and the driver's
+    capability table (sim/README.md, "Device files and visibility")."""
 
     lib_dir: str
     node: str
     state: str
+    dev_dir: str
+    mig_minors: str
+
+    @classmethod
+    def of(cls, lib_dir: str, node: str) -> SimPaths:
+        """The paths of the node described by ``node`` (its state beside it, as the
+        simulator's default)."""
+        state = f"{node}.state"
+        root = PurePosixPath(state).parent
+        return cls(lib_dir, node, state, str(root / "dev"), str(root / SIM_MIG_MINORS))
 
 
 def preload_line() -> str:
@@ -79,8 +96,10 @@ def container_response(
     units: Sequence[str],
     visibility: Visibility,
     sim: SimPaths | None = None,
+    device_files: Sequence[str] = (),
 ) -> ContainerResponse:
-    """``units``: the container's GPU/MIG UUIDs, in the order of its device IDs."""
+    """``units``: the container's GPU/MIG UUIDs, in the order of its device IDs;
+    ``device_files``: with ``sim``, their device files (relative to ``sim.dev_dir``)."""
     lib = PurePosixPath(paths.lib_dir)
     mounts = [
         Mount(f"{CONTAINER_LIB_DIR}/{LIB_NAME}", str(lib / LIB_NAME), True),
@@ -106,13 +125,16 @@ def container_response(
         mounts += [
             Mount(f"{SIM_CONTAINER_DIR}/lib", sim.lib_dir, True),
             Mount(f"{SIM_CONTAINER_DIR}/node.ini", sim.node, True),
-            # the simulated driver's shared state is the node's, like /dev/nvidia*
+            # the simulated driver's shared state is the node's, like /dev/nvidiactl
             Mount(f"{SIM_CONTAINER_DIR}/node.state", sim.state, False),
         ]
+        # the units' device files, the same file for every container on a unit
+        mounts += [Mount(f"{SIM_DEV_DIR}/{f}", f"{sim.dev_dir}/{f}", True)
+                   for f in device_files]
         envs = {
             "LD_LIBRARY_PATH": f"{SIM_CONTAINER_DIR}/lib",
             "TESSERA_SIM_NODE": f"{SIM_CONTAINER_DIR}/node.ini",
             "TESSERA_SIM_STATE": f"{SIM_CONTAINER_DIR}/node.state",
-            "CUDA_VISIBLE_DEVICES": ",".join(units),
+            "TESSERA_SIM_DEV": SIM_DEV_DIR,
         }
     return ContainerResponse(mounts=tuple(mounts), envs=envs, cdi_devices=cdi)

@@ -162,9 +162,7 @@ class DevicePlugin:
             raise
         sim = None
         if self.opts.device_visibility == "sim":
-            node = Path(self.opts.sim_node)
-            sim = SimPaths(str(Path(self.opts.driver_root) / "lib"), str(node),
-                           str(node) + ".state")
+            sim = SimPaths.of(str(Path(self.opts.driver_root) / "lib"), self.opts.sim_node)
         config = PluginConfig(
             node=self.opts.node_name, shares_per_unit=self.opts.shares_per_unit,
             lib_dir=str(lib_dir), visibility=self.opts.device_visibility,  # type: ignore[arg-type]

@@ -19,8 +19,9 @@ try:
     s = r.read()
 except DeviceError as e:
     print(json.dumps({"error": str(e)})); raise SystemExit
-print(json.dumps({"gpus": [[g.index, g.name, g.mig_mode, [[i.profile, i.start, i.gi_id,
-    i.uuid[:4], i.memory_total_bytes] for i in g.instances], len(g.profiles)] for g in s.gpus]}))
+print(json.dumps({"gpus": [[g.index, g.minor, g.name, g.mig_mode, [[i.profile, i.start,
+    i.gi_id, i.ci_id, i.uuid[:4], i.memory_total_bytes] for i in g.instances],
+    len(g.profiles)] for g in s.gpus]}))
 """
 
 
@@ -45,8 +46,9 @@ def test_reads_gpus_and_mig_instances_from_the_driver_root(tmp_path: Path) -> No
     assert smi.returncode == 0, smi.stdout
     got = read(node)
     assert got["gpus"] == [
-        [0, "NVIDIA A100-SXM4-40GB", "enabled", [["3g.20gb", 4, 2, "MIG-", 20096 << 20]], 7],
-        [1, "NVIDIA A30", "disabled", [], 0]]
+        [0, 0, "NVIDIA A100-SXM4-40GB", "enabled", [["3g.20gb", 4, 2, 0, "MIG-", 20096 << 20]],
+         7],
+        [1, 1, "NVIDIA A30", "disabled", [], 0]]
 
 
 def test_a_failing_nvml_or_a_missing_library_is_an_error_that_says_so(tmp_path: Path) -> None:

@@ -138,17 +138,21 @@ PATHS = HostPaths("/opt/tessera/lib/v1.2.3", "/var/lib/tessera/c/k/budget",
         ("sim",
          [("/usr/local/tessera-sim/lib", "/sim/lib", True),
           ("/usr/local/tessera-sim/node.ini", "/sim/node.ini", True),
-          ("/usr/local/tessera-sim/node.state", "/sim/node.state", False)], (),
+          ("/usr/local/tessera-sim/node.state", "/sim/node.ini.state", False),
+          ("/usr/local/tessera-sim/dev/nvidia0", "/sim/dev/nvidia0", True),
+          ("/usr/local/tessera-sim/dev/nvidia-caps/nvidia-cap12",
+           "/sim/dev/nvidia-caps/nvidia-cap12", True)], (),
          {"LD_LIBRARY_PATH": "/usr/local/tessera-sim/lib",
           "TESSERA_SIM_NODE": "/usr/local/tessera-sim/node.ini",
           "TESSERA_SIM_STATE": "/usr/local/tessera-sim/node.state",
-          "CUDA_VISIBLE_DEVICES": f"{G0},{M0}"}),
+          "TESSERA_SIM_DEV": "/usr/local/tessera-sim/dev"}),
     ],
 )
 def test_allocate_response(visibility: str, extra_mounts: list[tuple[str, str, bool]],
                            cdi: tuple[str, ...], envs: dict[str, str]) -> None:
     r = container_response(PATHS, [G0, M0], visibility,  # type: ignore[arg-type]
-                           SimPaths("/sim/lib", "/sim/node.ini", "/sim/node.state"))
+                           SimPaths.of("/sim/lib", "/sim/node.ini"),
+                           ("nvidia0", "nvidia-caps/nvidia-cap12"))
     base = [
         ("/usr/local/lib/tessera/libtessera.so", "/opt/tessera/lib/v1.2.3/libtessera.so", True),
         ("/etc/ld.so.preload", "/opt/tessera/lib/v1.2.3/ld.so.preload", True),

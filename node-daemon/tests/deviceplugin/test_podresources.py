@@ -33,11 +33,12 @@ VGPU = "tessera.dev/vgpu"
 
 
 def pod_resources(namespace: str, name: str, devices: list[str]) -> Any:
+    """As the kubelet answers: one ``ContainerDevices`` per device, whatever the Allocate."""
     return podresources_pb2.PodResources(
         name=name, namespace=namespace,
         containers=[podresources_pb2.ContainerResources(
             name="main", devices=[podresources_pb2.ContainerDevices(
-                resource_name=VGPU, device_ids=devices)])])
+                resource_name=VGPU, device_ids=[d]) for d in devices])])
 
 
 class FakePodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
@@ -123,6 +124,16 @@ def test_other_get_errors_are_errors(socket: Path) -> None:
     with pytest.raises(grpc.RpcError):
         client.held([("ns", "a")])
     assert client.method is None  # nothing learnt: Get is tried again next time
+
+
+def test_a_containers_devices_are_one_row_as_one_allocate_gave_them(socket: Path) -> None:
+    """The kubelet lists each device apart; the allocation they confirm is all of them."""
+    kubelet = FakePodResources(socket, {("ns", "two"): ["GPU-0::3", "GPU-1::0"]}, get="on")
+    try:
+        assert PodResourcesClient(str(socket)).held([("ns", "two")]) == [
+            Held(ContainerRef("ns", "two", "main"), VGPU, ("GPU-0::3", "GPU-1::0"))]
+    finally:
+        kubelet.stop()
 
 
 def test_no_pods_no_calls(socket: Path) -> None:
