@@ -205,3 +205,83 @@ def test_recipe_examples_are_accepted_and_their_queues_become_active(
     for namespace in ("team-a", "team-b", "team-c"):
         wait_until(f"LocalQueue {namespace}/gpu active",
                    partial(active, "localqueue", "gpu", "-n", namespace), 30)
+
+
+def test_kueue_admits_and_tessera_budgets_the_same_pods(
+        kueue_bed: tuple[LocalCluster, LocalKueue], tmp_path_factory: pytest.TempPathFactory
+        ) -> None:
+    """Both on one cluster, as the recipe sets them up: Kueue's webhooks hold a Job (suspend)
+    and a plain Pod (scheduling gate) until its quota admits them; tessera's webhook writes
+    each pod's budget, filling the GPUQuota's default. The Pod carries tessera's
+    ``tessera.dev/pod`` counter, which the recipe's configuration keeps out of Kueue's
+    count: without that, no ClusterQueue covering only GPU resources would admit it."""
+    from tessera_e2e.operator.quotas import wait_admitting
+    from tessera_e2e.operator.replicas import LocalOperators
+
+    cluster, _ = kueue_bed
+    assert cluster.pki is not None
+    ops = LocalOperators(cluster.kubectl, cluster.kubeconfig,
+                         tmp_path_factory.mktemp("kueue-operator-logs"),
+                         webhook_client_ca=cluster.pki.webhook_client_ca).setup()
+    try:
+        ops.ensure_running()
+        namespace = "kueue-bed-tessera"
+        assert cluster.kubectl("create", "namespace", namespace).returncode == 0
+        cluster.wait_for_service_account(namespace)
+        quota = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
+                 "metadata": {"name": "team", "namespace": namespace},
+                 "spec": {"hard": {"memory": "100Gi", "cores": 400},
+                          "default": {"memory": "8Gi", "cores": 25}}}
+        assert _apply(cluster, [quota]).returncode == 0
+        wait_admitting(cluster, namespace)
+        out = _apply(cluster, _queue_objects(namespace, quota=4))
+        assert out.returncode == 0, out.stderr
+        limits = {"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "20480",
+                  "tessera.dev/vgpu-cores": "50"}
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": "job", "namespace": namespace,
+                            "labels": {QUEUE_LABEL: "bed-lq"}},
+               "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+                   "name": "c", "image": "busybox",
+                   "resources": {"requests": {"cpu": "100m"}, "limits": limits}}]}}}}
+        plain = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "plain", "namespace": namespace,
+                              "labels": {QUEUE_LABEL: "bed-lq"}},
+                 "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {
+                     "requests": {"cpu": "100m"}, "limits": {"tessera.dev/vgpu": "1"}}}]}}
+        out = _apply(cluster, [job, plain])
+        assert out.returncode == 0, out.stderr
+        created = _json(cluster, "get", "pod", "plain", "-n", namespace)
+        gates = [g["name"] for g in created["spec"].get("schedulingGates") or []]
+        assert "kueue.x-k8s.io/admission" in gates  # Kueue holds it
+        plain_limits = created["spec"]["containers"][0]["resources"]["limits"]
+        assert plain_limits["tessera.dev/pod"] == "1"  # tessera's counter
+        assert plain_limits["tessera.dev/vgpu-memory"] == "8192"  # the GPUQuota's default
+        assert "tessera.dev/budget" in created["metadata"]["annotations"]
+
+        def released() -> dict[str, Any] | None:
+            pod = _json(cluster, "get", "pod", "plain", "-n", namespace)
+            return None if pod["spec"].get("schedulingGates") else pod
+
+        admitted = wait_until("the plain Pod admitted (gate removed)", released, 60)
+        assert admitted["spec"]["nodeSelector"]["tessera.dev/gpu.product"] == "H100-80GB"
+
+        def job_pod() -> dict[str, Any] | None:
+            items = _json(cluster, "get", "pods", "-n", namespace, "-l",
+                          "job-name=job")["items"]
+            return items[0] if items else None
+
+        pod = wait_until("the admitted Job's pod", job_pod, 60)
+        budget = json.loads(pod["metadata"]["annotations"]["tessera.dev/budget"])
+        assert budget["containers"]["c"]["memoryBytes"] == 20480 * 2**20
+        assert pod["spec"]["nodeSelector"]["tessera.dev/gpu.product"] == "H100-80GB"
+        workloads = _json(cluster, "get", "workloads", "-n", namespace)["items"]
+        assert len(workloads) == 2
+        for workload in workloads:
+            assert _condition(workload, "Admitted") == "True"
+            usage = workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
+            assert "tessera.dev/pod" not in usage
+            assert usage["tessera.dev/vgpu"] == "1"
+    finally:
+        ops.stop_all()
+        ops.uninstall_webhooks()
