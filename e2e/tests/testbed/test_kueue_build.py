@@ -58,6 +58,7 @@ def kueue_bed(bin_dir: Path, kueue_binary: Path, request: pytest.FixtureRequest
             out = cluster.kubectl("apply", "--server-side", "-f", str(crd))
             assert out.returncode == 0, out.stderr
         kueue = LocalKueue(cluster, kueue_binary).install().start()
+        print(f"[kueue] manager ready {kueue.ready_seconds:.1f}s after its start")
     except (ControlPlaneError, TimeoutError) as error:
         cluster.stop(keep_logs=True)
         pytest.fail(f"Kueue on the test bed: {error}", pytrace=False)
@@ -106,9 +107,17 @@ def test_manager_runs_with_its_crds_established_and_webhooks_served(
     hooks = _json(cluster, "get", "mutatingwebhookconfiguration",
                   "kueue-mutating-webhook-configuration")
     assert {"mpod.kb.io", "mjob.kb.io"} <= {h["name"] for h in hooks["webhooks"]}
-    # v1beta1 is still served, through the conversion webhook the manager serves
-    out = cluster.kubectl("get", "clusterqueues.v1beta1.kueue.x-k8s.io")
+    # v1beta1 is still served: a v1beta2 object read as v1beta1 goes through the conversion
+    # webhook the manager serves (v1beta2 `cohortName` is v1beta1 `cohort`)
+    cq = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+          "metadata": {"name": "conversion-check"},
+          "spec": {"cohortName": "checks", "resourceGroups": []}}
+    out = _apply(cluster, [cq])
     assert out.returncode == 0, out.stderr
+    old = _json(cluster, "get", "clusterqueues.v1beta1.kueue.x-k8s.io", "conversion-check")
+    assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert old["spec"]["cohort"] == "checks"
+    cluster.kubectl("delete", "clusterqueue", "conversion-check")
 
 
 def _queue_objects(namespace: str, quota: int) -> list[dict[str, Any]]:
@@ -282,6 +291,10 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
             usage = workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
             assert "tessera.dev/pod" not in usage
             assert usage["tessera.dev/vgpu"] == "1"
+        # the plain Pod's Workload is made from the stored Pod: the GPUQuota's default counts
+        plain_workload = next(w for w in workloads if w["metadata"]["name"].startswith("pod-"))
+        usage = plain_workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
+        assert usage["tessera.dev/vgpu-memory"] == "8192"
     finally:
         ops.stop_all()
         ops.uninstall_webhooks()
