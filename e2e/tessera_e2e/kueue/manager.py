@@ -3,8 +3,9 @@
 ``LocalKueue(cluster, binary).install().start()``: the CRDs, RBAC and webhook configurations
 rendered from the pinned module (:mod:`.manifests`), then the manager with the configuration
 of tessera's recipe (``examples/kueue/manager/kueue-config.yaml``: the ``batch/job`` and ``pod``
-integrations, ``tessera.dev/pod`` excluded from quota, admission fair sharing with a usage
-half-life) plus what running on loopback needs:
+integrations, plain Pods managed only in namespaces labelled ``kueue-managed=true``,
+``tessera.dev/pod`` excluded from quota, admission fair sharing with a usage half-life)
+plus what running on loopback needs:
 
 - the webhooks are served on a free loopback port with a certificate the cluster's CA signed
   for 127.0.0.1, and every webhook configuration and CRD conversion calls that URL with that

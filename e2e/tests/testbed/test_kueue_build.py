@@ -120,6 +120,14 @@ def test_manager_runs_with_its_crds_established_and_webhooks_served(
     cluster.kubectl("delete", "clusterqueue", "conversion-check")
 
 
+def _managed_namespace(cluster: LocalCluster, name: str) -> None:
+    """A namespace the recipe's managedJobsNamespaceSelector selects (as its team ones)."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": name, "labels": {"kueue-managed": "true"}}}
+    out = _apply(cluster, [namespace])
+    assert out.returncode == 0, out.stderr
+
+
 def _queue_objects(namespace: str, quota: int) -> list[dict[str, Any]]:
     flavor = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
               "metadata": {"name": "bed-h100"},
@@ -144,7 +152,7 @@ def test_job_waits_suspended_until_admitted_then_runs_on_the_flavors_model(
         kueue_bed: tuple[LocalCluster, LocalKueue]) -> None:
     cluster, _ = kueue_bed
     namespace = "kueue-bed-job"
-    assert cluster.kubectl("create", "namespace", namespace).returncode == 0
+    _managed_namespace(cluster, namespace)
     out = _apply(cluster, _queue_objects(namespace, quota=0))  # no GPU quota yet
     assert out.returncode == 0, out.stderr
     wait_until("ClusterQueue active", lambda: _condition(
@@ -235,7 +243,7 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
     try:
         ops.ensure_running()
         namespace = "kueue-bed-tessera"
-        assert cluster.kubectl("create", "namespace", namespace).returncode == 0
+        _managed_namespace(cluster, namespace)
         cluster.wait_for_service_account(namespace)
         quota = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUQuota",
                  "metadata": {"name": "team", "namespace": namespace},
@@ -295,6 +303,18 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
         plain_workload = next(w for w in workloads if w["metadata"]["name"].startswith("pod-"))
         usage = plain_workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
         assert usage["tessera.dev/vgpu-memory"] == "8192"
+        # outside the namespaces the recipe's managedJobsNamespaceSelector selects, Kueue
+        # leaves even a queued Pod alone
+        assert cluster.kubectl("create", "namespace", "kueue-bed-unmanaged").returncode == 0
+        cluster.wait_for_service_account("kueue-bed-unmanaged")
+        outside = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "outside", "namespace": "kueue-bed-unmanaged",
+                                "labels": {QUEUE_LABEL: "bed-lq"}},
+                   "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+        out = _apply(cluster, [outside])
+        assert out.returncode == 0, out.stderr
+        left = _json(cluster, "get", "pod", "outside", "-n", "kueue-bed-unmanaged")
+        assert not left["spec"].get("schedulingGates")
     finally:
         ops.stop_all()
         ops.uninstall_webhooks()

@@ -123,6 +123,12 @@ def test_each_namespaces_gpuquota_ceiling_holds_what_kueue_may_admit() -> None:
 
 def test_manager_configuration_leaves_out_the_pod_counter_and_weighs_gpu_resources() -> None:
     config = yaml.safe_load(Path(RECIPE_CONFIG).read_text())
+    selector = config["managedJobsNamespaceSelector"]["matchLabels"]
+    labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
+              for n in OBJECTS["Namespace"]}
+    for queue in OBJECTS["LocalQueue"]:
+        namespace = queue["metadata"]["namespace"]
+        assert selector.items() <= labels[namespace].items(), namespace
     assert {"batch/job", "pod"} <= set(config["integrations"]["frameworks"])
     assert config["resources"]["excludeResourcePrefixes"] == [GPU_POD]
     fair = config["admissionFairSharing"]
