@@ -13,7 +13,12 @@ from types import FrameType
 
 from tessera_e2e.chart import docs as chartdocs
 from tessera_e2e.chart.tessera_images import APP_VERSION, ensure_tessera_images
-from tessera_e2e.controlplane.build import ensure_built, ensure_containerd, ensure_helm
+from tessera_e2e.controlplane.build import (
+    ensure_built,
+    ensure_containerd,
+    ensure_helm,
+    ensure_kueue,
+)
 from tessera_e2e.controlplane.cache import default_layout
 from tessera_e2e.controlplane.cluster import DEFAULT_NODES, SIM_BUILD, LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
@@ -73,8 +78,8 @@ def _quiet(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera_e2e", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="build the control plane binaries, containerd "
-                                "and helm into the cache")
+    build = commands.add_parser("build", help="build the control plane binaries, containerd, "
+                                "helm and Kueue into the cache")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
     cluster = commands.add_parser("cluster", help="run a local cluster until Ctrl-C")
     cluster.add_argument("--nodes", type=int, default=DEFAULT_NODES,
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             ensure_built(force=args.force)
             ensure_containerd(force=args.force)
             ensure_helm(force=args.force)
+            ensure_kueue(force=args.force)
         elif args.command == "cluster":
             _cluster(args)
         elif args.command == "images":
