@@ -100,6 +100,17 @@ def evictions(workload: Mapping[str, Any], reason: str = "Preempted") -> int:
                if e.get("reason") == reason)
 
 
+def preemption_events(cluster: LocalCluster, namespace: str) -> dict[str, list[str]]:
+    """Workload name -> the messages of Kueue's ``Preempted`` Events on it (they stay when
+    the Workload is admitted again, its ``Preempted`` condition does not)."""
+    out: dict[str, list[str]] = {}
+    for e in get_json(cluster, "events", "-n", namespace, "--field-selector",
+                      "involvedObject.kind=Workload,reason=Preempted")["items"]:
+        out.setdefault(e["involvedObject"]["name"], []).extend(
+            [e["message"]] * int(e.get("count") or 1))
+    return out
+
+
 def borrowed(cluster: LocalCluster, cq: str, flavor: str, resource: str) -> int:
     """What ClusterQueue ``cq`` borrows from its cohort now, of ``resource`` in ``flavor``."""
     status = get_json(cluster, "clusterqueue", cq).get("status") or {}

@@ -67,6 +67,7 @@ from tessera_e2e.kueue.running import (
     flavor_of,
     get_json,
     kueue_on,
+    preemption_events,
     wait_active,
     workload_of,
     workloads_by_job,
@@ -279,8 +280,9 @@ def test_b_reclaims_its_lent_quota_and_runs_under_budgets_while_a_requeues(
     submitted = time.monotonic()
     submit(bed, "team-b", [job(n, "gpu", budgeted(RECLAIM_SLOT, B_HOLD_MIB, B_SECONDS),
                                RECLAIM_SLOT) for n in B_JOBS])
-    at: dict[str, float] = {}
-    b_pods: dict[str, dict[str, Any]] | None = None
+    at: dict[str, float] = {}  # seconds after B's submission
+    b_pods: dict[str, dict[str, Any]] = {}
+    after: dict[str, int] = {}  # NVML's view when B's pods all hold their memory
     while len(at) < 3:
         assert time.monotonic() - submitted < 120, (at, bed.gpu_memory_by_pod(node))
         now = time.monotonic() - submitted
@@ -289,24 +291,24 @@ def test_b_reclaims_its_lent_quota_and_runs_under_budgets_while_a_requeues(
             at["returned"] = now  # at most the one slot of A's own still held
         if "running" not in at and all(running_pod(bed, "team-b", n) for n in B_JOBS):
             at["running"] = now
-        if "running" in at and (b_pods := running_and_holding(bed, "team-b", B_JOBS,
-                                                              B_HOLD_MIB)):
-            at["allocated"] = now
+        if "running" in at and "allocated" not in at and (
+                pods := running_and_holding(bed, "team-b", B_JOBS, B_HOLD_MIB)):
+            at["allocated"], b_pods, after = now, pods, bed.gpu_memory_by_pod(node)
         time.sleep(0.25)
-    assert b_pods is not None
-    after = bed.gpu_memory_by_pod(node)
 
     workloads = {n: workload_of(cluster, "team-a", n) for n in A_JOBS}
     preempted = sorted(n for n, w in workloads.items() if w is not None and evictions(w))
     preemptions = sum(evictions(w) for w in workloads.values() if w is not None)
     needed = len(B_JOBS)  # B needs three slots; the cohort's four were all A's
     assert preemptions == len(preempted) == needed, (preemptions, preempted)
+    events = preemption_events(cluster, "team-a")
     for n in preempted:
         w = workloads[n]
         assert w is not None
-        reasons = {c["type"]: c.get("reason") for c in w["status"]["conditions"]}
-        assert reasons.get("Preempted") == "InCohortReclamation", reasons
+        (message,) = events[w["metadata"]["name"]]
+        assert "due to reclamation within the cohort" in message, message
         assert a_uid[n] not in after, (n, after)  # nothing of it left on the GPU
+    assert sum(len(m) for m in events.values()) == needed, events
     returned = sum(before[a_uid[n]] for n in preempted)
     for n, pod in b_pods.items():
         assert pod["spec"]["nodeName"] == node, pod
