@@ -141,8 +141,8 @@ def bed(bin_dir: Path, kueue_binary: Path, tmp_path_factory: pytest.TempPathFact
             out = apply(cluster, [*flavors, *CLUSTER_QUEUES, *LOCAL_QUEUES])
             assert out.returncode == 0, out.stderr
             wait_active(cluster, [*CLUSTER_QUEUES, *LOCAL_QUEUES])
-            for ns in NAMESPACES:
-                b.quota(ns, hard=ceiling(ns))
+            for ns in NAMESPACES:  # max: the largest pod any scene runs
+                b.quota(ns, hard=ceiling(ns), max_={"memory": "16Gi", "cores": 25})
 
             def labelled() -> bool:
                 return all(get_json(cluster, "node", n)["metadata"]["labels"].get(
@@ -301,7 +301,14 @@ def test_b_reclaims_its_lent_quota_and_runs_under_budgets_while_a_requeues(
     preemptions = sum(evictions(w) for w in workloads.values() if w is not None)
     needed = len(B_JOBS)  # B needs three slots; the cohort's four were all A's
     assert preemptions == len(preempted) == needed, (preemptions, preempted)
-    events = preemption_events(cluster, "team-a")
+    def all_recorded() -> dict[str, list[str]] | None:  # Events are written asynchronously
+        e = preemption_events(cluster, "team-a")
+        return e if sum(len(m) for m in e.values()) >= needed else None
+
+    try:
+        events = wait_until("Kueue's Preempted Events on A's Workloads", all_recorded, 30)
+    except TimeoutError as error:
+        raise AssertionError(bed.kubectl("get", "events", "-n", "team-a").stdout) from error
     for n in preempted:
         w = workloads[n]
         assert w is not None
