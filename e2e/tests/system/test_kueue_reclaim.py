@@ -377,6 +377,8 @@ def test_admission_fair_sharing_admits_the_team_with_less_use_first(
         heavy = wls[("team-a", f"heavy-{q}")]
         assert admitted(heavy) and condition(heavy, "Finished") != "True", heavy["status"]
         assert not any(admitted(wls[(ns, nexts[(q, ns)])]) for ns in TEAMS), q
+    queued = {ns: consumed(cluster, ns, "shared") for ns in TEAMS}  # while both wait
+    assert queued["team-a"] > queued["team-b"] == 0, queued  # team-a's heavy use counted
     def all_admitted() -> dict[tuple[str, str], dict[str, Any]] | None:
         w = workloads_by_job(cluster)
         return w if all(admitted(w.get((ns, n))) for (_, ns), n in nexts.items()) else None
@@ -389,13 +391,13 @@ def test_admission_fair_sharing_admits_the_team_with_less_use_first(
         times = {ns: when[(q, ns)] for ns in TEAMS}
         assert times["team-a"] != times["team-b"], times  # one slot: one after the other
         first[q] = min(TEAMS, key=times.__getitem__)  # RFC 3339 sorts as time
-    usage = {ns: consumed(cluster, ns, "shared") for ns in TEAMS}
-    assert first == {"shared": "team-b", "fifo": "team-a"}, (first, when, usage)
+    assert first == {"shared": "team-b", "fifo": "team-a"}, (first, when, queued)
     wait_until("every Job complete", lambda: all(
         complete(bed, ns, n) for (_, ns), n in nexts.items()), 90, 1)
     print(f"\n[figures] kueue admission fair sharing: admitted first after team-a's heavy "
           f"use: {first['shared']} (fair sharing) vs {first['fifo']} (FIFO); admitted at "
-          f"{when}; LocalQueue usage (weighted, half-life 168h) {usage}")
+          f"{when}; the LocalQueues' usage in their status while both waited (weighted as "
+          f"the recipe weighs, half-life 168h) {queued}")
 
 
 def all_made(cluster: LocalCluster, namespace: str, jobs: list[str]) -> bool:
