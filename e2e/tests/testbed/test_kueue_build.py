@@ -149,7 +149,7 @@ def test_job_waits_suspended_until_admitted_then_runs_on_the_flavors_model(
     flavors = admitted["status"]["admission"]["podSetAssignments"][0]["flavors"]
     assert flavors["tessera.dev/vgpu-memory"] == "bed-h100"
     running = wait_until("the Job unsuspended", lambda: (j := get_json(
-        cluster, "get", "job", "small", "-n", namespace))["spec"].get("suspend") is False
+        cluster, "job", "small", "-n", namespace))["spec"].get("suspend") is False
         and j, 30)
     selector = running["spec"]["template"]["spec"].get("nodeSelector") or {}
     assert selector.get("tessera.dev/gpu.product") == "H100-80GB"
