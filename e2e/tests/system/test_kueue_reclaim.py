@@ -339,13 +339,18 @@ def test_b_reclaims_its_lent_quota_and_runs_under_budgets_while_a_requeues(
     for n in preempted:
         w = workload_of(cluster, "team-a", n)
         assert w is not None and evictions(w) == 1, w  # preempted once, then ran through
+    # a pod deleted by Kueue's suspension is no failure: preemption spends no backoffLimit
+    failed = {n: int(bed.get("job", "-n", "team-a", n)["status"].get("failed") or 0)
+              for n in A_JOBS}
+    assert not any(failed.values()), failed
     assert not any(bed.gpu_memory_by_pod(node).values()), "GPU memory left after every Job"
     print(f"\n[figures] kueue reclaim: B's 3 pods Running {at['running']:.1f}s and holding "
           f"their memory under their budgets {at['allocated']:.1f}s after B's submission "
           f"(stated bound {B_RUNNING_WITHIN_S}s); A's GPU memory returned: {returned} MiB "
           f"(NVML on {node}, {len(preempted)} pods), gone {at['returned']:.1f}s after B's "
           f"submission; preemptions {preemptions} for a reclaim of {needed} slots (needed "
-          f"{needed}); A's preempted Jobs requeued and all Jobs done {finished:.0f}s after")
+          f"{needed}); A's preempted Jobs requeued and all Jobs done {finished:.0f}s after, "
+          f"none of them failed")
 
 
 HEAVY_SECONDS = 15
