@@ -1,7 +1,8 @@
 /* MIG profile tables (MIG User Guide, real nvidia-smi -lgip/-lgipp outputs; see
- * docs/mig.md §1.2-1.4). Memory in MiB as NVML reports it.  Where no real output
- * is known (H100-80GB, H100-96GB, H200, B200 memory; B200 SMs) the figures are proportional
- * (slices x device / total), the same rule the planner's catalog uses. */
+ * docs/mig.md §1.2-1.4). Memory in MiB as NVML reports it; the H100-80GB and H200 memory
+ * was read from NVML (nvmlDeviceGetGpuInstanceProfileInfo) on real GPUs, driver 580.159.04,
+ * 2026-11-27.  Where no real output is known (H100-96GB, B200 memory; B200 SMs) the figures
+ * are proportional (slices x device / total), the same rule the planner's catalog uses. */
 #include "migtable.h"
 
 #include <nvml.h>
@@ -70,7 +71,7 @@ static const struct sim_mig_profile a30[] = {
 
 static const struct sim_mig_profile h100_80[] = HOPPER(
     "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb",
-    10194, 20389, 40779, 81559);
+    9984, 20096, 40448, 81152);
 static const struct sim_mig_profile h100_94[] = HOPPER(
     "1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb",
     11008, 22144, 47488, 95360);
@@ -79,7 +80,7 @@ static const struct sim_mig_profile h100_96[] = HOPPER(
     12233, 24467, 48935, 97871);
 static const struct sim_mig_profile h200_141[] = HOPPER(
     "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
-    17971, 35942, 71885, 143771);
+    16384, 33280, 71424, 143360);
 
 static const struct sim_mig_profile b200_180[] = {
     P8("1g.23gb", ONE, 19, 1, 1, 7, 7, S1, 22919, 21, 2, 1, 1, 0),

@@ -91,18 +91,24 @@ _GB_BY_MEMORY_SLICES: dict[str, dict[int, int]] = {
     "A30-24GB": {1: 6, 2: 12, 4: 24},
 }
 
-# Real `-lgip` memory (GiB printed with two decimals, read as the MiB value it rounds), keyed by
-# memory slices: instance memory depends only on the memory slices, so the 2g figure also holds
-# for the double-memory 1g.  Models/sizes not listed are derived (slices * model memory / total).
+# Real instance memory in MiB, keyed by memory slices: instance memory depends only on the
+# memory slices, so the 2g figure also holds for the double-memory 1g.  A100-*, H100-94GB and
+# A30: real `-lgip` outputs (GiB printed with two decimals, read as the MiB value it rounds).
+# H100-80GB (an H100 80GB HBM3) and H200-141GB (an H200): NVML's `memorySizeMB`, read from
+# `nvmlDeviceGetGpuInstanceProfileInfo` on real GPUs (driver 580.159.04, 2026-11-27).
+# Models/sizes not listed are derived (slices * model memory / total).
 _REAL_MEMORY_MIB: dict[str, dict[int, int]] = {
     "A100-40GB": {1: 4864, 2: 9984, 4: 20096, 8: 40448},
     "A100-80GB": {1: 9728, 2: 19968, 4: 40192},
+    "H100-80GB": {1: 9984, 2: 20096, 4: 40448, 8: 81152},
     "H100-94GB": {1: 11008, 2: 22144, 4: 47488, 8: 95360},
+    "H200-141GB": {1: 16384, 2: 33280, 4: 71424, 8: 143360},
     "A30-24GB": {1: 5952, 2: 11968, 4: 24064},
 }
 
-# Real `-lgip` SM counts keyed by (compute slices, memory slices).  The numbers are a property
-# of the chip, so the H100 NVL figures are used for every GH100-based model (H100-*, H200).
+# Real SM counts keyed by (compute slices, memory slices).  The numbers are a property of the
+# chip: the H100 NVL's `-lgip` figures, which NVML also reported on an H100 80GB HBM3 and an
+# H200 (driver 580.159.04, 2026-11-27), are used for every GH100-based model (H100-*, H200).
 _AMPERE_SM = {(1, 1): 14, (1, 2): 14, (2, 2): 28, (3, 4): 42, (4, 4): 56, (7, 8): 98}
 _HOPPER_SM = {(1, 1): 16, (1, 2): 26, (2, 2): 32, (3, 4): 60, (4, 4): 64, (7, 8): 132}
 _REAL_SM: dict[str, dict[tuple[int, int], int]] = {

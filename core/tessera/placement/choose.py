@@ -33,7 +33,7 @@ it must not include the pod being placed):
   memory held on its shared units plus the memory of held whole instances, over all its
   units' memory, rounded to tenths. ``binpack`` scores it as is, ``spread`` as 10 minus it.
 - **Refusal.** :class:`NoFit` names the first container that does not fit and why in one
-  line (e.g. ``largest free unit 10194 MiB < 12000 MiB``: the most free memory of any
+  line (e.g. ``largest free unit 9984 MiB < 12000 MiB``: the most free memory of any
   eligible unit vs the asked memory per share); ``unresolvable`` when it would not fit on
   the node even with no other pod (preemption cannot help).
 - **Determinism.** The same input gives the same output.

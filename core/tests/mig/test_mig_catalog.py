@@ -67,6 +67,28 @@ def test_real_lgip_figures_are_used_where_known() -> None:
     assert profile("A30-24GB", "2g.12gb").memory_mib == 11968  # 11.69 GiB
 
 
+# nvmlDeviceGetGpuInstanceProfileInfo on real GPUs (driver 580.159.04, 2026-11-27): name,
+# memorySizeMB, multiprocessorCount, instanceCount of every profile.
+NVML_READINGS = {
+    "H100-80GB": {  # NVIDIA H100 80GB HBM3, 81559 MiB
+        "1g.10gb": (9984, 16, 7), "1g.10gb+me": (9984, 16, 1), "1g.20gb": (20096, 26, 4),
+        "2g.20gb": (20096, 32, 3), "3g.40gb": (40448, 60, 2), "4g.40gb": (40448, 64, 1),
+        "7g.80gb": (81152, 132, 1),
+    },
+    "H200-141GB": {  # NVIDIA H200, 143771 MiB
+        "1g.18gb": (16384, 16, 7), "1g.18gb+me": (16384, 16, 1), "1g.35gb": (33280, 26, 4),
+        "2g.35gb": (33280, 32, 3), "3g.71gb": (71424, 60, 2), "4g.71gb": (71424, 64, 1),
+        "7g.141gb": (143360, 132, 1),
+    },
+}
+
+
+@pytest.mark.parametrize("model_id", sorted(NVML_READINGS))
+def test_catalog_matches_what_nvml_read_on_real_gpus(model_id: str) -> None:
+    got = {p.name: (p.memory_mib, p.sm_count, p.max_count) for p in profiles(model_id)}
+    assert got == NVML_READINGS[model_id]
+
+
 @pytest.mark.parametrize("model_id", MODEL_IDS)
 def test_instance_resources_grow_with_slices_and_stay_within_the_gpu(model_id: str) -> None:
     model = get_model(model_id)

@@ -21,7 +21,7 @@ from tessera.placement.usage import Placed, UnitUsage, usage
 NODE = "node-0"
 
 
-def gpu_unit(uuid: str, memory: int = 10194, shares: int = 10, *, gpu: str | None = None,
+def gpu_unit(uuid: str, memory: int = 9984, shares: int = 10, *, gpu: str | None = None,
              index: int = 0, model: str = "H100-80GB", numa: int | None = 0,
              peers: Sequence[str] = (), healthy: bool = True, resource: str = VGPU,
              prof: str | None = None, start: int | None = None) -> Unit:
@@ -114,7 +114,7 @@ def node(draw: st.DrawFn, max_gpus: int = 4, mig_ok: bool = True) -> list[Unit]:
             units += [replace(u, numa_node=numa, nvlink_peers=frozenset(peers))
                       for u in draw(mig_gpu(i))]
         else:
-            units.append(gpu_unit(g, draw(st.sampled_from([6000, 10194, 16000])),
+            units.append(gpu_unit(g, draw(st.sampled_from([6000, 9984, 16000])),
                                   draw(st.integers(1, 4)), index=i, numa=numa, peers=peers,
                                   healthy=draw(st.booleans()) or draw(st.booleans())))
     return units

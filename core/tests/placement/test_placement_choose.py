@@ -23,7 +23,7 @@ from tessera.placement.choose import Fit, NoFit, place
 from tessera.placement.policy import Policy
 from tessera.placement.usage import UnitUsage, usage
 
-FOURTEEN = [gpu_unit(f"GPU-{i:02d}", 10194, 10, index=i) for i in range(14)]
+FOURTEEN = [gpu_unit(f"GPU-{i:02d}", 9984, 10, index=i) for i in range(14)]
 SPREAD = Policy(gpu="spread")
 
 
@@ -31,7 +31,7 @@ SPREAD = Policy(gpu="spread")
 
 def test_a_pod_larger_than_every_unit_is_refused_for_good() -> None:
     got = place(NODE, [vgpu(memory=12000)], FOURTEEN, usage(FOURTEEN, []), Policy())
-    assert got == NoFit("largest free unit 10194 MiB < 12000 MiB", unresolvable=True)
+    assert got == NoFit("largest free unit 9984 MiB < 12000 MiB", unresolvable=True)
 
 
 def test_ten_6000_mib_pods_take_ten_distinct_units() -> None:
@@ -47,7 +47,7 @@ def test_memory_taken_by_others_is_resolvable() -> None:
     units = FOURTEEN[:2]
     pods = fill(units, [[vgpu(memory=6000)]] * 2)
     got = place(NODE, [vgpu(memory=6000)], units, usage(units, pods), Policy())
-    assert got == NoFit("largest free unit 4194 MiB < 6000 MiB", unresolvable=False)
+    assert got == NoFit("largest free unit 3984 MiB < 6000 MiB", unresolvable=False)
 
 
 @pytest.mark.parametrize(("units", "demands", "policy", "reason", "unresolvable"), [

@@ -3,7 +3,7 @@
 binds a GPU pod only where one GPU or MIG instance holds each container's budget, records
 the units in the Binding, and the device plugin gives the container exactly those.
 
-node-0's H100 is partitioned into seven shared ``1g.10gb`` instances (10,194 MiB each),
+node-0's H100 is partitioned into seven shared ``1g.10gb`` instances (9,984 MiB each),
 node-1's A100-40GB into three shared ``2g.10gb``: ten units, each of which holds one 6,000
 MiB pod and no two. The operator runs with ``--scheduler-name
 tessera-scheduler``: the pod webhook hands every GPU pod to it.
@@ -36,7 +36,7 @@ from tessera_e2e.operator.scheduler import TesseraScheduler
 pytestmark = [pytest.mark.integration]
 
 UNIT_MIB = profile("H100-80GB", "1g.10gb").memory_mib
-PARTITIONS = (("node0-shared", "node-0", "1g.10gb", 7),   # one H100: 7 units of 10,194 MiB
+PARTITIONS = (("node0-shared", "node-0", "1g.10gb", 7),   # one H100: 7 units of 9,984 MiB
               ("node1-shared", "node-1", "2g.10gb", 3))   # one A100-40GB: 3 of ~9.6 GiB
 
 
@@ -110,7 +110,7 @@ def failed_scheduling(bed: Bed[Any], ns: str, name: str) -> list[str]:
 
 def test_a_pod_no_unit_holds_stays_pending_and_says_why(bed: Bed[Any],
                                                          node_namespace: str) -> None:
-    """12,000 MiB on node-0, whose largest unit has 10,194 MiB (142 GiB free in total):
+    """12,000 MiB on node-0, whose largest unit has 9,984 MiB (69,888 MiB free in total):
     never bound, never sent to a kubelet; FailedScheduling names the largest free unit."""
     bed.cluster.wait_for_service_account(node_namespace)
     bed.quota(node_namespace)

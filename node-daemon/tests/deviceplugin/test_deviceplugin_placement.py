@@ -42,7 +42,7 @@ from tessera_node.settings import FORGET_PENDING_S
 api_grpc: Any = _grpc
 MIB = 1 << 20
 GIB = 1 << 30
-INSTANCE = 10194 * MIB  # an H100's 1g.10gb
+INSTANCE = 9984 * MIB  # an H100's 1g.10gb
 GPUS = ("GPU-00000000-0000-0000-0000-000000000000", "GPU-10000000-0000-0000-0000-000000000000")
 MIGS = tuple(f"MIG-{g}{k}000000-0000-0000-0000-000000000000"
              for g in range(2) for k in range(7))  # 14 units, as node-0's
@@ -252,7 +252,7 @@ class Node:
 @pytest.mark.parametrize("confirm_every", [0, 1, 3])
 def test_ten_6000_mib_pods_at_once_each_alone_on_an_instance(
         tmp_path: Path, policy: str, confirm_every: int) -> None:
-    """The issue's burst: ten pods of 6,000 MiB bound at once onto 14 instances of 10,194
+    """The issue's burst: ten pods of 6,000 MiB bound at once onto 14 instances of 9,984
     MiB, admitted before any is confirmed (or with confirmations between): every one ready,
     each alone on its instance, none refused."""
     node = Node(tmp_path, [placed_pod(f"p{i}", None) for i in range(10)], policy)
@@ -276,11 +276,11 @@ def test_ten_6000_mib_pods_at_once_each_alone_on_an_instance(
 @pytest.mark.parametrize(
     ("budgets_mib", "units", "ready"),
     [
-        # 3000-MiB pods fill an instance three at a time (9000 of 10194), 6000s alone
+        # 3000-MiB pods fill an instance three at a time (9000 of 9984), 6000s alone
         ([6000, 3000, 3000, 3000, 6000], MIGS[:3], 5),
         ([3000] * 6, MIGS[:2], 6),
         # four 6000s, three instances: the fourth fits nowhere; the kubelet hands it a share
-        # anyway (the scheduler saw room: 30582 MiB) and its budget is refused, with an Event
+        # anyway (the scheduler saw room: 29952 MiB) and its budget is refused, with an Event
         ([6000] * 4, MIGS[:3], 3),
     ],
 )
@@ -400,7 +400,7 @@ def test_the_fake_kubelet_over_grpc_places_pods_on_their_recorded_units(
         assert units["r2"] == (MIGS[1],)
         assert len(units) == 5, units  # all ready: no instance over its memory
         # the 6000s without a record keep off r0's and r1's instances (reserved, 6000 each);
-        # one shares r2's (3000 + 6000 of 10194), pack's fullest that still holds it
+        # one shares r2's (3000 + 6000 of 9984), pack's fullest that still holds it
         assert {units["n0"], units["n1"]} == {(MIGS[1],), (MIGS[2],)}, units
     finally:
         plugin.stop()

@@ -67,7 +67,7 @@ def test_a_profile_table_nvml_disagrees_with_is_one_finding() -> None:
                   for p in g.profiles)
     inv = node_gpus(DeviceSnapshot((replace(g, profiles=wrong),)))
     assert [f.kind for f in inv.findings] == ["ProfileMismatch"]
-    assert "1g.10gb memory_mib 10194 in the table, 10195 by NVML" in inv.findings[0].message
+    assert "1g.10gb memory_mib 9984 in the table, 9985 by NVML" in inv.findings[0].message
     assert node_gpus(DeviceSnapshot((g,))).findings == ()
 
 

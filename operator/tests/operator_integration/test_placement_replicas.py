@@ -28,7 +28,7 @@ from .test_quota_admission import quota, setup_ns
 
 pytestmark = pytest.mark.integration
 
-UNIT_MIB = 10194
+UNIT_MIB = 9984  # an H100's 1g.10gb
 NODES, GPUS = 3, 4
 
 

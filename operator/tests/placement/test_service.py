@@ -80,17 +80,17 @@ def service(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (),
 
 
 def test_a_pod_no_unit_holds_fails_on_every_node_with_the_largest_free_unit() -> None:
-    svc = service(node("gpu-000", memory_mib=10194), node("gpu-001", memory_mib=10194))
+    svc = service(node("gpu-000", memory_mib=9984), node("gpu-001", memory_mib=9984))
     got = svc.filter(pod("big", 12000), ["gpu-000", "gpu-001"])
     assert got.nodes == ()
-    assert got.unresolvable == {n: f"{n}: largest free unit 10194 MiB < 12000 MiB"
+    assert got.unresolvable == {n: f"{n}: largest free unit 9984 MiB < 12000 MiB"
                                 for n in ("gpu-000", "gpu-001")}
     assert svc.reservations == {}
 
 
 def test_a_burst_of_filters_reserves_a_different_unit_for_each_pod() -> None:
-    svc = service(node("gpu-000", gpus=7, memory_mib=10194), node("gpu-001", gpus=7,
-                                                                   memory_mib=10194))
+    svc = service(node("gpu-000", gpus=7, memory_mib=9984),
+                  node("gpu-001", gpus=7, memory_mib=9984))
     units = []
     for i in range(14):
         got = svc.filter(pod(f"p{i}", 6000), ["gpu-000", "gpu-001"])
@@ -98,7 +98,7 @@ def test_a_burst_of_filters_reserves_a_different_unit_for_each_pod() -> None:
         units.extend(svc.reservations[f"uid-p{i}"].placed.record.units())
     assert len(set(units)) == 14
     late = svc.filter(pod("p14", 6000), ["gpu-000", "gpu-001"])
-    assert late.nodes == () and all("largest free unit 4194 MiB < 6000 MiB" in m
+    assert late.nodes == () and all("largest free unit 3984 MiB < 6000 MiB" in m
                                     for m in late.failed.values()), late
 
 
