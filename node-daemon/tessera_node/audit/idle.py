@@ -1,7 +1,7 @@
 """Idle holders on this node (the I/O around :mod:`tessera.idle`): every audit, each pod's
 memory held and SM use from what the audit measured (NVML per process on a GPU; the ledger's
 launch tokens inside a MIG instance), its namespace's GPUQuota ``spec.idle`` read by the daemon
-itself (never from the pod), an Event ``GPUIdle`` once per idle episode, the gauge
+itself (never from the pod; at most once a minute per namespace), an Event ``GPUIdle`` once per idle episode, the gauge
 ``tessera_pod_gpu_idle_seconds``, and under ``Evict`` an eviction through the Eviction API
 (policy/v1: PodDisruptionBudgets respected; 429 is "not now", retried every audit, with one
 ``GPUIdleEvictionBlocked`` Event per episode).
@@ -29,9 +29,10 @@ log = logging.getLogger("tessera_node.audit.idle")
 REASON_IDLE = "GPUIdle"
 REASON_EVICTED = "GPUIdleEvicted"
 REASON_BLOCKED = "GPUIdleEvictionBlocked"
-POLICY_TTL_S = 30.0
+POLICY_TTL_S = 60.0
 """How long a namespace's idle policy read from its GPUQuotas is used before it is read
-again (one list per namespace with GPU pods on this node per 30 s)."""
+again: one list per namespace with GPU pods on this node per minute, served from the API
+server's watch cache (``resourceVersion=0``), never etcd."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ class IdleReclaim:
         if got is not None and now - got[0] < POLICY_TTL_S:
             return got[1]
         try:
-            body = await self.kube.list(path(GROUP, VERSION, GPUQUOTAS, namespace))
+            body = await self.kube.list(path(GROUP, VERSION, GPUQUOTAS, namespace),
+                                        cached=True)
             policy = policy_of(body.get("items") or [])
         except (ApiError, OSError, TimeoutError) as exc:
             log.warning("idle: cannot read GPUQuotas", extra={

@@ -100,7 +100,7 @@ def test_report_posts_one_event_per_episode_and_the_gauge() -> None:
     assert 'pod="idle"' not in generate_latest().decode()
     run(r, clock, samples, 4)
     assert reasons(kube) == [REASON_IDLE, REASON_IDLE]
-    assert kube.lists <= 4  # the policy is read once per 30 s per namespace
+    assert kube.lists <= 2  # the policy is read once a minute per namespace
 
 
 def test_evict_evicts_the_idle_pod_only_and_once() -> None:
