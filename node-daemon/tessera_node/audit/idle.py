@@ -2,9 +2,9 @@
 memory held and SM use from what the audit measured (NVML per process on a GPU; the ledger's
 launch tokens inside a MIG instance), its namespace's GPUQuota ``spec.idle`` read by the daemon
 itself (never from the pod; at most once a minute per namespace), an Event ``GPUIdle`` once
-per idle episode, the gauge ``tessera_pod_gpu_idle_seconds``, and under ``Evict`` an eviction through the Eviction API
-(policy/v1: PodDisruptionBudgets respected; 429 is "not now", retried every audit, with one
-``GPUIdleEvictionBlocked`` Event per episode).
+per idle episode, the gauge ``tessera_pod_gpu_idle_seconds``, and under ``Evict`` an
+eviction through the Eviction API (policy/v1: PodDisruptionBudgets respected; 429 is "not
+now", retried every audit, with one ``GPUIdleEvictionBlocked`` Event per episode).
 
 Only pods of the registry are judged: containers the device plugin set up on this node, so
 only pods on this node, each under its own namespace's quotas; the eviction carries the pod's
