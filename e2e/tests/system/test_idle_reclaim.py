@@ -1,9 +1,11 @@
 """Idle holders reclaimed by tessera itself (GPUQuota ``spec.idle``), on the test bed's real
 kubelets with tessera-node's audit every 2 s: a pod that holds GPU memory and launches nothing
-(``cuda-alloc MIB SECONDS`` holds its allocation without a kernel) gets a ``GPUIdle`` Event and
-the ``tessera_pod_gpu_idle_seconds`` metric under ``Report``; under ``Evict`` it is evicted
-while a busy pod of the same quota (``cuda-spin``) keeps running; a PodDisruptionBudget blocks
-the eviction, with a ``GPUIdleEvictionBlocked`` Event, until it is removed."""
+(``cuda-alloc MIB SECONDS`` holds its allocation without a kernel; ``cuda-spin`` beside it
+paused) gets a ``GPUIdle`` Event and the ``tessera_pod_gpu_idle_seconds`` metric under
+``Report``, and kernels again end the episode (a new Event only ``after`` the next pause);
+under ``Evict`` it is evicted while a busy pod of the same quota (``cuda-spin``) keeps running;
+a PodDisruptionBudget blocks the eviction, with a ``GPUIdleEvictionBlocked`` Event, until it
+is removed."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ pytestmark = [pytest.mark.integration]
 
 AFTER_S = 10
 HOLD = "cuda-alloc 512 600"  # holds 512 MiB for 10 minutes, launches nothing
+PAUSE = "/tmp/pause"
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +39,25 @@ def setup(bed: Bed[Any], ns: str, action: str) -> None:
     bed.quota(ns, idle={"after": f"{AFTER_S}s", "action": action})
 
 
+def exec_sh(bed: Bed[Any], namespace: str, pod: str, script: str) -> None:
+    out = bed.kubectl("exec", "-n", namespace, pod, "--", "sh", "-c", script)
+    assert out.returncode == 0, out.stderr
+
+
 def gone(bed: Bed[Any], ns: str, name: str) -> bool:
     out = bed.kubectl("get", "pod", "-n", ns, name, "-o", "json")
     return out.returncode != 0 or bool(json.loads(out.stdout)["metadata"].get(
         "deletionTimestamp"))
 
 
-def test_report_gives_an_event_and_a_metric(bed: Bed[Any], node_namespace: str) -> None:
+def test_report_gives_an_event_and_a_metric_and_activity_resets(
+        bed: Bed[Any], node_namespace: str) -> None:
     ns = node_namespace
     setup(bed, ns, "Report")
-    bed.apply(ns, gpu_pod("holder", HOLD, vgpu(1024, cores=20)))
+    # one container, two processes: one holds 512 MiB and never launches, the other spins
+    # kernels while /tmp/pause is absent (paused from the start)
+    bed.apply(ns, gpu_pod("holder", f": > {PAUSE}; {HOLD} & exec cuda-spin 0 1000 3 {PAUSE}",
+                          vgpu(1024, cores=20)))
     bed.wait_phase(ns, "holder", {"Running"}, 120)
     t0 = time.monotonic()
     msgs = wait_until("a GPUIdle Event", lambda: bed.events(ns, "holder", "GPUIdle"), 60, 1)
@@ -59,6 +71,17 @@ def test_report_gives_an_event_and_a_metric(bed: Bed[Any], node_namespace: str) 
     assert held.get("holder", 0) >= 512 << 20, held
     time.sleep(6)  # three more audits: still one Event, the pod untouched
     assert len(bed.events(ns, "holder", "GPUIdle")) == 1
+    assert bed.pod(ns, "holder")["status"]["phase"] == "Running"
+    # kernels again: the episode ends (the gauge goes); paused again: a new episode, a new
+    # Event only `after` later
+    exec_sh(bed, ns, "holder", f"rm {PAUSE}")
+    wait_until("the idle gauge gone", lambda: "holder" not in dict(
+        bed.samples("node-0", "tessera_pod_gpu_idle_seconds", ns)), 30, 1)
+    exec_sh(bed, ns, "holder", f": > {PAUSE}")
+    t1 = time.monotonic()
+    wait_until("a second GPUIdle Event",
+               lambda: len(bed.events(ns, "holder", "GPUIdle")) == 2, 60, 1)
+    assert time.monotonic() - t1 >= AFTER_S - 2  # not before `after` (one audit's slack)
     assert bed.pod(ns, "holder")["status"]["phase"] == "Running"
     print(f"\n[figures] idle report: Event {took:.0f} s after Running (after {AFTER_S}s, "
           f"audit every 2 s)")
