@@ -14,6 +14,9 @@
   (`tessera_e2e.operator.replicas.LocalOperators`).
 - `parse_quantity_reference` (session): the path of the built `parse-quantity` program,
   apimachinery's own quantity parser, to test tessera's against.
+- `kueue_binary` (session): Kueue's controller-manager, built unless its stamp says it is
+  current (`make controlplane` builds it first); start it on a cluster with
+  `tessera_e2e.kueue.running.kueue_on`.
 
 The binaries must be built first (`make controlplane`): a missing build fails the tests with
 that instruction rather than silently skipping them. Component logs are kept when any test
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tessera_e2e.controlplane.build import build_inputs
+from tessera_e2e.controlplane.build import build_inputs, ensure_kueue
 from tessera_e2e.controlplane.cache import BINARIES, default_layout
 from tessera_e2e.controlplane.cluster import DEFAULT_NODES, LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
@@ -63,6 +66,14 @@ def parse_quantity_reference() -> Path:
     if not os.access(binary, os.X_OK):
         pytest.fail(f"{binary} is missing: run `make controlplane` first", pytrace=False)
     return binary
+
+
+@pytest.fixture(scope="session")
+def kueue_binary() -> Path:
+    try:
+        return ensure_kueue()
+    except ControlPlaneError as error:
+        pytest.fail(f"building Kueue: {error}", pytrace=False)
 
 
 def _session_cluster(request: pytest.FixtureRequest, nodes: int) -> Iterator[LocalCluster]:

@@ -1,15 +1,18 @@
-"""Real-GPU tier: the same checks as test_hook.py, built the same way, against the machine's
-own libcuda.so.1 and libnvidia-ml.so.1. Skipped, saying so, only where there is no NVIDIA GPU
-(/dev/nvidiactl missing); on a machine with one, a driver that cannot be used fails."""
+"""Real-GPU tier: the same checks as test_hook.py and test_hook_runtime.py, built the same way,
+against the machine's own libcuda.so.1 and libnvidia-ml.so.1 (the runtime program `trt` with
+the pinned libcudart, its PTX kernels compiled by the real driver). Skipped, saying so, only
+where there is no NVIDIA GPU (/dev/nvidiactl missing); on a machine with one, a driver that
+cannot be used fails."""
 
 from __future__ import annotations
 
 import ctypes.util
+import json
 import os
 from pathlib import Path
 
 import pytest
-from tessera_hook_harness import GIB, MIB, SIM_LIB, Container
+from tessera_hook_harness import BUILD, GIB, MIB, SIM_LIB, Container
 
 pytestmark = pytest.mark.gpu
 
@@ -78,3 +81,33 @@ def test_real_gpu_graph_memory_nodes_refused(gpu_container: Container, method: s
     assert r["alloc_node"] == 801 and r["plain"] == 0
     if method != "gpa:11040:2":  # cuGraphAddNode exists from CUDA 12.2
         assert r["add_node"] == r["add_node_v2"] == 801 and r["add_kernel_node"] == 0
+
+
+TRT = BUILD / "bin" / "trt"
+
+
+def trt(c: Container, *args: str) -> dict[str, object]:
+    r = c.run([str(TRT), *args], timeout=120)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert r.returncode == 0 and lines, f"trt {args}: rc={r.returncode} {r.stdout} {r.stderr}"
+    out: dict[str, object] = json.loads(lines[-1])
+    return out
+
+
+def test_real_gpu_runtime_sees_the_budget_and_runs_kernels(gpu_container: Container) -> None:
+    """The CUDA runtime on the real driver under libtessera: cudaMemGetInfo and the device's
+    properties show the budget; PTX kernels launch, alone and from a captured graph."""
+    info = trt(gpu_container, "info")
+    assert info["err"] == 0 and info["total"] == GIB and info["free"] == GIB, info
+    assert trt(gpu_container, "launch", "0", "50", "4")["err"] == 0
+    graph = trt(gpu_container, "graph", "3", "4")
+    assert graph["err"] == 0 and graph["nodes"] == 4, graph
+
+
+@pytest.mark.parametrize("kind", ["malloc", "managed", "async", "pool", "pitch"])
+def test_real_gpu_runtime_allocations_held_to_budget(gpu_container: Container, kind: str) -> None:
+    """Every runtime allocation path refused at the budget with cudaErrorMemoryAllocation
+    (2), and everything given back once freed."""
+    r = trt(gpu_container, "fill", kind, str(64 * MIB))
+    assert isinstance(r["got"], int) and GIB - 64 * MIB <= r["got"] <= GIB, r
+    assert r["err"] == 2 and r["free_err"] == 0 and r["after"] == 0, r

@@ -166,18 +166,23 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *pk, CUlibrary l, const char *name)
     return rc;
 }
 
-EXPORT CUresult cuLibraryGetKernelCount(unsigned *count, CUlibrary l)
-{
-    ENTER();
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = reg_has(&r_lib, l) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (rc == CUDA_SUCCESS)
-        *count = (unsigned)l->nkernels;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
+/* A query of a library or kernel handle: one row each (as CTX_GETTER in cuda_context.c). */
+#define HANDLE_GETTER(fn, params, reg, handle, value)                                   \
+    EXPORT CUresult fn params                                                           \
+    {                                                                                   \
+        ENTER();                                                                        \
+        if (!out)                                                                       \
+            return CUDA_ERROR_INVALID_VALUE;                                            \
+        pthread_mutex_lock(&g_mu);                                                      \
+        CUresult rc = reg_has(&reg, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; \
+        if (rc == CUDA_SUCCESS)                                                         \
+            *out = value;                                                               \
+        pthread_mutex_unlock(&g_mu);                                                    \
+        return rc;                                                                      \
+    }
+HANDLE_GETTER(cuLibraryGetKernelCount, (unsigned *out, CUlibrary l), r_lib, l, (unsigned)l->nkernels)
+HANDLE_GETTER(cuKernelGetLibrary, (CUlibrary *out, CUkernel k), r_kern, k, k->lib)
+HANDLE_GETTER(cuKernelGetName, (const char **out, CUkernel k), r_kern, k, k->name)
 
 EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *ks, unsigned n, CUlibrary l)
 {
@@ -229,32 +234,6 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pf, CUkernel k)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     CUresult rc = reg_has(&r_kern, k) ? kernel_function(k, pf) : CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuKernelGetLibrary(CUlibrary *pl, CUkernel k)
-{
-    ENTER();
-    if (!pl)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = reg_has(&r_kern, k) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (rc == CUDA_SUCCESS)
-        *pl = k->lib;
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
-
-EXPORT CUresult cuKernelGetName(const char **name, CUkernel k)
-{
-    ENTER();
-    if (!name)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult rc = reg_has(&r_kern, k) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (rc == CUDA_SUCCESS)
-        *name = k->name;
     pthread_mutex_unlock(&g_mu);
     return rc;
 }

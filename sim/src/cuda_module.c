@@ -144,6 +144,8 @@ CUresult module_image(const void *image, const char **text, size_t *len)
         return CUDA_ERROR_NO_BINARY_FOR_GPU;
     case FATBIN_COMPRESSED:
         return CUDA_ERROR_NOT_SUPPORTED; /* the simulator reads uncompressed PTX only */
+    case FATBIN_BAD_PTX_HEADER:
+        return CUDA_ERROR_INVALID_PTX; /* as the real driver's JIT answers it */
     }
     *text = image;
     *len = memcmp(image, "\177ELF", 4) == 0 ? 4 : strlen(image);

@@ -10,19 +10,20 @@ struct fatbin_header {
     uint64_t size; /* of the entries that follow the header */
 };
 
+/* An entry's header as nvcc 13 writes it (80 bytes; 64 in older toolkits, the fields below
+ * the same): read from a real driver's own fat binaries (sim/README.md). */
 struct fatbin_entry {
     uint16_t kind;
     uint16_t version;
     uint32_t header_size;
-    uint32_t payload_size; /* padded to 8 */
-    uint32_t unknown0;
+    uint64_t payload_size; /* padded to 8 */
     uint32_t compressed_size;
-    uint32_t unknown1, unknown2;
+    uint32_t address_bits; /* PTX: its .address_size (32, 64) */
+    uint16_t isa_minor, isa_major; /* PTX: its .version */
     uint32_t sm;
-    uint32_t bits;
-    uint32_t unknown3;
+    uint32_t name_offset, name_len;
     uint64_t flags;
-    uint64_t unknown4;
+    uint64_t reserved;
     uint64_t uncompressed_size;
 };
 
@@ -59,7 +60,7 @@ enum fatbin_result fatbin_ptx(const void *image, size_t limit, const char **ptx,
     const unsigned char *best = NULL;
     size_t best_len = 0;
     uint32_t best_sm = 0;
-    int compressed = 0;
+    int compressed = 0, bad_header = 0;
     while ((size_t)(end - p) >= sizeof(struct fatbin_entry)) {
         struct fatbin_entry e;
         memcpy(&e, p, sizeof e);
@@ -70,6 +71,8 @@ enum fatbin_result fatbin_ptx(const void *image, size_t limit, const char **ptx,
         if (e.kind == KIND_PTX) {
             if (e.flags & FLAG_COMPRESSED) {
                 compressed = 1;
+            } else if (e.isa_major == 0 || (e.address_bits != 32 && e.address_bits != 64)) {
+                bad_header = 1; /* the real driver's JIT refuses it (CUDA_ERROR_INVALID_PTX) */
             } else if (!best || e.sm > best_sm) {
                 best = payload;
                 best_len = strnlen((const char *)payload, e.payload_size);
@@ -83,5 +86,5 @@ enum fatbin_result fatbin_ptx(const void *image, size_t limit, const char **ptx,
         *len = best_len;
         return FATBIN_PTX;
     }
-    return compressed ? FATBIN_COMPRESSED : FATBIN_NO_PTX;
+    return bad_header ? FATBIN_BAD_PTX_HEADER : compressed ? FATBIN_COMPRESSED : FATBIN_NO_PTX;
 }

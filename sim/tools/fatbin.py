@@ -19,19 +19,31 @@ FATBIN_MAGIC = 0xBA55ED50
 FATBINC_MAGIC = 0x466243B1
 KIND_PTX = 1
 FLAGS_64BIT_LINUX = 0x1 | 0x10
+ENTRY_HEADER = 80
 ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)")
 TARGET = re.compile(r"\.target\s+sm_(\d+)")
+VERSION = re.compile(r"\.version\s+(\d+)\.(\d+)")
+ADDRESS_SIZE = re.compile(r"\.address_size\s+(32|64)")
 
 
 def pack(ptx: str) -> bytes:
-    """A fat binary holding ``ptx`` as its one entry."""
+    """A fat binary holding ``ptx`` as its one uncompressed entry, its header as nvcc 13
+    writes one (``--compress-mode=none``): kind, version 0x0101, header size 80, payload
+    size (NUL-terminated text padded to 8), compressed size 0, the PTX's address size, its
+    ISA version (minor, major), target SM, no object name, flags, then zeros.  The real
+    driver (580.159) crashed in cuModuleLoadData on this tool's earlier 64-byte header with
+    no ISA version; see sim/README.md, "The CUDA runtime on the simulator"."""
     text = ptx.encode() + b"\0"
     padded = text + b"\0" * (-len(text) % 8)
     target = TARGET.search(ptx)
-    sm = int(target.group(1)) if target else 90
-    entry = struct.pack("<HHIIIIIIIIIQQQ", KIND_PTX, 0x0101, 64, len(padded), 0, 0, 0, 0,
-                        sm, 64, 0, FLAGS_64BIT_LINUX, 0, 0)
-    assert len(entry) == 64
+    version = VERSION.search(ptx)
+    address = ADDRESS_SIZE.search(ptx)
+    if not (target and version and address):
+        raise ValueError("the PTX lacks .version, .target sm_NN or .address_size")
+    entry = struct.pack("<HHIQIIHHIIIQQQQQ", KIND_PTX, 0x0101, ENTRY_HEADER, len(padded), 0,
+                        int(address.group(1)), int(version.group(2)), int(version.group(1)),
+                        int(target.group(1)), 0, 0, FLAGS_64BIT_LINUX, 0, 0, 0, 0)
+    assert len(entry) == ENTRY_HEADER
     body = entry + padded
     return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body
 

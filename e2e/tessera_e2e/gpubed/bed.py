@@ -118,6 +118,29 @@ class Bed(Generic[D]):
         t1, b = time.monotonic(), self.core_busy(node, namespace)
         return {p: b[p] - a.get(p, 0.0) for p in b}, t1 - t0
 
+    def gpu_memory_by_pod(self, node: str) -> dict[str, int]:
+        """MiB of GPU memory held on the node, per pod UID, as NVML counts it: the node's
+        ``nvidia-smi --query-compute-apps`` (host PIDs), each process's pod from its
+        ``/proc/<pid>/cgroup`` (the kernel's word, as the audit reads it); processes in no
+        pod under ``""``, processes gone since the query left out."""
+        from tessera_node.device.cgroups import cgroup_owner
+
+        out = self.daemons[node].smi("--query-compute-apps=pid,used_memory",
+                                     "--format=csv,noheader,nounits")
+        assert out.returncode == 0, out.stderr
+        held: dict[str, int] = {}
+        for line in out.stdout.splitlines():
+            if not line.strip():
+                continue
+            pid, mib = (field.strip() for field in line.split(","))
+            try:
+                owner = cgroup_owner(Path(f"/proc/{pid}/cgroup").read_text())
+            except OSError:
+                continue
+            key = owner.pod_uid if owner else ""
+            held[key] = held.get(key, 0) + int(mib)
+        return held
+
     def allocatable(self, node: str) -> dict[str, str]:
         alloc: dict[str, str] = node_json(self.kubectl, node)["status"].get("allocatable", {})
         return alloc

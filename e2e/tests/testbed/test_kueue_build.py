@@ -12,39 +12,25 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tessera_e2e.controlplane.build import (
-    KUEUE_VERSION_ARGS,
-    ensure_kueue,
-    kueue_product,
-    product_up_to_date,
-)
+from tessera_e2e.controlplane.build import KUEUE_VERSION_ARGS, kueue_product, product_up_to_date
 from tessera_e2e.controlplane.cache import default_layout
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.kueue.manager import LocalKueue
+from tessera_e2e.kueue.objects import QUEUE_LABEL, condition, managed_namespace
+from tessera_e2e.kueue.running import apply, get_json, kueue_on, wait_active
 from tessera_e2e.operator.replicas import wait_until
 from tessera_e2e.paths import REPO
 
 pytestmark = pytest.mark.integration
 
 EXAMPLES = REPO / "examples" / "kueue"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-@pytest.fixture(scope="module")
-def kueue_binary() -> Path:
-    """Built unless the stamp says it is current (`make controlplane` builds it first)."""
-    try:
-        return ensure_kueue()
-    except ControlPlaneError as error:
-        pytest.fail(f"building Kueue: {error}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -57,33 +43,12 @@ def kueue_bed(bin_dir: Path, kueue_binary: Path, request: pytest.FixtureRequest
         for crd in sorted((REPO / "crds").glob("*.yaml")):  # GPUQuota, for the recipe
             out = cluster.kubectl("apply", "--server-side", "-f", str(crd))
             assert out.returncode == 0, out.stderr
-        kueue = LocalKueue(cluster, kueue_binary).install().start()
-        print(f"[kueue] manager ready {kueue.ready_seconds:.1f}s after its start")
+        with kueue_on(cluster, kueue_binary) as kueue:
+            yield cluster, kueue
     except (ControlPlaneError, TimeoutError) as error:
         cluster.stop(keep_logs=True)
         pytest.fail(f"Kueue on the test bed: {error}", pytrace=False)
-    yield cluster, kueue
-    kueue.stop()
     cluster.stop(keep_logs=request.session.testsfailed > 0)
-
-
-def _json(cluster: LocalCluster, *args: str) -> Any:
-    out = cluster.kubectl(*args, "-o", "json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def _apply(cluster: LocalCluster, docs: list[dict[str, Any]], *flags: str
-           ) -> subprocess.CompletedProcess[str]:
-    return cluster.kubectl("apply", *flags, "-f", "-",
-                           input="\n---\n".join(json.dumps(d) for d in docs))
-
-
-def _condition(obj: dict[str, Any], kind: str) -> str | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return str(cond.get("status"))
-    return None
 
 
 def test_built_kueue_reports_the_pinned_version(kueue_binary: Path) -> None:
@@ -101,30 +66,27 @@ def test_manager_runs_with_its_crds_established_and_webhooks_served(
         kueue_bed: tuple[LocalCluster, LocalKueue]) -> None:
     cluster, kueue = kueue_bed
     for name in kueue.rendered.crd_names():
-        crd = _json(cluster, "get", "crd", name)
-        assert _condition(crd, "Established") == "True", name
+        crd = get_json(cluster, "crd", name)
+        assert condition(crd, "Established") == "True", name
     assert kueue.webhook_answers()
-    hooks = _json(cluster, "get", "mutatingwebhookconfiguration",
-                  "kueue-mutating-webhook-configuration")
+    hooks = get_json(cluster, "mutatingwebhookconfiguration",
+                     "kueue-mutating-webhook-configuration")
     assert {"mpod.kb.io", "mjob.kb.io"} <= {h["name"] for h in hooks["webhooks"]}
     # v1beta1 is still served: a v1beta2 object read as v1beta1 goes through the conversion
     # webhook the manager serves (v1beta2 `cohortName` is v1beta1 `cohort`)
     cq = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
           "metadata": {"name": "conversion-check"},
           "spec": {"cohortName": "checks", "resourceGroups": []}}
-    out = _apply(cluster, [cq])
+    out = apply(cluster, [cq])
     assert out.returncode == 0, out.stderr
-    old = _json(cluster, "get", "clusterqueues.v1beta1.kueue.x-k8s.io", "conversion-check")
+    old = get_json(cluster, "clusterqueues.v1beta1.kueue.x-k8s.io", "conversion-check")
     assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
     assert old["spec"]["cohort"] == "checks"
     cluster.kubectl("delete", "clusterqueue", "conversion-check")
 
 
 def _managed_namespace(cluster: LocalCluster, name: str) -> None:
-    """A namespace the recipe's managedJobsNamespaceSelector selects (as its team ones)."""
-    namespace = {"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": name, "labels": {"kueue-managed": "true"}}}
-    out = _apply(cluster, [namespace])
+    out = apply(cluster, [managed_namespace(name)])
     assert out.returncode == 0, out.stderr
 
 
@@ -153,10 +115,10 @@ def test_job_waits_suspended_until_admitted_then_runs_on_the_flavors_model(
     cluster, _ = kueue_bed
     namespace = "kueue-bed-job"
     _managed_namespace(cluster, namespace)
-    out = _apply(cluster, _queue_objects(namespace, quota=0))  # no GPU quota yet
+    queues = _queue_objects(namespace, quota=0)  # no GPU quota yet
+    out = apply(cluster, queues)
     assert out.returncode == 0, out.stderr
-    wait_until("ClusterQueue active", lambda: _condition(
-        _json(cluster, "get", "clusterqueue", "bed-cq"), "Active") == "True", 30)
+    wait_active(cluster, queues[1:])
     job = {"apiVersion": "batch/v1", "kind": "Job",
            "metadata": {"name": "small", "namespace": namespace,
                         "labels": {QUEUE_LABEL: "bed-lq"}},
@@ -166,28 +128,28 @@ def test_job_waits_suspended_until_admitted_then_runs_on_the_flavors_model(
                              "limits": {"tessera.dev/vgpu": "1",
                                         "tessera.dev/vgpu-memory": "20480",
                                         "tessera.dev/vgpu-cores": "50"}}}]}}}}
-    out = _apply(cluster, [job])
+    out = apply(cluster, [job])
     assert out.returncode == 0, out.stderr
-    stored = _json(cluster, "get", "job", "small", "-n", namespace)
+    stored = get_json(cluster, "job", "small", "-n", namespace)
     assert stored["spec"]["suspend"] is True  # Kueue's webhook suspended it at creation
 
     def workload() -> dict[str, Any] | None:
-        items = _json(cluster, "get", "workloads", "-n", namespace)["items"]
+        items = get_json(cluster, "workloads", "-n", namespace)["items"]
         return items[0] if items else None
 
     pending = wait_until("the Job's Workload", workload, 30)
     time.sleep(3)  # several scheduling passes: nothing fits a zero quota
     pending = workload()
-    assert pending is not None and _condition(pending, "Admitted") != "True"
-    assert _json(cluster, "get", "job", "small", "-n", namespace)["spec"]["suspend"] is True
-    out = _apply(cluster, _queue_objects(namespace, quota=1))  # room for the Job
+    assert pending is not None and condition(pending, "Admitted") != "True"
+    assert get_json(cluster, "job", "small", "-n", namespace)["spec"]["suspend"] is True
+    out = apply(cluster, _queue_objects(namespace, quota=1))  # room for the Job
     assert out.returncode == 0, out.stderr
     admitted = wait_until("the Workload admitted", lambda: (w := workload()) is not None
-                          and _condition(w, "Admitted") == "True" and w, 60)
+                          and condition(w, "Admitted") == "True" and w, 60)
     flavors = admitted["status"]["admission"]["podSetAssignments"][0]["flavors"]
     assert flavors["tessera.dev/vgpu-memory"] == "bed-h100"
-    running = wait_until("the Job unsuspended", lambda: (j := _json(
-        cluster, "get", "job", "small", "-n", namespace))["spec"].get("suspend") is False
+    running = wait_until("the Job unsuspended", lambda: (j := get_json(
+        cluster, "job", "small", "-n", namespace))["spec"].get("suspend") is False
         and j, 30)
     selector = running["spec"]["template"]["spec"].get("nodeSelector") or {}
     assert selector.get("tessera.dev/gpu.product") == "H100-80GB"
@@ -214,14 +176,10 @@ def test_recipe_examples_are_accepted_and_their_queues_become_active(
         if all(d["kind"] != "Job" for d in _docs(path)):
             out = cluster.kubectl("apply", "-f", str(path))
             assert out.returncode == 0, f"{path.name}: {out.stderr}"
-    def active(*args: str) -> bool:
-        return _condition(_json(cluster, "get", *args), "Active") == "True"
-
-    for name in ("research", "inference"):
-        wait_until(f"ClusterQueue {name} active", partial(active, "clusterqueue", name), 30)
-    for namespace in ("team-a", "team-b", "team-c"):
-        wait_until(f"LocalQueue {namespace}/gpu active",
-                   partial(active, "localqueue", "gpu", "-n", namespace), 30)
+    queues = [d for path in files for d in _docs(path)
+              if d["kind"] in ("ClusterQueue", "LocalQueue")]
+    assert len(queues) == 5  # research, inference; team-a, team-b, team-c's LocalQueues
+    wait_active(cluster, queues)
 
 
 def test_kueue_admits_and_tessera_budgets_the_same_pods(
@@ -249,9 +207,9 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
                  "metadata": {"name": "team", "namespace": namespace},
                  "spec": {"hard": {"memory": "100Gi", "cores": 400},
                           "default": {"memory": "8Gi", "cores": 25}}}
-        assert _apply(cluster, [quota]).returncode == 0
+        assert apply(cluster, [quota]).returncode == 0
         wait_admitting(cluster, namespace)
-        out = _apply(cluster, _queue_objects(namespace, quota=4))
+        out = apply(cluster, _queue_objects(namespace, quota=4))
         assert out.returncode == 0, out.stderr
         limits = {"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "20480",
                   "tessera.dev/vgpu-cores": "50"}
@@ -266,9 +224,9 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
                               "labels": {QUEUE_LABEL: "bed-lq"}},
                  "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {
                      "requests": {"cpu": "100m"}, "limits": {"tessera.dev/vgpu": "1"}}}]}}
-        out = _apply(cluster, [job, plain])
+        out = apply(cluster, [job, plain])
         assert out.returncode == 0, out.stderr
-        created = _json(cluster, "get", "pod", "plain", "-n", namespace)
+        created = get_json(cluster, "pod", "plain", "-n", namespace)
         gates = [g["name"] for g in created["spec"].get("schedulingGates") or []]
         assert "kueue.x-k8s.io/admission" in gates  # Kueue holds it
         plain_limits = created["spec"]["containers"][0]["resources"]["limits"]
@@ -277,14 +235,14 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
         assert "tessera.dev/budget" in created["metadata"]["annotations"]
 
         def released() -> dict[str, Any] | None:
-            pod = _json(cluster, "get", "pod", "plain", "-n", namespace)
+            pod = get_json(cluster, "pod", "plain", "-n", namespace)
             return None if pod["spec"].get("schedulingGates") else pod
 
         admitted = wait_until("the plain Pod admitted (gate removed)", released, 60)
         assert admitted["spec"]["nodeSelector"]["tessera.dev/gpu.product"] == "H100-80GB"
 
         def job_pod() -> dict[str, Any] | None:
-            items = _json(cluster, "get", "pods", "-n", namespace, "-l",
+            items = get_json(cluster, "pods", "-n", namespace, "-l",
                           "job-name=job")["items"]
             return items[0] if items else None
 
@@ -292,10 +250,10 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
         budget = json.loads(pod["metadata"]["annotations"]["tessera.dev/budget"])
         assert budget["containers"]["c"]["memoryBytes"] == 20480 * 2**20
         assert pod["spec"]["nodeSelector"]["tessera.dev/gpu.product"] == "H100-80GB"
-        workloads = _json(cluster, "get", "workloads", "-n", namespace)["items"]
+        workloads = get_json(cluster, "workloads", "-n", namespace)["items"]
         assert len(workloads) == 2
         for workload in workloads:
-            assert _condition(workload, "Admitted") == "True"
+            assert condition(workload, "Admitted") == "True"
             usage = workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
             assert "tessera.dev/pod" not in usage
             assert usage["tessera.dev/vgpu"] == "1"
@@ -311,9 +269,9 @@ def test_kueue_admits_and_tessera_budgets_the_same_pods(
                    "metadata": {"name": "outside", "namespace": "kueue-bed-unmanaged",
                                 "labels": {QUEUE_LABEL: "bed-lq"}},
                    "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-        out = _apply(cluster, [outside])
+        out = apply(cluster, [outside])
         assert out.returncode == 0, out.stderr
-        left = _json(cluster, "get", "pod", "outside", "-n", "kueue-bed-unmanaged")
+        left = get_json(cluster, "pod", "outside", "-n", "kueue-bed-unmanaged")
         assert not left["spec"].get("schedulingGates")
     finally:
         ops.stop_all()

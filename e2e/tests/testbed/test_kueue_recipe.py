@@ -8,20 +8,19 @@ renderer of Kueue's manifests, on the pinned module's own config/."""
 from __future__ import annotations
 
 from collections import defaultdict
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tessera.api.names import GPU_POD, LABEL_GPU_PRODUCT, MIG_PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
-from tessera.api.quantity import quantity_value
 from tessera.api.quota import GPUQuota
 from tessera.api.resources import profile_from_resource
 from tessera.mig.catalog import profile as mig_profile
 from tessera.models import get_model
 from tessera_e2e.kueue.manager import RECIPE_CONFIG
 from tessera_e2e.kueue.manifests import merge, module_source, render, serve_at
+from tessera_e2e.kueue.objects import admissible, quotas_of
 from tessera_e2e.paths import REPO
 
 EXAMPLES = REPO / "examples" / "kueue"
@@ -42,12 +41,6 @@ FLAVORS = {f["metadata"]["name"]: f for f in OBJECTS["ResourceFlavor"]}
 QUEUES = {q["metadata"]["name"]: q for q in OBJECTS["ClusterQueue"]}
 
 
-def _quotas(cq: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(flavor, resource, quota) for every quota of a ClusterQueue."""
-    return [(flavor["name"], r["name"], r) for group in cq["spec"]["resourceGroups"]
-            for flavor in group["flavors"] for r in flavor["resources"]]
-
-
 def test_the_recipe_has_every_part() -> None:
     assert {"Namespace", "ResourceFlavor", "ClusterQueue", "LocalQueue", "GPUQuota",
             "Job"} <= set(OBJECTS)
@@ -59,7 +52,7 @@ def test_the_recipe_has_every_part() -> None:
         assert preemption["borrowWithinCohort"]["policy"] != "Never"
     assert any(q["spec"].get("admissionScope", {}).get("admissionMode")
                == "UsageBasedAdmissionFairSharing" for q in QUEUES.values())
-    limits = {k for cq in QUEUES.values() for _, _, r in _quotas(cq) for k in r}
+    limits = {k for cq in QUEUES.values() for _, _, r in quotas_of(cq) for k in r}
     assert {"borrowingLimit", "lendingLimit"} <= limits
 
 
@@ -76,7 +69,7 @@ def test_gpu_quotas_are_tesseras_resources_on_models_that_have_them() -> None:
     tessera = {VGPU, VGPU_MEMORY, VGPU_CORES}
     for cq in QUEUES.values():
         covered = set()
-        for flavor, resource, _ in _quotas(cq):
+        for flavor, resource, _ in quotas_of(cq):
             if not resource.startswith("tessera.dev/"):
                 assert resource in ("cpu", "memory"), resource
                 continue
@@ -90,18 +83,6 @@ def test_gpu_quotas_are_tesseras_resources_on_models_that_have_them() -> None:
         assert tessera <= covered, cq["metadata"]["name"]
 
 
-def _admissible(cq: dict[str, Any]) -> dict[str, Decimal]:
-    """What Kueue may admit for one namespace of this ClusterQueue: nominal + borrowing
-    limit, summed over the flavors, per tessera resource."""
-    total: dict[str, Decimal] = defaultdict(Decimal)
-    for _, resource, quota in _quotas(cq):
-        if resource.startswith("tessera.dev/"):
-            assert "borrowingLimit" in quota, f"{resource}: no limit, no ceiling to match"
-            total[resource] += (quantity_value(str(quota["nominalQuota"]))
-                                + quantity_value(str(quota["borrowingLimit"])))
-    return total
-
-
 def test_each_namespaces_gpuquota_ceiling_holds_what_kueue_may_admit() -> None:
     queue_of = {q["metadata"]["namespace"]: q["spec"]["clusterQueue"]
                 for q in OBJECTS["LocalQueue"]}
@@ -109,12 +90,12 @@ def test_each_namespaces_gpuquota_ceiling_holds_what_kueue_may_admit() -> None:
               for q in OBJECTS["GPUQuota"]}
     assert set(queue_of) == set(quotas)
     for namespace, quota in quotas.items():
-        admissible = _admissible(QUEUES[queue_of[namespace]])
+        may_admit = admissible(QUEUES[queue_of[namespace]])
         hard = quota.spec.hard
         assert hard is not None and hard.cores is not None and hard.memory is not None
-        assert hard.cores >= admissible[VGPU_CORES], namespace
-        assert hard.memory.value >= admissible[VGPU_MEMORY] * MIB, namespace
-        for resource, count in admissible.items():
+        assert hard.cores >= may_admit[VGPU_CORES], namespace
+        assert hard.memory.value >= may_admit[VGPU_MEMORY] * MIB, namespace
+        for resource, count in may_admit.items():
             profile = profile_from_resource(resource)
             if profile is not None:
                 assert (hard.mig_instances or {}).get(profile, 0) >= count, (namespace,
@@ -135,7 +116,7 @@ def test_manager_configuration_leaves_out_the_pod_counter_and_weighs_gpu_resourc
     assert fair["usageHalfLifeTime"]
     weights = fair["resourceWeights"]
     for cq in QUEUES.values():
-        for _, resource, _ in _quotas(cq):
+        for _, resource, _ in quotas_of(cq):
             assert resource in weights, f"{resource} has no admission fair sharing weight"
 
 

@@ -13,17 +13,24 @@ static const char PTX[] = ".version 8.0\n.target sm_80\n.address_size 64\n"
                           ".visible .entry first(.param .u64 p)\n{\n ret;\n}\n"
                           ".visible .entry second(.param .u64 p)\n{\n ret;\n}\n";
 
+/* An entry's header as nvcc 13 writes one (--compress-mode=none), read off a real fatbin. */
 struct entry {
     uint16_t kind, version;
-    uint32_t header_size, payload_size, unknown0, compressed_size, unknown1, unknown2, sm, bits, unknown3;
-    uint64_t flags, unknown4, uncompressed_size;
+    uint32_t header_size;
+    uint64_t payload_size;
+    uint32_t compressed_size, address_bits;
+    uint16_t isa_minor, isa_major;
+    uint32_t sm, name_offset, name_len;
+    uint64_t flags, reserved, uncompressed_size, tail[2];
 };
 
-/* A fat binary of one entry: kind 1 (PTX) or 2 (ELF), flags (0x8000: Zstandard). */
-static size_t make_fatbin(unsigned char *out, uint16_t kind, uint64_t flags, const void *payload, size_t n)
+/* A fat binary of one entry: kind 1 (PTX) or 2 (ELF), flags (0x8000: Zstandard), the PTX
+ * ISA major version its header states (0: none, as the real driver's JIT refuses). */
+static size_t make_fatbin_isa(unsigned char *out, uint16_t kind, uint64_t flags, const void *payload, size_t n,
+                              uint16_t isa_major)
 {
     size_t padded = (n + 7) & ~(size_t)7;
-    struct entry e = {kind, 0x0101, 64, (uint32_t)padded, 0, 0, 0, 0, 80, 64, 0, flags, 0, 0};
+    struct entry e = {kind, 0x0101, sizeof e, padded, 0, 64, 0, isa_major, 80, 0, 0, flags, 0, 0, {0, 0}};
     uint32_t magic = 0xBA55ED50u;
     uint16_t version = 1, hsize = 16;
     uint64_t body = sizeof e + padded;
@@ -35,6 +42,11 @@ static size_t make_fatbin(unsigned char *out, uint16_t kind, uint64_t flags, con
     memset(out + 16 + sizeof e, 0, padded);
     memcpy(out + 16 + sizeof e, payload, n);
     return 16 + body;
+}
+
+static size_t make_fatbin(unsigned char *out, uint16_t kind, uint64_t flags, const void *payload, size_t n)
+{
+    return make_fatbin_isa(out, kind, flags, payload, n, 8);
 }
 
 static void test_fatbins(void)
@@ -56,6 +68,8 @@ static void test_fatbins(void)
     CHECK_EQ(cuModuleLoadData(&m, fb), CUDA_ERROR_NO_BINARY_FOR_GPU);
     make_fatbin(fb, 1, 0x8011, PTX, sizeof PTX);
     CHECK_EQ(cuModuleLoadData(&m, fb), CUDA_ERROR_NOT_SUPPORTED);
+    make_fatbin_isa(fb, 1, 0x11, PTX, sizeof PTX, 0); /* no ISA version in the header */
+    CHECK_EQ(cuModuleLoadData(&m, fb), CUDA_ERROR_INVALID_PTX);
     make_fatbin(fb, 1, 0x11, PTX, sizeof PTX);
     uint32_t huge = 1u << 30; /* an entry claiming more than its container holds */
     memcpy(fb + 16 + 8, &huge, 4);
