@@ -5,7 +5,7 @@ paused) gets a ``GPUIdle`` Event and the ``tessera_pod_gpu_idle_seconds`` metric
 ``Report``, and kernels again end the episode (a new Event only ``after`` the next pause);
 under ``Evict`` it is evicted while a busy pod of the same quota (``cuda-spin``) keeps running;
 a PodDisruptionBudget blocks the eviction, with a ``GPUIdleEvictionBlocked`` Event, until it
-is removed."""
+is removed; a holder of a whole MIG instance is judged by its kernel launches."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tessera.api.names import API_VERSION
+from tessera.api.resources import mig_resource_name
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu
 from tessera_e2e.operator.replicas import wait_until
@@ -123,3 +125,44 @@ def test_a_pdb_blocks_the_eviction_with_an_event(bed: Bed[Any], node_namespace: 
     out = bed.kubectl("delete", "pdb", "-n", ns, "keep")
     assert out.returncode == 0, out.stderr
     wait_until("evicted once the PDB is gone", lambda: gone(bed, ns, "kept"), 30, 1)
+
+
+MIG_1G = mig_resource_name("1g.10gb")
+
+
+def test_a_whole_mig_instance_is_judged_by_its_launches(bed: Bed[Any],
+                                                        node_namespace: str) -> None:
+    """Inside a MIG instance NVML has no per-process figure, and a whole instance has no core
+    budget: use is the container's kernel launch count in its ledger (libtessera counts every
+    launch). Paused, a holder of a whole 1g.10gb instance is reported; spinning, the episode
+    ends. Last in the module: node-0 is partitioned, then reset."""
+    ns = node_namespace
+    setup(bed, ns, "Report")
+    bed.apply("default", {
+        "apiVersion": API_VERSION, "kind": "GPUPartition", "metadata": {"name": "idle-mig"},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "node-0"}},
+                 "layout": {"profiles": [{"name": "1g.10gb", "count": 7}]},
+                 "sharing": "Whole", "deletionPolicy": "Reset"}})
+    try:
+        wait_until("node-0 advertising whole 1g.10gb instances",
+                   lambda: bed.allocatable("node-0").get(MIG_1G) == "7", 180, 1)
+        bed.apply(ns, gpu_pod("whole", f"{HOLD} & exec cuda-spin 0 1000 3 {PAUSE}",
+                              {MIG_1G: "1"}))
+        bed.wait_phase(ns, "whole", {"Running"}, 120)
+        time.sleep(3 * AFTER_S)  # spinning: never idle
+        assert bed.events(ns, "whole", "GPUIdle") == []
+        exec_sh(bed, ns, "whole", f": > {PAUSE}")
+        t0 = time.monotonic()
+        msgs = wait_until("a GPUIdle Event", lambda: bed.events(ns, "whole", "GPUIdle"), 60, 1)
+        took = time.monotonic() - t0
+        assert len(msgs) == 1 and "reported only" in msgs[0], msgs
+        assert took >= AFTER_S - 2, took  # not before `after` (one audit's slack)
+        exec_sh(bed, ns, "whole", f"rm {PAUSE}")
+        wait_until("the idle gauge gone", lambda: "whole" not in dict(
+            bed.samples("node-0", "tessera_pod_gpu_idle_seconds", ns)), 30, 1)
+        print(f"\n[figures] whole MIG instance: GPUIdle {took:.0f} s after the pause "
+              f"(after {AFTER_S}s, audit every 2 s)")
+    finally:
+        bed.kubectl("delete", "pod", "-n", ns, "whole", "--wait=false")
+        bed.kubectl("delete", "gpupartition", "idle-mig", "--wait=false")
+    bed.wait_partition_removed("idle-mig")

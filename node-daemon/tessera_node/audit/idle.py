@@ -1,10 +1,11 @@
 """Idle holders on this node (the I/O around :mod:`tessera.idle`): every audit, each pod's
-memory held and SM use from what the audit measured (NVML per process on a GPU; the ledger's
-launch tokens inside a MIG instance), its namespace's GPUQuota ``spec.idle`` read by the daemon
-itself (never from the pod; at most once a minute per namespace), an Event ``GPUIdle`` once
-per idle episode, the gauge ``tessera_pod_gpu_idle_seconds``, and under ``Evict`` an
-eviction through the Eviction API (policy/v1: PodDisruptionBudgets respected; 429 is "not
-now", retried every audit, with one ``GPUIdleEvictionBlocked`` Event per episode).
+memory held and SM use from what the audit measured (NVML per process on a GPU; the
+ledger's kernel launch count inside a MIG instance), its namespace's GPUQuota ``spec.idle``
+read by the daemon itself (never from the pod; at most once a minute per namespace), an
+Event ``GPUIdle`` once per idle episode, the gauge ``tessera_pod_gpu_idle_seconds``, and
+under ``Evict`` an eviction through the Eviction API (policy/v1: PodDisruptionBudgets
+respected; 429 is "not now", retried every audit, with one ``GPUIdleEvictionBlocked``
+Event per episode).
 
 Only pods of the registry are judged: containers the device plugin set up on this node, so
 only pods on this node, each under its own namespace's quotas; the eviction carries the pod's
@@ -53,29 +54,29 @@ class UnitSample:
     nvml_sm: float | None
     """NVML's per-process SM percent summed over its processes (a GPU); None where NVML
     does not say (a MIG instance)."""
-    tokens: float | None
-    """The ledger's launch tokens taken there so far (a core-limited container); None
-    without them."""
+    launches: int | None
+    """The kernels the container has launched so far, every process's (its ledger, counted by
+    libtessera with or without a core budget); None where the ledger cannot be read."""
 
 
-def sm_uses(samples: Sequence[UnitSample], last_tokens: dict[tuple[str, str, str], float]
+def sm_uses(samples: Sequence[UnitSample], last_launches: dict[tuple[str, str, str], int]
             ) -> dict[PodKey, list[Use]]:
-    """Each pod's uses. A GPU: NVML's figure. Elsewhere: any launch token taken since the last
+    """Each pod's uses. A GPU: NVML's figure. Elsewhere: any kernel launched since the last
     audit is use (100), none is 0 once a previous count is known; unknown otherwise (never
-    judged idle). ``last_tokens`` is updated."""
+    judged idle). ``last_launches`` is updated."""
     out: dict[PodKey, list[Use]] = {}
-    seen: dict[tuple[str, str, str], float] = {}
+    seen: dict[tuple[str, str, str], int] = {}
     for s in samples:
         sm: float | None = s.nvml_sm
-        if sm is None and s.tokens is not None:
+        if sm is None and s.launches is not None:
             k = (s.pod.uid, s.container, s.unit)
-            before = last_tokens.get(k)
-            seen[k] = s.tokens
+            before = last_launches.get(k)
+            seen[k] = s.launches
             if before is not None:
-                sm = 0.0 if s.tokens == before else 100.0
+                sm = 0.0 if s.launches == before else 100.0
         out.setdefault(s.pod, []).append(Use(s.memory, sm))
-    last_tokens.clear()
-    last_tokens.update(seen)
+    last_launches.clear()
+    last_launches.update(seen)
     return out
 
 
@@ -85,7 +86,7 @@ class IdleReclaim:
         self.kube = kube
         self.clock = clock
         self.tracker: IdleTracker[PodKey] = IdleTracker(max_gap_s=3 * interval_s + 5)
-        self._tokens: dict[tuple[str, str, str], float] = {}
+        self._launches: dict[tuple[str, str, str], int] = {}
         self._policies: dict[str, tuple[float, IdlePolicy | None]] = {}
         self._blocked: set[tuple[PodKey, float]] = set()
         self._shown: set[tuple[str, str]] = set()
@@ -95,7 +96,7 @@ class IdleReclaim:
 
     async def step(self, samples: Sequence[UnitSample]) -> dict[PodKey, Verdict]:
         now = self.clock()
-        uses = sm_uses(samples, self._tokens)
+        uses = sm_uses(samples, self._launches)
         inputs = {}
         for pod, u in uses.items():
             memory, sm = pod_use(u)

@@ -181,7 +181,7 @@ def idle_samples(states: Sequence[ContainerState], result: AuditResult,
                  util: Mapping[str, Mapping[int, float]]) -> list[UnitSample]:
     """Per container and unit: the memory its processes hold (NVML, as the audit attributed
     it), NVML's SM percent of those processes on a GPU (``util``: GPUs that are not
-    MIG-enabled), and the ledger's launch tokens there (a core-limited container)."""
+    MIG-enabled), and the kernels the container launched (its ledger)."""
     out = []
     for s in states:
         c = s.spec
@@ -192,13 +192,9 @@ def idle_samples(states: Sequence[ContainerState], result: AuditResult,
             if unit in util:
                 pids = {p.pid for p in result.held.get(key, ())}
                 sm = sum(util[unit].get(pid, 0.0) for pid in pids)
-            tokens = None
-            e = s.entry_of.get(unit)
-            if (s.ledger is not None and e is not None and e < len(s.ledger.devices)
-                    and s.cores.get(unit) is not None):
-                tokens = s.ledger.devices[e].tokens
+            launches = s.ledger.launches if s.ledger is not None else None
             out.append(UnitSample(pod, c.container, unit, result.usage.get(key, 0), sm,
-                                  tokens))
+                                  launches))
     return out
 
 

@@ -1,5 +1,5 @@
-"""Idle holders on the node (tessera_node.audit.idle): uses from NVML and ledger tokens, the
-policy read from the namespace's GPUQuotas, one Event per episode, the gauge, evictions
+"""Idle holders on the node (tessera_node.audit.idle): uses from NVML and ledger launch
+counts, the policy read from the namespace's GPUQuotas, one Event per episode, the gauge, evictions
 (a PodDisruptionBudget's 429 retried, reported once per episode), with a fake API server."""
 
 from __future__ import annotations
@@ -147,11 +147,11 @@ def test_quotas_unreadable_nothing_is_done() -> None:
     assert kube.evictions == [] and kube.events == []
 
 
-def test_mig_use_is_launch_tokens_moving() -> None:
-    last: dict[tuple[str, str, str], float] = {}
-    s = UnitSample(IDLE, "main", "MIG-1", GIB, None, 5.0)
+def test_mig_use_is_the_launch_count_moving() -> None:
+    last: dict[tuple[str, str, str], int] = {}
+    s = UnitSample(IDLE, "main", "MIG-1", GIB, None, 5)
     assert sm_uses([s], last)[IDLE][0].sm is None  # no previous count yet
     assert sm_uses([s], last)[IDLE][0].sm == 0.0
-    moved = UnitSample(IDLE, "main", "MIG-1", GIB, None, 6.0)
+    moved = UnitSample(IDLE, "main", "MIG-1", GIB, None, 6)
     assert sm_uses([moved], last)[IDLE][0].sm == 100.0
     assert sm_uses([], last) == {} and last == {}
