@@ -17,6 +17,7 @@ static CUresult ctx_reserve(int ord, int *entry, uint64_t *bytes)
     CUresult r = resolve_entry(&ord, entry);
     if (r != CUDA_SUCCESS || *entry < 0)
         return r;
+    ledger_join_early(); /* its launches are counted there from the first (ledger_attach.h) */
     uint64_t b = budget_context_bytes(*entry);
     if (b == 0) {
         *entry = -1; /* contexts cost nothing on this device */

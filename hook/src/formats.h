@@ -109,7 +109,10 @@ struct tl_header {
     uint32_t slot_changes; /*  28 bumped after every join and every reclaim (0: a library
                                   older than the counter): readers that keep the slot table
                                   decoded scan it again only when it moves */
-    uint64_t reserved1[4]; /*  32 */
+    uint64_t launches_gone; /* 32 kernels launched by processes whose slots were reclaimed
+                                  (each slot counts its own process's at 144): with the
+                                  live slots' counts, the container's launches so far */
+    uint64_t reserved1[3]; /*  40 */
     uint64_t lock;         /*  64 0: free, else (owner slot + 1) << 32 | owner slot gen;
                                   guards used[] and slot bytes; stolen from a dead owner */
     uint8_t lock_pad[56];  /*  72 */
@@ -124,7 +127,9 @@ struct tl_slot {                 /* 256 bytes */
     uint32_t gen;                /*   4 bumped by every new owner */
     uint64_t joined_ns;          /*   8 CLOCK_REALTIME ns when joined */
     uint64_t bytes[TB_MAX_DEV];  /*  16 device bytes this process holds */
-    uint64_t launches;           /* 144 */
+    uint64_t launches;           /* 144 kernels this process launched (a graph: its kernels),
+                                    written by it alone, read by the node daemon as the
+                                    container's activity */
     uint64_t wait_ns;            /* 152 */
     uint64_t start_ticks;        /* 160 /proc/self/stat starttime: the same in every PID
                                     namespace, so the host can find this process */

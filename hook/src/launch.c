@@ -1,6 +1,7 @@
 /* libtessera: core budgets.  Launches spend tokens (1 per kernel, a graph what its kernel
  * nodes cost) from the container's bucket (tokens.h); graph memory nodes are refused under a
  * budget. */
+#include "ledger_attach.h"
 #include "records.h"
 #include "startup.h"
 #include "tokens.h"
@@ -18,7 +19,8 @@ static inline __attribute__((always_inline)) int launch_fast(uint64_t kernels)
     return budget_mode() == MODE_OFF && __atomic_load_n(&cu_ready, __ATOMIC_ACQUIRE);
 }
 
-/* A kernel launch spends `kernels` tokens, then is the driver's.  Each comes with its
+/* A kernel launch is counted in this process's ledger slot, spends `kernels` tokens, then is
+ * the driver's (a process's first launch takes the slow path, which joins its ledger).  Each comes with its
  * per-thread-default-stream twin, of the same parameters.  The hook makes no call but the
  * driver's on its fast path and passes everything else to name##_slow, of the same
  * parameters: both are jumps (sibling calls), so the hook saves nothing across a call. */
@@ -27,13 +29,16 @@ static inline __attribute__((always_inline)) int launch_fast(uint64_t kernels)
     {                                                                                      \
         CU_READY();                                                                        \
         REAL_OR_FAIL(name);                                                                \
+        count_launches(kernels);                                                           \
         spend(kernels);                                                                    \
         return REAL(name) args;                                                            \
     }                                                                                      \
     EXPORT CUresult CUDAAPI name params                                                    \
     {                                                                                      \
-        if (LIKELY(launch_fast(kernels) && REAL(name)))                                    \
+        if (LIKELY(launch_fast(kernels) && REAL(name))) {                                  \
+            count_launches_fast(kernels);                                                  \
             return REAL(name) args;                                                        \
+        }                                                                                  \
         return name##_slow args;                                                           \
     }
 /* A graph launch spends what its kernels cost (found in this process's records). */
@@ -42,7 +47,9 @@ static inline __attribute__((always_inline)) int launch_fast(uint64_t kernels)
     {                                                                                      \
         CU_READY();                                                                        \
         REAL_OR_FAIL(name);                                                                \
-        spend(cost);                                                                       \
+        uint64_t kernels = cost;                                                           \
+        count_launches(kernels);                                                           \
+        spend(kernels);                                                                    \
         return REAL(name) args;                                                            \
     }
 #define KERNEL_PARAMS                                                                      \

@@ -293,7 +293,8 @@ static int reclaim(struct tl *l, struct tl_slot *s)
         }
         munlock_(l);
     }
-    s->launches = 0;
+    uint64_t launched = __atomic_exchange_n(&s->launches, 0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&l->h->launches_gone, launched, __ATOMIC_RELAXED);
     s->wait_ns = 0;
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
     __atomic_fetch_add(&l->h->slot_changes, 1, __ATOMIC_RELEASE);

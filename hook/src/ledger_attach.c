@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 struct ledger_attach ledger_attach = {.tl = {.fd = -1, .slot = -1}};
+struct tl_slot launch_counter_private;
+struct tl_slot *launch_counter = &launch_counter_private;
 static pthread_mutex_t ledger_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* From the SIGBUS handler (guard.c): async-signal-safe. */
@@ -55,6 +57,7 @@ struct tl *ledger_get(void)
             tl_forget(&a->tl);
             __atomic_store_n(&a->state, -1, __ATOMIC_RELEASE);
         } else {
+            __atomic_store_n(&launch_counter, a->tl.self, __ATOMIC_RELEASE);
             int not_yet = 0; /* a SIGBUS meanwhile has made it -1: it stays so */
             __atomic_compare_exchange_n(&a->state, &not_yet, 1, 0, __ATOMIC_RELEASE,
                                         __ATOMIC_RELAXED);
@@ -75,6 +78,18 @@ struct tl *ledger_or_lost(void)
     return l;
 }
 
+void ledger_join_early(void)
+{
+    if (budget_mode() != MODE_OFF && __atomic_load_n(&ledger_attach.state, __ATOMIC_ACQUIRE) == 0)
+        ledger_get(); /* joins, pointing launch_counter at its slot; or fails, and it stays */
+}
+
+void count_launches(uint64_t kernels)
+{
+    ledger_join_early();
+    count_launches_fast(kernels);
+}
+
 void ledger_reset_child(void)
 {
     struct ledger_attach *a = &ledger_attach;
@@ -82,5 +97,6 @@ void ledger_reset_child(void)
     if (a->tl.fd >= 0 || a->tl.h)
         tl_forget(&a->tl);
     a->state = a->lost ? -1 : 0; /* a child of a process that lost it: lost too */
+    launch_counter = &launch_counter_private; /* the parent's slot is not the child's */
     pthread_mutex_init(&ledger_mu, NULL);
 }

@@ -24,6 +24,28 @@ struct tl *ledger_or_lost(void);
 /* In a fork child: the child holds no slot of its own yet. */
 void ledger_reset_child(void);
 
+/* Where this process counts its kernel launches: its ledger slot once joined, until then (or
+ * when it cannot join) a private one nobody reads.  Never NULL, so the launch fast path
+ * counts with one load and one add. */
+extern struct tl_slot *launch_counter;
+extern struct tl_slot launch_counter_private;
+
+/* `kernels` launched, counted where launch_counter points (the node daemon's activity
+ * signal): a plain add to memory only this process writes; an increment lost between two
+ * of its threads is harmless (the count has only to move). */
+static inline __attribute__((always_inline)) void count_launches_fast(uint64_t kernels)
+{
+    volatile uint64_t *n = &__atomic_load_n(&launch_counter, __ATOMIC_RELAXED)->launches;
+    *n += kernels;
+}
+
+/* Join the ledger now if this process has not tried yet (under a budget): at its first
+ * context (ctx.c) and its first slow launch, so that a process launching before it
+ * allocates is counted too. */
+void ledger_join_early(void);
+/* count_launches_fast() on a slow path, joining the ledger first where not tried yet. */
+void count_launches(uint64_t kernels);
+
 /* Give back bytes reserved on budget entry `entry` (-1: nothing was reserved). */
 static inline void unreserve(int entry, uint64_t bytes)
 {

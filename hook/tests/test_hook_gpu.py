@@ -65,6 +65,13 @@ def test_real_gpu_bypass(gpu_container: Container, method: str) -> None:
     assert gpu_container.probe("-m", method, "fill", "alloc", str(64 * MIB))["got"] <= GIB
 
 
+def test_real_gpu_launches_are_counted(gpu_container: Container) -> None:
+    """Every launch API and a graph, on the real driver: each kernel counted in the ledger
+    (the node daemon's activity signal inside a MIG instance)."""
+    assert gpu_container.probe("launch", "400", "1")["launches"] == 400
+    assert gpu_container.read_ledger().launches == 400
+
+
 def test_real_gpu_views_and_rate(gpu_container: Container) -> None:
     r = gpu_container.probe("info")
     assert r["total"] == GIB and r["device_total"] == GIB

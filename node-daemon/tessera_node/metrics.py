@@ -83,6 +83,16 @@ for _method in ("Get", "List"):
 for _kind in ("over_budget", "tampered", "foreign"):
     for _result in ("ok", "failed"):
         AUDIT_STOPS.labels(_kind, _result)
+POD_IDLE = Gauge("tessera_pod_gpu_idle_seconds",
+                 "How long a pod has held GPU memory while its containers' SM use stayed under "
+                 "its GPUQuota's idle.below (pods of namespaces with spec.idle; absent when "
+                 "not idle).", ["namespace", "pod"])
+POD_IDLE_MEMORY = Gauge("tessera_pod_gpu_idle_memory_bytes",
+                        "GPU memory such an idle pod holds.", ["namespace", "pod"])
+IDLE_ACTIONS = Counter("tessera_node_idle_actions_total",
+                       "What the daemon did about idle holders, by action (Report, Evict) and "
+                       "result (reported, evicted, blocked: a PodDisruptionBudget said not now, "
+                       "gone, failed).", ["action", "result"])
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from tessera.api.conditions import Condition
 from tessera.api.crdtools import cel, list_map
+from tessera.api.duration import PATTERN, parse_duration
 from tessera.api.meta import ApiModel, FieldPathError, ObjectMeta
 from tessera.api.profile import ProfileName
 from tessera.api.quantity import Quantity
@@ -102,10 +103,53 @@ class QuotaEnforcement(ApiModel):
     device plugin set up (a GPU obtained around the device plugin)."""
 
 
+IdleAction = Literal["Report", "Evict"]
+"""What the node daemons do about a pod that holds GPU memory while idle: ``Report`` (an Event
+and a metric) or ``Evict`` (the same, and the pod is evicted through the Eviction API, so its
+PodDisruptionBudgets are respected)."""
+
+IDLE_MIN_AFTER_S = 10
+"""The shortest ``idle.after`` admitted (the audit measures every 10 s by default); below
+:data:`IDLE_WARN_AFTER_S` admission warns."""
+IDLE_WARN_AFTER_S = 60
+IDLE_MAX_AFTER_S = 30 * 24 * 3600
+
+
+class QuotaIdle(ApiModel):
+    """Reclaim of idle holders: a pod of this namespace that holds GPU memory while its
+    containers' SM use stays under ``below`` for ``after`` (measured by the node daemon's
+    audit: NVML per process on a GPU, the ledger's launch tokens inside a MIG instance)."""
+
+    after: str = Field(pattern=PATTERN, min_length=2, max_length=24)
+    """How long a pod must hold memory idle before the action, e.g. 30m or 1h30m (10s to
+    720h; below 1m admission warns)."""
+    action: IdleAction = "Report"
+    """Report (an Event GPUIdle and a metric) or Evict (the same, then an eviction through
+    the Eviction API: PodDisruptionBudgets are respected)."""
+    below: int = Field(default=1, ge=1, le=100)
+    """SM use, in percent of the GPU, under which a container counts as idle (on a whole
+    GPU; inside a MIG instance any kernel launch counts as use)."""
+
+    @model_validator(mode="after")
+    def _after(self) -> Self:
+        try:
+            s = parse_duration(self.after)
+        except ValueError as exc:
+            raise FieldPathError("after", str(exc)) from None
+        if not IDLE_MIN_AFTER_S <= s <= IDLE_MAX_AFTER_S:
+            raise FieldPathError("after", f"after must be between {IDLE_MIN_AFTER_S}s and "
+                                          f"{IDLE_MAX_AFTER_S // 3600}h")
+        return self
+
+    @property
+    def after_s(self) -> int:
+        return parse_duration(self.after)
+
+
 class GPUQuotaSpec(ApiModel):
     """Totals for the namespace, and the per-pod budget defaults and ceiling.
 
-    Only one GPUQuota per namespace may carry default, max, weight and lending (checked at
+    Only one GPUQuota per namespace may carry default, max, weight, lending and idle (checked at
     admission, since it depends on the other quotas); any number may carry hard.
     """
 
@@ -126,6 +170,10 @@ class GPUQuotaSpec(ApiModel):
     enforcement: QuotaEnforcement | None = None
     """What the node daemons' audit does about this namespace's containers over budget and
     its pods' GPU processes outside tessera (Report when absent)."""
+    idle: QuotaIdle | None = None
+    """Reclaim of pods that hold GPU memory without using the GPU (none when absent). A
+    per-pod policy: only one GPUQuota per namespace may set it (with default, max, weight,
+    lending)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

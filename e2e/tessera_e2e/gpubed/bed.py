@@ -147,12 +147,15 @@ class Bed(Generic[D]):
 
     def quota(self, namespace: str, hard: dict[str, Any] | None = None,
               max_: dict[str, Any] | None = None,
-              enforcement: dict[str, str] | None = None) -> None:
+              enforcement: dict[str, str] | None = None,
+              idle: dict[str, Any] | None = None) -> None:
         spec: dict[str, Any] = {"hard": hard or {"memory": "400Gi", "cores": 4000, "pods": 100},
                                 "default": {"memory": "1Gi", "cores": 10},
                                 "max": max_ or {"memory": "80Gi", "cores": 100}}
         if enforcement:
             spec["enforcement"] = enforcement
+        if idle:
+            spec["idle"] = idle
         self.apply(namespace, {"apiVersion": API_VERSION, "kind": "GPUQuota",
                                "metadata": {"name": "team"}, "spec": spec})
         wait_admitting(self.cluster, namespace)  # a quota admits nothing before that

@@ -20,6 +20,7 @@ from tessera.api.names import GPUQUOTAS, GROUP, NODE_DAEMON, VERSION
 from tessera.kube.client import ApiError, Kube, path
 from tessera.kube.events import post_event
 from tessera_node import metrics
+from tessera_node.audit.idle import IdleReclaim, PodKey, UnitSample
 from tessera_node.audit.logic import (
     AuditedContainer,
     AuditResult,
@@ -176,6 +177,27 @@ def gpu_processes(snapshot: DeviceSnapshot, proc: Path, own_pid: int) -> list[GP
     return out
 
 
+def idle_samples(states: Sequence[ContainerState], result: AuditResult,
+                 util: Mapping[str, Mapping[int, float]]) -> list[UnitSample]:
+    """Per container and unit: the memory its processes hold (NVML, as the audit attributed
+    it), NVML's SM percent of those processes on a GPU (``util``: GPUs that are not
+    MIG-enabled), and the kernels the container launched (its ledger)."""
+    out = []
+    for s in states:
+        c = s.spec
+        pod = PodKey(c.namespace, c.pod, c.pod_uid)
+        for unit in c.units:
+            key = (s.view.key, unit)
+            sm = None
+            if unit in util:
+                pids = {p.pid for p in result.held.get(key, ())}
+                sm = sum(util[unit].get(pid, 0.0) for pid in pids)
+            launches = s.ledger.launches if s.ledger is not None else None
+            out.append(UnitSample(pod, c.container, unit, result.usage.get(key, 0), sm,
+                                  launches))
+    return out
+
+
 class AuditRunner:
     def __init__(self, kube: Kube, node_name: str,
                  containers: Callable[[], Sequence[SetUpContainer]], devices: AuditDevices,
@@ -194,6 +216,7 @@ class AuditRunner:
         self._util_since: dict[int, int] = {}
         self._node: dict[str, Any] | None = None
         self.last: AuditResult | None = None
+        self.idle = IdleReclaim(kube, interval_s)
 
     async def run(self) -> None:
         while True:
@@ -216,6 +239,7 @@ class AuditRunner:
         self._observe(states, result, util, confirmed)
         try:
             await self._act(confirmed)
+            await self.idle.step(idle_samples(states, result, util))
         except (ApiError, OSError, TimeoutError) as exc:
             metrics.AUDIT_RUNS.labels("api_error").inc()
             log.warning("audit: API server", extra={"error": str(exc)[:300]})

@@ -41,6 +41,7 @@ WAIT_HIST_OFFSET = 1152  # u32[MAX_DEV][32], log2 microsecond buckets
 WAIT_BUCKETS = 32
 HWM_OFFSET = 24  # u32: slots [0, hwm) have been used
 SLOT_CHANGES_OFFSET = 28  # u32: bumped after every join and reclaim (0: an older library)
+LAUNCHES_GONE_OFFSET = 32  # u64: kernels launched by processes whose slots were reclaimed
 LAYOUT = struct.Struct("<6I")  # magic, version, nslots, ndev, header size, slot size
 SLOT_HEAD = struct.Struct("<iIQ")  # pid (as the container sees it), owner generation, joined
 SLOT_BYTES_OFFSET = 16  # u64[MAX_DEV]: device bytes this slot holds
@@ -93,6 +94,7 @@ class LedgerSlot:
     wait_s: float
     start_ticks: int = 0  # /proc/<pid>/stat starttime, the same in every PID namespace
     pidns: int = 0  # inode of its PID namespace (0: written by a library without it)
+    launches: int = 0  # kernels this process launched (a graph: its kernels)
 
     @property
     def identity(self) -> tuple[int, int, int]:
@@ -104,6 +106,14 @@ class LedgerSlot:
 class LedgerView:
     devices: tuple[LedgerDevice, ...]
     slots: tuple[LedgerSlot, ...]
+    launches_gone: int = 0
+    """Kernels launched by processes whose slots were reclaimed."""
+
+    @property
+    def launches(self) -> int:
+        """Kernels the container has launched so far, every process's (monotonic but for a
+        reclaim read half-way: a count that moves is activity, see audit/idle.py)."""
+        return self.launches_gone + sum(s.launches for s in self.slots)
 
     def live_bytes(self, dev: int = 0) -> int:
         """Bytes held by live processes only (what ``used`` becomes once the dead are reaped)."""
@@ -293,12 +303,14 @@ def parse_slot(index: int, raw: bytes, alive: bool, only: int | None = None
         return None
     held = (_NO_BYTES if only is not None
             else struct.unpack_from(f"<{MAX_DEV}Q", raw, SLOT_BYTES_OFFSET))
-    _launches, wait_ns, start, pidns = SLOT_TAIL.unpack_from(raw, SLOT_TAIL_OFFSET)
-    return LedgerSlot(index, pid, alive, tuple(held), wait_ns / 1e9, start, pidns)
+    launches, wait_ns, start, pidns = SLOT_TAIL.unpack_from(raw, SLOT_TAIL_OFFSET)
+    return LedgerSlot(index, pid, alive, tuple(held), wait_ns / 1e9, start, pidns, launches)
 
 
 def _read(fd: int, only: int | None, cache: _SlotCache | None = None) -> LedgerView:
-    devices, n, changes = parse_header(_pread(fd, HEADER_SIZE, 0), only)
+    head = _pread(fd, HEADER_SIZE, 0)
+    devices, n, changes = parse_header(head, only)
+    (gone,) = struct.unpack_from("<Q", head, LAUNCHES_GONE_OFFSET)
     table: bytes | None = None
     if cache is not None and changes != 0 and cache.key == (n, changes):
         used = cache.heads
@@ -314,4 +326,4 @@ def _read(fd: int, only: int | None, cache: _SlotCache | None = None) -> LedgerV
         s = parse_slot(i, raw, _slot_locked(fd, i), only)
         if s is not None:
             slots.append(s)
-    return LedgerView(devices, tuple(slots))
+    return LedgerView(devices, tuple(slots), gone)

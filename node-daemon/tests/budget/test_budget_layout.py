@@ -46,7 +46,7 @@ int main(void)
     S(tl_dev); S(tl_slot);
     O(tl_header, magic); O(tl_header, version); O(tl_header, nslots); O(tl_header, ndev);
     O(tl_header, header_size); O(tl_header, slot_size); O(tl_header, hwm);
-    O(tl_header, slot_changes);
+    O(tl_header, slot_changes); O(tl_header, launches_gone);
     O(tl_header, dev); O(tl_header, wait_hist);
     O(tl_dev, used); O(tl_dev, tat_ns); O(tl_dev, tokens_milli); O(tl_dev, launches);
     O(tl_dev, wait_ns); O(tl_dev, waits); O(tl_dev, oom);
@@ -128,6 +128,7 @@ def test_ledger_matches_the_header(tmp_path: Path) -> None:
     head = ["magic", "version", "nslots", "ndev", "header_size", "slot_size"]
     assert [4 * i for i in range(len(head))] == [c[f"tl_header.{f}"] for f in head]
     assert c["tl_header.hwm"] == led.HWM_OFFSET
+    assert c["tl_header.launches_gone"] == led.LAUNCHES_GONE_OFFSET
     assert c["tl_header.slot_changes"] == led.SLOT_CHANGES_OFFSET
     assert c["tl_header.dev"] == led.DEV_OFFSET and led.DEV.size == c["sizeof tl_dev"]
     dev = ["used", "tat_ns", "tokens_milli", "launches", "wait_ns", "waits", "oom"]

@@ -29,7 +29,7 @@ from tessera_operator.quota.units import MIB, mib_quantity
 __all__ = ["FieldError", "limits_of", "policy_of", "status_patch", "summary", "used_of",
            "used_to_status", "view_of"]
 
-POLICY_FIELDS = ("default", "max", "weight", "lending")
+POLICY_FIELDS = ("default", "max", "weight", "lending", "idle")
 
 
 def _at(raw: Any, loc: tuple[int | str, ...]) -> Any:
@@ -53,7 +53,7 @@ def _spec(spec: Any, quota: str | None) -> GPUQuotaSpec:
         loc = tuple(first["loc"])
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, FieldPathError):
-            loc = tuple(cause.path.split("."))
+            loc = (*loc, *cause.path.split("."))  # relative to the model that checks it
         reason = str(cause) if cause is not None else first["msg"]
         field = ".".join(["spec", *map(str, loc)])
         raise FieldError(quota, field, _at(spec, loc), reason) from None

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tessera.api.duration import parse_duration
 from tessera.api.inventory import from_node
 from tessera.api.names import (
     ANNOTATION_BUDGET,
@@ -44,6 +45,7 @@ from tessera.api.names import (
     VERSION,
 )
 from tessera.api.partition import GPUPartitionSpec
+from tessera.api.quota import IDLE_WARN_AFTER_S
 from tessera.api.writers import tessera_only_pod_keys
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.partition import PartitionView, resolve, spec_errors
@@ -337,8 +339,13 @@ class Admission:
             holder = next((q for q in others if q.carries_policy), None)
             if holder is not None:
                 return deny(uid, f"spec: only one GPUQuota per namespace may set default, max, "
-                                 f"weight or lending, and gpuquota/{holder.name} does",
+                                 f"weight, lending or idle, and gpuquota/{holder.name} does",
                             422)
+        idle = ((obj.get("spec") or {}).get("idle") or {}).get("after")
+        if isinstance(idle, str) and parse_duration(idle) < IDLE_WARN_AFTER_S:
+            warnings.append(f"spec.idle.after {idle} is under a minute: pods idle that long "
+                            f"are acted on (measured every audit interval of the node daemons, "
+                            f"10s by default)")
         for res, u, limit in over_hard(view.hard, view.used):
             warnings.append(f"spec.hard.{res} {limit} is below what admitted pods use now "
                             f"({u}): they keep running, new pods are refused")
