@@ -7,12 +7,16 @@ cannot be used fails."""
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import pytest
 from tessera_hook_harness import BUILD, GIB, MIB, SIM_LIB, Container
+
+from tessera_node.device.nvml import NvmlReader
+from tessera_node.node.inventory import model_of, node_gpus, profile_mismatches
 
 pytestmark = pytest.mark.gpu
 
@@ -39,12 +43,16 @@ def real_driver() -> str | None:
 
 
 @pytest.fixture
-def gpu_container(hook_built: None, tmp_path: Path) -> Container:
+def real_gpu() -> None:
     why = real_driver()
     if why == NO_GPU:
         pytest.skip(why)  # the one skip of the suite: this tier needs the hardware
     if why:
         pytest.fail(f"an NVIDIA GPU is present but {why}")
+
+
+@pytest.fixture
+def gpu_container(real_gpu: None, hook_built: None, tmp_path: Path) -> Container:
     c = Container(tmp_path, "gpu")
     for k in ("LD_LIBRARY_PATH", "TESSERA_SIM_NODE", "TESSERA_SIM_STATE"):
         c.env.pop(k, None)
@@ -118,3 +126,24 @@ def test_real_gpu_runtime_allocations_held_to_budget(gpu_container: Container, k
     r = trt(gpu_container, "fill", kind, str(64 * MIB))
     assert isinstance(r["got"], int) and GIB - 64 * MIB <= r["got"] <= GIB, r
     assert r["err"] == 2 and r["free_err"] == 0 and r["after"] == 0, r
+
+
+def test_real_gpu_is_in_the_model_table_and_its_mig_profiles_match(real_gpu: None) -> None:
+    """The node daemon's model check on this machine's GPUs: each in tessera's model table
+    (no UnknownModel finding), and NVML's MIG profile table, read with MIG mode left as it
+    is, equal to tessera's catalog field for field (a difference is a ProfileMismatch
+    finding, which fails every GPUPartition owning the GPU)."""
+    reader = NvmlReader()
+    try:
+        snapshot = reader.read()
+        assert snapshot.gpus and node_gpus(snapshot).findings == ()
+        for gpu in snapshot.gpus:
+            model = model_of(gpu)
+            assert model is not None, gpu.name
+            table = reader.mig_profiles(gpu.index)
+            if model.mig_capable:
+                assert table, f"{gpu.name}: NVML lists no MIG profiles"
+            found = profile_mismatches(dataclasses.replace(gpu, profiles=table), model)
+            assert found == [], [f.message for f in found]
+    finally:
+        reader.close()

@@ -144,6 +144,17 @@ class NvmlReader:
             newest = max(newest, int(smp.timeStamp))
         return {pid: sum(v) / len(v) for pid, v in sums.items()}, newest
 
+    def mig_profiles(self, index: int) -> tuple[ProfileInfo, ...]:
+        """NVML's GPU-instance profile table of GPU ``index``, whatever its MIG mode (the
+        snapshot carries it only while MIG is enabled); empty where the GPU has no MIG."""
+        with self._lock:
+            try:
+                self._start()
+                h = pynvml.nvmlDeviceGetHandleByIndex(index)
+                return self._profile_table(h, _text(pynvml.nvmlDeviceGetUUID(h)))
+            except pynvml.NVMLError as exc:
+                raise DeviceError(f"NVML: {exc}") from exc
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         with self._lock:
