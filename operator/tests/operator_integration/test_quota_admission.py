@@ -247,3 +247,34 @@ def test_each_gpuquota_manages_a_resourcequota_that_edits_and_deletes_cannot_und
     # lets go of it once the GPUQuota is gone)
     assert cluster.kubectl("delete", "gpuquota", "team", "-n", ns).returncode == 0
     wait_until("collected", lambda: managed_rq(cluster, ns) is None, 60, 0.5)
+
+
+def test_spec_idle_admitted_warned_and_refused_by_the_api_server(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """GPUQuota ``spec.idle`` through the real API server and the operator's webhook: under
+    a minute admitted with a warning kubectl prints, under 10s and in days refused naming the
+    field, and a second quota of the namespace carrying the per-pod policy refused naming
+    the one that carries it."""
+    ns = namespace
+    cluster.wait_for_service_account(ns)
+
+    def apply(name: str, idle: dict[str, Any] | None, **spec: Any) -> Any:
+        q = json.loads(quota(ns, name))
+        q["spec"].update(spec)
+        if idle is not None:
+            q["spec"]["idle"] = idle
+        return cluster.kubectl("apply", "-f", "-", input=json.dumps(q))
+
+    out = apply("team", {"after": "10s", "action": "Evict"})
+    assert out.returncode == 0, out.stderr
+    assert "spec.idle.after 10s is under a minute" in out.stderr, out.stderr
+    got = kubectl_json(cluster, "get", "gpuquota", "team", "-n", ns)["spec"]["idle"]
+    assert got["after"] == "10s" and got["action"] == "Evict", got
+    out = apply("team", {"after": "5s"})
+    assert out.returncode != 0 and "spec.idle.after" in out.stderr, out.stderr
+    out = apply("team", {"after": "2d"})
+    assert out.returncode != 0 and "spec.idle.after" in out.stderr, out.stderr
+    out = apply("other", {"after": "30m"})
+    assert out.returncode != 0, out.stderr
+    assert "weight, lending or idle, and gpuquota/team does" in out.stderr, out.stderr
+    assert apply("other", None).returncode == 0  # a quota without the policy is fine
