@@ -89,6 +89,15 @@ the pod webhook sets it on GPU pods when the chart says so."""
 PLACEMENT_PATH_PREFIX = "/placement"
 """The extender's URL path prefix on the operator's HTTPS port (``/placement/filter``, …)."""
 
+# -- Dynamic Resource Allocation (the DRA path: tessera's kubelet plugin) ---------------------
+
+DRA_DRIVER = "gpu.tessera.dev"
+"""The DRA driver's name: ResourceSlices' ``spec.driver``, DeviceClass selectors, CDI vendor."""
+DRA_CAPACITY_MEMORY = "memory"
+"""Device capacity: bytes of device memory a claim consumes (a C identifier, as DRA wants)."""
+DRA_CAPACITY_CORES = "cores"
+"""Device capacity: percent of the unit's SM time a claim consumes."""
+
 # -- Nodes (written by each node's daemon on its own Node) -----------------------------------
 
 LABEL_GPU_PRODUCT = f"{GROUP}/gpu.product"

@@ -1,0 +1,88 @@
+"""tessera's DRA devices against a real API server: a node's ResourceSlices (H100s shared
+and NVLinked, whole and shared MIG instances) are accepted as written, read back without
+loss where consumable capacity is on (1.36 and later) and with exactly the gated fields lost
+where it is off (1.34, alpha), and republishing what was read back writes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tessera.api.inventory import AdvertisedUnit, GPUInventory
+from tessera.api.names import DRA_DRIVER, MIG_PREFIX, VGPU
+from tessera.dra.devices import node_devices
+from tessera.dra.slices import as_kept, dropped, plan
+from tessera.mig.catalog import profile
+from tessera_e2e.controlplane.cluster import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
+
+NODE = "dra-node-a"
+H100 = "H100-80GB"
+
+
+def gpu(index: int, units: list[AdvertisedUnit], peers: tuple[str, ...] = ()) -> GPUInventory:
+    return GPUInventory(index=index, uuid=uuid(index), model=H100, memoryMiB=81559,
+                        numaNode=index // 2, pciBusId=f"00000000:{index + 16:02X}:00.0",
+                        nvlinkPeers=peers, units=tuple(units),
+                        migMode="enabled" if units and units[0].profile else "disabled")
+
+
+def uuid(index: int) -> str:
+    return f"GPU-{index:08d}-1111-2222-3333-444444444444"
+
+
+def instance(index: int, name: str, start: int, whole: bool) -> AdvertisedUnit:
+    return AdvertisedUnit(uuid=f"MIG-{index:04d}{start:04d}-1111-2222-3333-444444444444",
+                          resource=MIG_PREFIX + name if whole else VGPU,
+                          memoryMiB=profile(H100, name).memory_mib, shares=0 if whole else 10,
+                          profile=name, start=start)
+
+
+def node() -> list[GPUInventory]:
+    whole = [AdvertisedUnit(uuid=uuid(i), resource=VGPU, memoryMiB=81559, shares=10)
+             for i in range(2)]
+    return [gpu(0, [whole[0]], (uuid(1),)), gpu(1, [whole[1]], (uuid(0),)),
+            gpu(2, [instance(2, "1g.10gb", s, True) for s in range(7)]),
+            gpu(3, [instance(3, "3g.40gb", s, False) for s in (0, 4)])]
+
+
+def server_minor(cluster: LocalCluster) -> int:
+    out = cluster.kubectl("version", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return int(re.match(r"\d+", json.loads(out.stdout)["serverVersion"]["minor"]).group())
+
+
+def published(cluster: LocalCluster) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "resourceslices", "-o", "json",
+                          "--field-selector", f"spec.nodeName={NODE}")
+    assert out.returncode == 0, out.stderr
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def test_the_api_server_keeps_the_devices_and_republishing_writes_nothing(
+        cluster: LocalCluster) -> None:
+    devices = node_devices(node())
+    assert len(devices) == 11
+    first = plan(NODE, devices, [])
+    try:
+        for obj in first.create:
+            out = cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
+            assert out.returncode == 0, out.stderr
+        held = published(cluster)
+        assert [s["spec"]["driver"] for s in held] == [DRA_DRIVER]
+        lost = dropped(devices, [d for s in held for d in s["spec"]["devices"]])
+        if server_minor(cluster) >= 36:
+            assert lost == [], lost
+        else:  # 1.34: DRAConsumableCapacity is alpha, off: the API server drops it silently
+            assert lost == ["allowMultipleAllocations", "capacity cores requestPolicy",
+                            "capacity memory requestPolicy"], lost
+        again = plan(NODE, as_kept(devices, lost), held)
+        assert again.writes == 0, again
+    finally:
+        cluster.kubectl("delete", "resourceslices", "--field-selector",
+                        f"spec.nodeName={NODE}")
