@@ -11,12 +11,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK = ROOT / "hook"
 BUILD = HOOK / "build"
 LIB = BUILD / "libtessera.so"
 PROBE = BUILD / "bin" / "tprobe"
+TRT = BUILD / "bin" / "trt"
 SIM_LIB = ROOT / "sim" / "build" / "lib"
 sys.path[:0] = [str(ROOT / "node-daemon"), str(ROOT / "sim")]
 
@@ -213,3 +215,13 @@ def iter_methods() -> Iterator[str]:
         for ver in (3020, 4000, 11020, 12000, 12090):
             for flags in (0, 1, 2):
                 yield f"{kind}:{ver}:{flags}"
+
+
+def trt(c: Container, *args: str, timeout: float = 60) -> dict[str, Any]:
+    """The runtime-API program ``trt`` (tests/c/trt.c) run in container ``c``: its last JSON
+    line, after asserting it exited 0."""
+    r = c.run([str(TRT), *args], timeout=timeout)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert r.returncode == 0 and lines, f"trt {args}: rc={r.returncode} {r.stdout} {r.stderr}"
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out

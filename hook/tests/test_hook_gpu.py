@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
-import json
 import os
 from pathlib import Path
 
 import pytest
-from tessera_hook_harness import BUILD, GIB, MIB, SIM_LIB, Container
+from tessera_hook_harness import GIB, MIB, SIM_LIB, Container, trt
 
 from tessera_node.device.nvml import NvmlReader
 from tessera_node.node.inventory import model_of, node_gpus, profile_mismatches
@@ -96,17 +95,6 @@ def test_real_gpu_graph_memory_nodes_refused(gpu_container: Container, method: s
     assert r["alloc_node"] == 801 and r["plain"] == 0
     if method != "gpa:11040:2":  # cuGraphAddNode exists from CUDA 12.2
         assert r["add_node"] == r["add_node_v2"] == 801 and r["add_kernel_node"] == 0
-
-
-TRT = BUILD / "bin" / "trt"
-
-
-def trt(c: Container, *args: str) -> dict[str, object]:
-    r = c.run([str(TRT), *args], timeout=120)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert r.returncode == 0 and lines, f"trt {args}: rc={r.returncode} {r.stdout} {r.stderr}"
-    out: dict[str, object] = json.loads(lines[-1])
-    return out
 
 
 def test_real_gpu_runtime_sees_the_budget_and_runs_kernels(gpu_container: Container) -> None:

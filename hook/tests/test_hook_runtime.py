@@ -15,23 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tessera_hook_harness import BUILD, GIB, GPU_UUID, MIB, Container, sim_env
+from tessera_hook_harness import GIB, GPU_UUID, MIB, TRT, Container, sim_env, trt
 
 from tessera_node.budget.formats import BudgetEntry
 from tessera_sim.node import GPUSpec, node_description
 
-TRT = BUILD / "bin" / "trt"
 CUDA_SUCCESS = 0
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 SECOND_GPU = "GPU-22222222-2222-3333-4444-555555555555"
-
-
-def trt(c: Container, *args: str, timeout: float = 60) -> dict[str, Any]:
-    r = c.run([str(TRT), *args], timeout=timeout)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert r.returncode == 0 and lines, f"trt {args}: rc={r.returncode} {r.stdout} {r.stderr}"
-    out: dict[str, Any] = json.loads(lines[-1])
-    return out
 
 
 def test_runtime_programs_run_on_the_plain_simulator(hook_built: None, tmp_path: Path) -> None:

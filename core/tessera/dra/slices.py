@@ -10,6 +10,7 @@ request policies without an error: :func:`dropped` says what a read-back lost.""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -85,6 +86,17 @@ class Plan:
         return len(self.create) + len(self.replace) + len(self.delete)
 
 
+def _published(node: str, mine: dict[str, dict[str, Any]], parts: list[list[dict[str, Any]]],
+               generation: int) -> bool:
+    """Do ``mine`` (by name) already publish ``parts`` as one pool at ``generation``?"""
+    names = [slice_name(node, i) for i in range(len(parts))]
+    want_pool = {"name": node, "generation": generation, "resourceSliceCount": len(parts)}
+    return set(mine) == set(names) and all(
+        mine[n]["spec"].get("pool") == want_pool
+        and same_devices(mine[n]["spec"].get("devices") or [], part)
+        for n, part in zip(names, parts, strict=True))
+
+
 def plan(node: str, devices: list[dict[str, Any]], existing: list[dict[str, Any]]) -> Plan:
     """From ``existing`` (this driver's slices of this node, as listed) to ``devices``."""
     mine = {s["metadata"]["name"]: s for s in existing
@@ -93,15 +105,9 @@ def plan(node: str, devices: list[dict[str, Any]], existing: list[dict[str, Any]
     generation = max((int(s["spec"].get("pool", {}).get("generation", 0))
                       for s in mine.values()), default=0)
     parts = chunks(devices)
-    names = [slice_name(node, i) for i in range(len(parts))]
-    current = (set(mine) == set(names) and all(
-        s["spec"].get("pool", {}).get("generation") == generation
-        and s["spec"].get("pool", {}).get("resourceSliceCount") == len(parts)
-        and s["spec"].get("pool", {}).get("name") == node for s in mine.values()) and all(
-        same_devices(mine[n]["spec"].get("devices") or [], part)
-        for n, part in zip(names, parts, strict=True)))
-    if current:
+    if _published(node, mine, parts, generation):
         return Plan(generation)
+    names = [slice_name(node, i) for i in range(len(parts))]
     generation += 1
     out = Plan(generation)
     for i, part in enumerate(parts):
@@ -137,8 +143,7 @@ def as_kept(devices: list[dict[str, Any]], lost: list[str]) -> list[dict[str, An
     such a cluster compares with what it can publish and does not rewrite its pool forever
     (it reports the loss instead)."""
     out = []
-    for d in devices:
-        d = json.loads(json.dumps(d))
+    for d in map(copy.deepcopy, devices):
         if "allowMultipleAllocations" in lost:
             d.pop("allowMultipleAllocations", None)
         for key, cap in (d.get("capacity") or {}).items():

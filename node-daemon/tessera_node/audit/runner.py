@@ -186,13 +186,13 @@ def idle_samples(states: Sequence[ContainerState], result: AuditResult,
     for s in states:
         c = s.spec
         pod = PodKey(c.namespace, c.pod, c.pod_uid)
+        launches = s.ledger.launches if s.ledger is not None else None
         for unit in c.units:
             key = (s.view.key, unit)
             sm = None
             if unit in util:
                 pids = {p.pid for p in result.held.get(key, ())}
                 sm = sum(util[unit].get(pid, 0.0) for pid in pids)
-            launches = s.ledger.launches if s.ledger is not None else None
             out.append(UnitSample(pod, c.container, unit, result.usage.get(key, 0), sm,
                                   launches))
     return out
