@@ -335,9 +335,10 @@ def test_twenty_pods_at_once(bed: Bed, node_namespace: str) -> None:
 
     pods = wait_until("20 pods done", all_done, 300, 1)
     elapsed = time.time() - started
-    failed = {p["metadata"]["name"]: bed.logs(node_namespace, p["metadata"]["name"])
+    failed = {p["metadata"]["name"]: (p["status"].get("reason"), p["status"].get("message"),
+                                      bed.logs(node_namespace, p["metadata"]["name"]))
               for p in pods if p["status"]["phase"] != "Succeeded"}
-    assert not failed, failed
+    assert not failed, "\n".join(f"{n}: {why}" for n, why in sorted(failed.items()))
     # both nodes' shares are used (a pod that ended gives its share back at once)
     per_node = {n: sum(p["spec"]["nodeName"] == n for p in pods) for n in bed.daemons}
     assert all(per_node.values()), per_node

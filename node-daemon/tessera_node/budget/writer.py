@@ -88,6 +88,14 @@ class BudgetWriter:
     def allocate(self, key: str, resource: str, device_ids: list[str], units: list[str]) -> None:
         """A new use of this device set: the budget file pending, naming a fresh ledger."""
         d = self.root / key
+        budget = self.budget_path(key)
+        if os.path.lexists(budget) and not (budget.is_file() and not budget.is_symlink()):
+            # not the daemon's file: a container runtime makes a directory at a bind
+            # mount's missing source (containerd's CRI does), so a container created after
+            # its files were removed left one here
+            log.warning("an allocation's directory held no budget file: made again",
+                        extra={"key": key})
+            self._discard(d)
         d.mkdir(exist_ok=True, mode=0o755)
         run = self.ledger_dir(key)
         if os.path.lexists(run):

@@ -108,7 +108,7 @@ class HeldDevices:
         if order and not self.backoff.quiet(now):
             def enough(got: Mapping[PodKey, list[Held]]) -> bool:
                 known = [h for rows in got.values() for h in rows] + self._known(asking)
-                return pending <= set(confirm(known, pending))
+                return pending.keys() <= set(confirm(known, pending))
 
             try:
                 got = self.podres.answers(order, enough)

@@ -149,7 +149,12 @@ class Manager:
             self._refused.pop(key, None)
             self._ready().pop(key, None)
             self.registry.drop(key)  # before its files change: not the container set up now
-            self.writer.allocate(key, resource, list(device_ids), list(decision.units))
+            try:
+                self.writer.allocate(key, resource, list(device_ids), list(decision.units))
+            except OSError as exc:
+                self._tentative.pop(key, None)
+                raise AllocateError(f"cannot write the container's budget file under "
+                                    f"{self.writer.root}: {exc}") from exc
             return container_response(
                 HostPaths(self.config.lib_dir, str(self.writer.budget_path(key)),
                           str(self.writer.ledger_path(key)), str(self.writer.marker)),
@@ -238,7 +243,7 @@ class Manager:
         now = time.time() if now is None else now
         with self._lock:
             records = {r.key: r for r in self.writer.records()}
-            held = confirm(listing, records)
+            held = confirm(listing, {k: r.created for k, r in records.items()})
             pods = {(p.namespace, p.name): p for p in self.pods()}
             for key, ref in held.items():
                 if self._matched.get(key) == ref and key not in self._refused:
@@ -408,10 +413,12 @@ class Manager:
             return (frozenset(self._matched.values()),
                     frozenset(self._matched[k] for k in self._refused if k in self._matched))
 
-    def pending_keys(self) -> set[str]:
-        """Allocations the kubelet's PodResources has not shown held yet."""
+    def pending_keys(self) -> dict[str, float]:
+        """Allocations the kubelet's PodResources has not shown held yet, with when each
+        was made (wall clock)."""
         with self._lock:
-            return {r.key for r in self.writer.records() if r.key not in self._matched}
+            return {r.key: r.created for r in self.writer.records()
+                    if r.key not in self._matched}
 
     def unconfirmed_units(self) -> set[str]:
         """Units of allocations the kubelet's PodResources has not shown held yet."""

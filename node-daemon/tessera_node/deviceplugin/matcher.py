@@ -21,6 +21,7 @@ same budget file, set pending again, then confirmed for the app container.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,21 +158,36 @@ def allocation_key(resource: str, device_ids: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Held:
-    """One row of PodResources ``List``: a container holding devices of one resource."""
+    """One row of a PodResources answer: a container holding devices of one resource."""
 
     ref: ContainerRef
     resource: str
     device_ids: tuple[str, ...]
+    asked_at: float = math.inf
+    """When the kubelet was asked (wall clock, taken before the call). A row says nothing
+    of an allocation made after that moment (:func:`confirm`); the default, no time, is a
+    row known to be newer than every allocation (a listing built by hand)."""
 
 
-def confirm(listing: Iterable[Held], keys: Iterable[str]) -> dict[str, ContainerRef]:
-    """Allocation keys the kubelet now shows held, and by which container. When an init
-    container and an app container hold the same IDs, the app container (listed later in
-    the pod by the kubelet, and the one that runs now) wins: the last row wins."""
-    wanted = set(keys)
+def confirm(listing: Iterable[Held], made: Mapping[str, float]) -> dict[str, ContainerRef]:
+    """Allocation keys the kubelet now shows held, and by which container. ``made``: each
+    allocation key wanted, with when its Allocate was made (wall clock).
+
+    A row asked before an allocation was made never confirms it: the kubelet hands an
+    ended pod's device to the next pod, and the daemon may still keep the ended pod's
+    answer (its phase not in the pod watch yet), which names the same device IDs, so the
+    same key. Confirming the new allocation as the ended pod's would give the new container
+    the old one's budget, and remove its files when the old pod is seen to end (the
+    runtime then creates a directory where the budget file was). The kubelet forgets an
+    inactive pod's devices before it hands them on (``UpdateAllocatedDevices``, before the
+    plugin's Allocate), so an answer asked after the Allocate shows the new holder or none.
+
+    When an init container and an app container hold the same IDs, the app container
+    (listed later in the pod by the kubelet, and the one that runs now) wins: the last row
+    wins."""
     out: dict[str, ContainerRef] = {}
     for h in listing:
         key = allocation_key(h.resource, h.device_ids)
-        if key in wanted:
+        if key in made and h.asked_at >= made[key]:
             out[key] = h.ref
     return out

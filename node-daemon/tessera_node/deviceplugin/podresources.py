@@ -38,15 +38,16 @@ class KubeletBusy(Exception):
     """The kubelet refused a call (RESOURCE_EXHAUSTED: past its rate limit)."""
 
 
-def rows(pod: Any) -> list[Held]:
-    """One row per container and resource. The kubelet answers one ``ContainerDevices`` per
-    device (each with its own topology), so a container's devices of one resource, which one
-    Allocate gave it, are gathered again here."""
+def rows(pod: Any, asked_at: float) -> list[Held]:
+    """One row per container and resource, asked at ``asked_at`` (wall clock, before the
+    call). The kubelet answers one ``ContainerDevices`` per device (each with its own
+    topology), so a container's devices of one resource, which one Allocate gave it, are
+    gathered again here."""
     out: dict[tuple[str, str], list[str]] = {}
     for c in pod.containers:
         for d in c.devices:
             out.setdefault((c.name, d.resource_name), []).extend(d.device_ids)
-    return [Held(ContainerRef(pod.namespace, pod.name, c), r, tuple(ids))
+    return [Held(ContainerRef(pod.namespace, pod.name, c), r, tuple(ids), asked_at)
             for (c, r), ids in out.items()]
 
 
@@ -113,13 +114,14 @@ class PodResourcesClient:
         """Every pod's containers (the kubelet's List, through the gate)."""
         with self.gate.listing(self.list_wait_s), self._channel() as ch:
             self._turn("List")
+            asked_at = time.time()
             try:
                 resp = podresources_pb2_grpc.PodResourcesListerStub(ch).List(
                     podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout)
             except grpc.RpcError as exc:
                 _raise_busy(exc)
                 raise
-        return [h for p in resp.pod_resources for h in rows(p)]
+        return [h for p in resp.pod_resources for h in rows(p, asked_at)]
 
     def _turn(self, method: str) -> None:
         """Wait for this call's turn on the pacer, then count it."""
@@ -133,6 +135,7 @@ class PodResourcesClient:
     def _get(self, stub: Any, namespace: str, name: str) -> list[Held]:
         """One pod (the kubelet's ``Get``); [] when the kubelet does not know the pod."""
         self._turn("Get")
+        asked_at = time.time()
         try:
             resp = stub.Get(
                 podresources_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
@@ -143,7 +146,7 @@ class PodResourcesClient:
                 return []
             _raise_busy(exc)
             raise
-        return rows(resp.pod_resources)
+        return rows(resp.pod_resources, asked_at)
 
 
 def _get_missing(exc: grpc.RpcError) -> bool:

@@ -4,6 +4,7 @@ cycle (Allocate -> pending -> PodResources List -> ready / refused -> removed)."
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,19 @@ def test_confirm_is_exact_and_the_app_container_wins() -> None:
         Held(ContainerRef("ns", "p", "main"), VGPU, ("A::0", "B::3")),
         Held(ContainerRef("ns", "q", "main"), VGPU, ("A::0",)),
     ]
-    assert confirm(rows, [key, "other"]) == {key: ContainerRef("ns", "p", "main")}
+    assert confirm(rows, {key: 0.0, "other": 0.0}) == {key: ContainerRef("ns", "p", "main")}
+
+
+def test_a_row_asked_before_an_allocation_was_made_never_confirms_it() -> None:
+    """The kubelet handed an ended pod's share to the next pod: the ended pod's answer,
+    asked before the new Allocate, names the same key but says nothing of the new holder."""
+    key = allocation_key(VGPU, ["A::0"])
+    old = Held(ContainerRef("ns", "ended", "main"), VGPU, ("A::0",), asked_at=100.0)
+    new = Held(ContainerRef("ns", "next", "main"), VGPU, ("A::0",), asked_at=205.0)
+    assert confirm([old], {key: 200.0}) == {}
+    assert confirm([old], {key: 100.0}) == {key: old.ref}  # asked as it was made: counts
+    assert confirm([old, new], {key: 200.0}) == {key: new.ref}
+    assert confirm([new, old], {key: 200.0}) == {key: new.ref}  # order cannot bring it back
 
 
 @pytest.mark.parametrize(
@@ -237,6 +250,57 @@ def test_cycle_pending_ready_refused_removed(tmp_path: Path) -> None:
     b = c.writer.read(kb)
     assert b.state == "ready" and b.entries[0].memory == 40 * GIB
     assert len(c.events) == 1
+
+
+def test_a_share_handed_on_is_never_confirmed_as_the_ended_pods(tmp_path: Path) -> None:
+    """a ends; the kubelet hands its share to b before the daemon's watch shows a ended, and
+    the daemon still keeps a's answer (the same device ID, so the same key). b's Allocate
+    must not be confirmed as a's: its files would be removed when a is seen to end, under
+    b's starting container (the runtime then mounts a directory made in their place: CI,
+    Kubernetes 1.34, 'budget file /run/tessera/budget not a regular file')."""
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(2 * GIB)),
+                         pod("b", {"main": {VGPU: 1}}, budget=budget_of(GIB))])
+    share = (share_id(G0, 0),)
+    key = allocation_key(VGPU, share)
+    c.m.allocate(VGPU, share)  # a's
+    a_row = Held(ContainerRef("ns", "a", "main"), VGPU, share, asked_at=time.time())
+    c.m.resolve([a_row])
+    assert c.writer.read(key).entries[0].memory == 2 * GIB
+    c.pods[0]["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "main", "state": {"running": {}}}]}
+    c.m.allocate(VGPU, share)  # b's: a has ended, the watch does not show it yet
+    c.m.resolve([a_row])  # only a's old answer is known
+    assert c.writer.read(key).state == "pending"
+    c.pods[0]["status"] = {"phase": "Succeeded"}
+    c.m.resolve([a_row])  # a seen ended: b's files stay
+    assert [r.key for r in c.writer.records()] == [key]
+    assert c.writer.budget_path(key).is_file()
+    c.m.resolve([Held(ContainerRef("ns", "b", "main"), VGPU, share, asked_at=time.time())])
+    got = c.writer.read(key)
+    assert got.state == "ready" and got.entries[0].memory == GIB
+
+
+def test_a_directory_where_the_budget_file_was_is_replaced_at_allocate(tmp_path: Path) -> None:
+    """A container created after its allocation's files were removed: containerd made a
+    directory at the missing mount source. The next Allocate of those devices writes a
+    budget file again instead of failing on the directory."""
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))])
+    key = allocation_key(VGPU, [share_id(G0, 0)])
+    c.writer.budget_path(key).mkdir(parents=True)
+    c.m.allocate(VGPU, [share_id(G0, 0)])
+    assert c.writer.budget_path(key).is_file()
+    assert c.writer.read(key).state == "pending"
+
+
+def test_allocate_that_cannot_write_the_budget_file_fails_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    c = Cycle(tmp_path, [pod("a", {"main": {VGPU: 1}}, budget=budget_of(GIB))])
+    key = allocation_key(VGPU, [share_id(G0, 0)])
+    (c.writer.root / key).write_text("not a directory")
+    with pytest.raises(AllocateError, match="cannot write the container's budget file"):
+        c.m.allocate(VGPU, [share_id(G0, 0)])
+    assert not c.m.pending_keys()
 
 
 def test_a_container_refused_for_a_pod_not_seen_yet_is_set_up_once_it_is(

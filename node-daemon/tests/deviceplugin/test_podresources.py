@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -88,16 +89,24 @@ def socket() -> Iterator[Path]:
 PODS = {("ns", "a"): ["GPU-0::0"], ("ns", "b"): ["GPU-0::1"], ("other", "c"): ["GPU-0::2"]}
 
 
-def held(ns: str, name: str, device: str) -> Held:
-    return Held(ContainerRef(ns, name, "main"), VGPU, (device,))
+def held(ns: str, name: str, device: str) -> tuple[ContainerRef, str, tuple[str, ...]]:
+    return (ContainerRef(ns, name, "main"), VGPU, (device,))
+
+
+def rows_of(got: list[Held], after: float) -> list[tuple[ContainerRef, str, tuple[str, ...]]]:
+    """The rows without their time, once every row is shown asked after ``after`` (wall
+    clock) and no later than now."""
+    assert all(after <= h.asked_at <= time.time() for h in got), got
+    return [(h.ref, h.resource, h.device_ids) for h in got]
 
 
 def test_get_is_used_where_the_kubelet_has_it_never_list(socket: Path) -> None:
     kubelet = FakePodResources(socket, PODS, get="on")
     try:
         client = PodResourcesClient(str(socket))
+        t0 = time.time()
         got = client.held([("ns", "a"), ("ns", "b"), ("ns", "not-admitted-yet")])
-        assert got == [held("ns", "a", "GPU-0::0"), held("ns", "b", "GPU-0::1")]
+        assert rows_of(got, t0) == [held("ns", "a", "GPU-0::0"), held("ns", "b", "GPU-0::1")]
         assert kubelet.calls == ["Get", "Get", "Get"]  # one per pod, no List
         assert client.method == "Get"
     finally:
@@ -110,8 +119,10 @@ def test_list_only_where_the_kubelet_has_no_get(socket: Path, get: str) -> None:
     try:
         client = PodResourcesClient(str(socket))
         want = [held("ns", "a", "GPU-0::0"), held("other", "c", "GPU-0::2")]
-        assert client.held([("ns", "a"), ("other", "c")]) == want
-        assert client.held([("ns", "a"), ("other", "c")]) == want
+        t0 = time.time()
+        assert rows_of(client.held([("ns", "a"), ("other", "c")]), t0) == want
+        t1 = time.time()
+        assert rows_of(client.held([("ns", "a"), ("other", "c")]), t1) == want
         # Get tried once; then List, filtered to the pods asked about
         assert kubelet.calls == ["Get", "List", "List"]
         assert client.method == "List"
@@ -130,8 +141,9 @@ def test_a_containers_devices_are_one_row_as_one_allocate_gave_them(socket: Path
     """The kubelet lists each device apart; the allocation they confirm is all of them."""
     kubelet = FakePodResources(socket, {("ns", "two"): ["GPU-0::3", "GPU-1::0"]}, get="on")
     try:
-        assert PodResourcesClient(str(socket)).held([("ns", "two")]) == [
-            Held(ContainerRef("ns", "two", "main"), VGPU, ("GPU-0::3", "GPU-1::0"))]
+        t0 = time.time()
+        assert rows_of(PodResourcesClient(str(socket)).held([("ns", "two")]), t0) == [
+            (ContainerRef("ns", "two", "main"), VGPU, ("GPU-0::3", "GPU-1::0"))]
     finally:
         kubelet.stop()
 
