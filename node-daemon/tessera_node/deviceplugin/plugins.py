@@ -75,6 +75,14 @@ class WaitingResource:
                     raise
                 self.pods.wait_change(seen, deadline - time.monotonic())
                 continue
+            except Exception as exc:  # a fault of the daemon's: the kubelet shows this text
+                metrics.ALLOCATIONS.labels(self.name, "refused").inc()
+                metrics.ERRORS.labels("device-plugin").inc()
+                log.exception("Allocate failed", extra={"resource": self.name,
+                                                        "devices": list(device_ids)})
+                raise AllocateError(
+                    f"tessera-node failed answering Allocate ({type(exc).__name__}: {exc}); "
+                    f"its log on this node has the details") from exc
             seconds = time.monotonic() - started
             metrics.ALLOCATIONS.labels(self.name, "ok").inc()
             metrics.ALLOCATE_SECONDS.labels(self.name).observe(seconds)
