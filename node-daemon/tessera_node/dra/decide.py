@@ -23,7 +23,6 @@ from tessera_node.deviceplugin.devices import Sharing, offered_units, offers
 from tessera_node.node.findings import Finding
 from tessera_node.node.inventory import node_gpus, with_units
 
-
 Obj = dict[str, Any]
 
 
