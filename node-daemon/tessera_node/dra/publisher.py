@@ -155,8 +155,8 @@ class SlicePublisher:
             lost = lost_after(self.lost, [*p.create, *p.replace], stored)
             names = [d["name"] for o in [*p.create, *p.replace] for d in o["spec"]["devices"]]
             log.info("ResourceSlices written", extra={
-                "node": self.node, "generation": p.generation, "created": len(p.create),
-                "updated": len(p.replace), "deleted": len(p.delete), "devices": names,
+                "node": self.node, "generation": p.generation, "creates": len(p.create),
+                "updates": len(p.replace), "deletes": len(p.delete), "devices": names,
                 "resourceVersions": [s["metadata"].get("resourceVersion") for s in stored]})
             self._set_lost(lost)
             return p
