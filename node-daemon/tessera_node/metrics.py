@@ -97,8 +97,8 @@ FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or fore
                  "node, by kind.", ["kind"])
 
 # -- DRA (--dra): the node's ResourceSlices ----------------------------------------------------
-DRA_DEVICES = Gauge("tessera_node_dra_devices", "Devices this node's ResourceSlices publish "
-                    "(driver gpu.tessera.dev), as last written or found published.")
+DRA_DEVICES = Gauge("tessera_node_dra_devices", "Devices this node's ResourceSlices publish, "
+                    "as last written or found published.")
 DRA_SLICE_WRITES = Counter("tessera_node_dra_slice_writes_total", "ResourceSlice writes, by "
                            "operation (create, update, delete) and result (ok, error).",
                            ["op", "result"])

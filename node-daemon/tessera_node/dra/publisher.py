@@ -171,8 +171,10 @@ class SlicePublisher:
                 stored.append(await self._send("create", self.kube.create(SLICES, obj)))
             for obj in p.replace:
                 name = obj["metadata"]["name"]
-                obj["metadata"]["resourceVersion"] = self.slices[name]["metadata"][
-                    "resourceVersion"]
+                seen = self.slices.get(name)
+                if seen is None:  # deleted while this pass wrote: plan again
+                    raise ApiError(409, "deleted meanwhile", f"PUT {SLICES}/{name}")
+                obj["metadata"]["resourceVersion"] = seen["metadata"]["resourceVersion"]
                 stored.append(await self._send("update", self.kube.replace(
                     f"{SLICES}/{name}", obj)))
             for name in p.delete:
