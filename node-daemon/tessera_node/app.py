@@ -19,6 +19,8 @@ from tessera_node.device.nvml import NvmlReader
 from tessera_node.device.smi import NvidiaSmi
 from tessera_node.deviceplugin.registry import ContainerRegistry
 from tessera_node.deviceplugin.service import DevicePlugin
+from tessera_node.dra.publisher import SlicePublisher
+from tessera_node.dra.state import DraDevices
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.layout.holders import DeviceHolders, NoHolders
 from tessera_node.node.own_node import OwnNode
@@ -50,14 +52,21 @@ async def run(opts: Options) -> None:
                            on_commitments=changed.set, on_withdrawn=withdrawn)
               if opts.device_plugin else None)
     holders: DeviceHolders = plugin.held if plugin is not None else NoHolders()
+    # -- DRA (--dra): the node's ResourceSlices; withdrawn from before a MIG change --
+    dra = (SlicePublisher(kube, opts.node_name, health, DraDevices(opts.shares_per_unit),
+                          opts.resync_interval_s, on_finding=changed.set)
+           if opts.dra else None)
+    advertiser = plugin.devices if plugin is not None else dra
     enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), holders,
-                         advertiser=plugin.devices if plugin is not None else None,
+                         advertiser=advertiser,
                          recheck_s=opts.retry_interval_s, allow_reset=opts.allow_gpu_reset)
     await asyncio.to_thread(enactor.prepare)
-    reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin)
+    reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
+                                dra)
 
     def not_ready() -> list[str]:
-        return reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
+        return (reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
+                + (dra.not_ready() if dra is not None else []))
 
     runner = await serve.start(serve.health_app(health, not_ready=not_ready),
                                opts.metrics_host, opts.metrics_port)
@@ -73,6 +82,8 @@ async def run(opts: Options) -> None:
                             opts.core_interval_s)
         parts |= {"pod-watch": plugin.pods.watch, "device-plugin": plugin.run,
                   "core-control": cores.run}
+    if dra is not None:  # DRA
+        parts |= {"dra-slice-watch": dra.watch, "dra-publish": dra.run}
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)

@@ -42,6 +42,8 @@ _HELP = {
     "pod_resources_socket": "the kubelet's PodResources socket",
     "budget_wait_s": "seconds libtessera waits for a pending budget file",
     "confirm_interval_s": "seconds between PodResources polls while an allocation waits",
+    # DRA
+    "dra": "true/false: publish this node's DRA ResourceSlices (not with --device-plugin)",
 }
 
 
@@ -98,6 +100,10 @@ def options(args: argparse.Namespace) -> Options:
     if not 0 <= opts.budget_wait_s <= 120 or opts.confirm_interval_s <= 0:
         raise ValueError("--budget-wait must be 0 to 120 seconds and --confirm-interval "
                          "positive")
+    # DRA
+    if opts.dra and opts.device_plugin:
+        raise ValueError("--dra and --device-plugin cannot both be on: both would hand out "
+                         "the same GPUs (run one per node pool)")
     return opts
 
 

@@ -96,6 +96,20 @@ IDLE_ACTIONS = Counter("tessera_node_idle_actions_total",
 FINDINGS = Gauge("tessera_node_findings", "What the daemon reports wrong or foreign on its "
                  "node, by kind.", ["kind"])
 
+# -- DRA (--dra): the node's ResourceSlices ----------------------------------------------------
+DRA_DEVICES = Gauge("tessera_node_dra_devices", "Devices this node's ResourceSlices publish, "
+                    "as last written or found published.")
+DRA_SLICE_WRITES = Counter("tessera_node_dra_slice_writes_total", "ResourceSlice writes, by "
+                           "operation (create, update, delete) and result (ok, error).",
+                           ["op", "result"])
+DRA_PASSES = Counter("tessera_node_dra_publish_passes_total", "Publisher passes, by outcome "
+                     "(unchanged: nothing written; written; error).", ["outcome"])
+DRA_FIELDS_DROPPED = Gauge("tessera_node_dra_fields_dropped", "1 for each field the API "
+                           "server dropped from this node's ResourceSlices (its consumable-"
+                           "capacity gate is off): the loss the node reports.", ["field"])
+for _outcome in ("unchanged", "written", "error"):
+    DRA_PASSES.labels(_outcome)
+
 
 def observe(snapshot: DeviceSnapshot) -> None:
     """Set the per-GPU and per-instance gauges to this snapshot (gone GPUs/instances too)."""

@@ -79,6 +79,12 @@ class Options:
     """Device memory a container may hold beyond its budget before the audit calls it over
     budget (what the hook cannot count: module code and data; 0: none)."""
 
+    # -- DRA (issue 31): the driver gpu.tessera.dev ------------------------------------------
+    dra: bool = False
+    """Offer this node's GPUs through Dynamic Resource Allocation: publish its ResourceSlices
+    (driver ``gpu.tessera.dev``). Never with the device plugin on the same node (the chart
+    runs one or the other per node pool): both would hand out the same GPUs."""
+
 
 DEFAULTS = Options()
 
@@ -108,6 +114,8 @@ ENV = {
     "pod_resources_socket": "TESSERA_POD_RESOURCES_SOCKET",
     "budget_wait_s": "TESSERA_BUDGET_WAIT",
     "confirm_interval_s": "TESSERA_CONFIRM_INTERVAL",
+    # DRA
+    "dra": "TESSERA_DRA",
 }
 """The environment variable each setting falls back to when its flag is not given."""
 
@@ -134,3 +142,10 @@ second at most QPS + BURST calls."""
 PODRESOURCES_BACKOFF_S = (0.5, 8.0)
 """After a RESOURCE_EXHAUSTED, no call for the first value, doubled at every refusal in a
 row up to the second."""
+
+# -- DRA (issue 31) ---------------------------------------------------------------------------
+DRA_WITHDRAW_TIMEOUT_S = 30.0
+"""How long the MIG enactor waits for the ResourceSlices without the devices it is about to
+destroy to be written; past it the change fails (and is retried), nothing is destroyed."""
+DRA_RETRY_S = 2.0
+"""After a failed ResourceSlice write, the next try (the watch or a change may come sooner)."""

@@ -18,6 +18,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"deviceplugin"}),  # the kubelet device plugin and its containers' registry
     frozenset({"cores", "audit"}),  # what runs over the containers the device plugin set up
     frozenset({"node"}),  # what the Node says, and the reconciler that writes it
+    frozenset({"dra"}),  # DRA: the node's ResourceSlices (from what the Node's pass found)
     frozenset({"app"}),  # the process: wiring
     frozenset({"cli"}),  # the command line
 )
@@ -34,6 +35,7 @@ PURE = frozenset({
     "audit.logic",
     "node.content", "node.reports", "node.findings", "node.inventory", "node.patch",
     "node.coexistence",
+    "dra.decide",
 })
 """The rules: decisions from values, property- or table-tested, no I/O."""
 FORMATS = frozenset({"budget.formats"})

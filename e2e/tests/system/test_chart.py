@@ -182,7 +182,7 @@ def test_the_daemon_values_default_to_the_daemons_own_defaults() -> None:
             == DAEMON_DEFAULTS.pod_resources_socket)
     # the daemon installs the library where the node image has it
     assert DAEMON_DEFAULTS.libtessera == f"/{tessera_images.LIBTESSERA}"
-    template = (chart.CHART / "templates" / "node-daemon.yaml").read_text()
+    template = (chart.CHART / "templates" / "_node-daemon.tpl").read_text()  # the DaemonSets'
     assert f"--libtessera={DAEMON_DEFAULTS.libtessera}" in template
 
 

@@ -16,7 +16,10 @@ from tessera.api.names import DRA_DRIVER, MIG_PREFIX, VGPU
 from tessera.dra.devices import node_devices
 from tessera.dra.slices import as_kept, dropped, plan
 from tessera.mig.catalog import profile
+from tessera_e2e.chart import helm
+from tessera_e2e.controlplane.build import ensure_helm
 from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
@@ -86,3 +89,50 @@ def test_the_api_server_keeps_the_devices_and_republishing_writes_nothing(
     finally:
         cluster.kubectl("delete", "resourceslices", "--field-selector",
                         f"spec.nodeName={NODE}")
+
+
+EXAMPLES = REPO / "examples" / "dra"
+
+
+def test_the_device_classes_and_the_example_claims_are_accepted(
+        cluster: LocalCluster, namespace: str) -> None:
+    """The chart's DeviceClasses (CEL compiled by the API server) and examples/dra's
+    ResourceClaimTemplates: accepted as written; their capacity requests kept where
+    consumable capacity is on (1.36 and later), dropped where it is off (1.34)."""
+    try:
+        binary = ensure_helm()
+    except Exception as exc:  # no helm: fail, never skip
+        pytest.fail(f"helm unavailable: {exc}")
+    docs = helm.template(binary, "ts", {"nodeDaemon": {"dra": {"nodeLabels": {"p": "dra"}}}})
+    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert sorted(c["metadata"]["name"] for c in classes) == [DRA_DRIVER, f"mig.{DRA_DRIVER}"]
+    try:
+        for c in classes:
+            out = cluster.kubectl("create", "-f", "-", input=json.dumps(c))
+            assert out.returncode == 0, out.stderr
+        files = sorted(EXAMPLES.glob("*.yaml"))
+        assert [f.name for f in files] == ["h100-4gi-30pct.yaml",
+                                           "two-gpus-one-nvlink-clique.yaml",
+                                           "whole-3g40gb.yaml"]
+        for f in files:
+            out = cluster.kubectl("create", "-n", namespace, "-f", str(f))
+            assert out.returncode == 0, (f.name, out.stderr)
+        out = cluster.kubectl("get", "resourceclaimtemplates", "-n", namespace, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        held = {t["metadata"]["name"]: t["spec"]["spec"]["devices"]
+                for t in json.loads(out.stdout)["items"]}
+        clique = held["two-gpus-one-nvlink-clique"]
+        assert clique["constraints"] == [{"requests": ["gpus"],
+                                          "matchAttribute": f"{DRA_DRIVER}/nvlinkClique"}]
+        assert clique["requests"][0]["exactly"]["count"] == 2
+        assert held["whole-3g40gb"]["requests"][0]["exactly"]["deviceClassName"] == (
+            f"mig.{DRA_DRIVER}")
+        share = held["h100-4gi-30pct"]["requests"][0]["exactly"]
+        if server_minor(cluster) >= 36:
+            assert share["capacity"]["requests"] == {"memory": "4Gi", "cores": "30"}
+        else:  # DRAConsumableCapacity off: dropped without an error (a whole shared GPU)
+            assert "capacity" not in share, share
+    finally:
+        for c in classes:
+            cluster.kubectl("delete", "deviceclass", c["metadata"]["name"],
+                            "--ignore-not-found")

@@ -79,9 +79,11 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
            sockets: Iterable[str], socket_dir: str,
            outcome: Callable[[GPUPlan], Outcome | None], now: datetime,
            holders: Holders | None = None, allow_reset: bool = True,
-           advertising: Advertising | None = None) -> NodeContent:
+           advertising: Advertising | None = None,
+           extra_findings: Iterable[Finding] = ()) -> NodeContent:
     """``advertising``: None when the daemon runs no device plugin (every GPU's ``units``
-    is then empty: nothing is advertised)."""
+    is then empty: nothing is advertised). ``extra_findings``: what other parts of the
+    daemon found (the DRA publisher: fields the API server drops)."""
     meta = node.get("metadata") or {}
     have_labels: Mapping[str, str] = meta.get("labels") or {}
     have_annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -102,6 +104,7 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
         elif ANNOTATION_GPUS in have_annotations:
             annotations[ANNOTATION_GPUS] = have_annotations[ANNOTATION_GPUS]
     found += detect(node, sockets, socket_dir)
+    found += extra_findings
     inv = NodeInventory(name=str(meta.get("name", "")), labels={**have_labels, **labels},
                         gpus=gpus)
     objects = list(partitions)

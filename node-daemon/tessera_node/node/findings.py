@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 FindingKind = Literal["OtherDevicePlugin", "OtherMigManager", "ProfileMismatch",
-                      "UnknownModel"]
+                      "UnknownModel", "DRAFieldsDropped"]
 
 
 @dataclass(frozen=True, order=True)

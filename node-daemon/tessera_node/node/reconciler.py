@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from tessera.api.names import (
     ANNOTATION_GPU_COMMITMENTS,
@@ -36,13 +37,14 @@ from tessera_node import metrics
 from tessera_node.device.nvml import DeviceError, GPUReader
 from tessera_node.device.sockets import device_plugin_sockets
 from tessera_node.device.state import DeviceSnapshot
-from tessera_node.deviceplugin.devices import units
+from tessera_node.deviceplugin.devices import Sharing, units
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.layout.enact import Enactor
 from tessera_node.layout.holders import DeviceHolders
 from tessera_node.layout.plan import Outcome
 from tessera_node.layout.queue import PlanQueue
 from tessera_node.node.content import Advertising, node_content
+from tessera_node.node.findings import Finding
 from tessera_node.node.inventory import node_gpus
 from tessera_node.node.own_node import NODE_WATCH, OwnNode
 from tessera_node.node.patch import node_patch
@@ -67,21 +69,34 @@ def reported_state(snapshot: DeviceSnapshot | None) -> Any:
         for g in snapshot.gpus))
 
 
+class Publishing(Protocol):
+    """Another way the node's devices are offered, told after every pass (the DRA
+    publisher, ``--dra``)."""
+
+    def update(self, snapshot: DeviceSnapshot | None, read_at: float,
+               sharing: Mapping[str, Sharing]) -> None: ...
+
+    def findings(self) -> list[Finding]: ...
+
+
 class NodeReconciler:
     def __init__(self, kube: Kube, opts: Options, reader: GPUReader, enactor: Enactor,
                  health: Health, holders: DeviceHolders, own: OwnNode, changed: asyncio.Event,
-                 plugin: DevicePlugin | None = None) -> None:
+                 plugin: DevicePlugin | None = None, dra: Publishing | None = None) -> None:
         """``changed``: set by whatever changes what the Node should say (the own Node's
         watch, the device plugin's GPU commitments, and this reconciler's own inputs); each
         time it is set, one reconcile pass follows."""
         self.kube = kube
         self.plugin = plugin
+        self.dra = dra
         self.opts = opts
         self.reader = reader
         self.health = health
         self.own = own
         self.partitions: dict[str, Obj] = {}
         self.snapshot: DeviceSnapshot | None = None
+        self.read_at = 0.0
+        """When the read that gave ``snapshot`` began (monotonic)."""
         self.read_error: str | None = None
         self.sockets: tuple[str, ...] = ()
         self.device_holders = holders
@@ -155,6 +170,7 @@ class NodeReconciler:
         if self.work.enactor.refusal() is not None:
             await asyncio.to_thread(self.work.enactor.prepare)
         await asyncio.to_thread(self._read_holders)
+        started = time.monotonic()
         try:
             snapshot = await asyncio.to_thread(self.reader.read)
         except DeviceError as exc:
@@ -168,7 +184,7 @@ class NodeReconciler:
         else:
             if self.read_error is not None:
                 log.info("GPUs readable again")
-            self.snapshot, self.read_error = snapshot, None
+            self.snapshot, self.read_error, self.read_at = snapshot, None, started
             self.health.ok(NVML)
             metrics.NVML_UP.set(1)
             metrics.observe(snapshot)
@@ -209,7 +225,8 @@ class NodeReconciler:
         w = node_content(node, self.partitions.values(), self.snapshot, self.read_error,
                    self.sockets, self.opts.device_plugin_dir,
                    lambda p: refused or self.work.outcome(p), datetime.now(UTC),
-                   self.holders, self.opts.allow_gpu_reset, advertising)
+                   self.holders, self.opts.allow_gpu_reset, advertising,
+                   self.dra.findings() if self.dra is not None else ())
         # beside another MIG manager the reports fail and nothing is touched
         if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
             for p in w.plans:
@@ -223,7 +240,13 @@ class NodeReconciler:
         if self.plugin is not None:
             self.plugin.update(self.snapshot if self.read_error is None else None,
                                w.sharing, w.profiles)
-        for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel"):
+        # DRA: the publisher writes what this pass found (after the plans are queued: their
+        # workers start at the next await, and withdraw from what it has then)
+        if self.dra is not None:
+            self.dra.update(self.snapshot if self.read_error is None else None, self.read_at,
+                            w.sharing)
+        for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel",
+                     "DRAFieldsDropped"):
             metrics.FINDINGS.labels(kind).set(sum(f.kind == kind for f in w.findings))
         annotations = dict(w.annotations)
         if self.plugin is not None:  # not computed yet (just started): the Node's stays

@@ -1,0 +1,101 @@
+"""The publisher's decisions (pure): the node's DRA devices from one NVML snapshot, what to
+write given what the API server holds, what a write's read-back lost, and what is still
+published of devices the MIG enactor withdrew.
+
+The devices are the units the device plugin would advertise (one decision for both paths:
+:func:`~tessera_node.deviceplugin.devices.offers`), less what the enactor withdrew, every
+one unhealthy (so withdrawn) while NVML cannot be read.  An API server whose
+consumable-capacity gate is off drops fields without an error: once it did, the node plans
+against what it keeps (:func:`tessera.dra.slices.as_kept`) so it does not rewrite its pool
+at every resync, and it still writes the whole devices whenever it writes anyway, so a
+cluster whose gate was turned on is seen at the next change."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from tessera.api.names import DRA_DRIVER
+from tessera.dra.devices import node_devices
+from tessera.dra.slices import Plan, as_kept, dropped, plan
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.devices import Sharing, offered_units, offers
+from tessera_node.node.findings import Finding
+from tessera_node.node.inventory import node_gpus, with_units
+
+Obj = dict[str, Any]
+
+
+def wanted(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Collection[str]],
+           shares_per_unit: int, sharing: Mapping[str, Sharing]) -> list[Obj]:
+    """The node's DRA devices now: its healthy units (every one unhealthy when NVML is not
+    ``readable``: the snapshot is the last one read), less ``withdrawn`` (GPU UUID -> unit
+    UUIDs; the GPU's own UUID: all of it), shared or whole as the partitions say."""
+    gpus = node_gpus(snapshot).gpus
+    offered = offers(offered_units(snapshot, withdrawn, readable), shares_per_unit, sharing)
+    return node_devices(with_units(gpus, offered))
+
+
+def mine(node: str, slices: Iterable[Obj]) -> list[Obj]:
+    """The slices of this driver on this node (the watch's field selector says so already;
+    checked again: what the API server sends is input)."""
+    return [s for s in slices if (s.get("spec") or {}).get("driver") == DRA_DRIVER
+            and (s.get("spec") or {}).get("nodeName") == node]
+
+
+def decide(node: str, devices: list[Obj], existing: Iterable[Obj], lost: Sequence[str]) -> Plan:
+    """What to write: nothing when the published slices hold ``devices`` as this API server
+    keeps them (``lost``: what it dropped before); otherwise the whole ``devices``, so that
+    a write also tells again what the server keeps."""
+    held = mine(node, existing)
+    if not lost:
+        return plan(node, devices, held)
+    kept = plan(node, as_kept(devices, list(lost)), held)
+    return kept if kept.writes == 0 else plan(node, devices, held)
+
+
+def _devices(slices: Iterable[Obj]) -> list[Obj]:
+    return [d for s in slices for d in (s.get("spec") or {}).get("devices") or []]
+
+
+def _gated(devices: Iterable[Obj]) -> bool:
+    """Do any of these devices carry a field a gate-off API server drops?"""
+    return any(d.get("allowMultipleAllocations") or any(
+        "requestPolicy" in c for c in (d.get("capacity") or {}).values()) for d in devices)
+
+
+def lost_after(previous: Sequence[str], written: Iterable[Obj], stored: Iterable[Obj]
+               ) -> list[str]:
+    """What the API server drops, from the slices written and as it stored them: what this
+    read-back lost when the written devices had such fields, else what was known before (a
+    write without them proves nothing either way)."""
+    sent = _devices(written)
+    if not _gated(sent):
+        return list(previous)
+    return dropped(sent, _devices(stored))
+
+
+def loss_finding(lost: Sequence[str]) -> Finding | None:
+    """The node's finding (an Event once, the Node's findings annotation, the findings
+    metric) while the API server drops fields of its slices."""
+    if not lost:
+        return None
+    return Finding("DRAFieldsDropped", f"the API server drops {', '.join(lost)} from this node's "
+                   f"ResourceSlices (driver {DRA_DRIVER}): its consumable-capacity feature "
+                   "(DRAConsumableCapacity, off before Kubernetes 1.36) is off, so each "
+                   "shared GPU or MIG instance goes whole to one claim")
+
+
+def still_published(slices: Iterable[Obj], gpu_uuid: str, devices: Collection[str]
+                    ) -> list[str]:
+    """Names of published devices among ``devices`` (unit UUIDs) of that GPU (its own UUID
+    among them: every device of the GPU): what a withdrawal still waits for."""
+    whole = gpu_uuid in devices
+    out = []
+    for d in _devices(slices):
+        attrs = d.get("attributes") or {}
+        uuid = (attrs.get("uuid") or {}).get("string")
+        gpu = (attrs.get("gpuUUID") or {}).get("string")
+        if uuid in devices or (whole and gpu == gpu_uuid):
+            out.append(str(d.get("name")))
+    return out

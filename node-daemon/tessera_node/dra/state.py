@@ -1,0 +1,73 @@
+"""What this node's GPUs offer DRA now (any thread): the GPUs as NVML last showed them and
+how the node's GPUPartitions share them (the reconciler hands both in after every pass),
+less what the MIG enactor withdrew.
+
+A withdrawal holds until NVML shows the GPU as the enactor left it: ``changed(gpu)`` comes
+from the enactor's thread when its commands are done, and only a snapshot whose read began
+after that releases the GPU's withdrawn devices. A snapshot read while the commands ran
+still shows the instances they destroy; publishing them again would offer claims a device
+that is gone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.devices import Sharing
+from tessera_node.dra.decide import wanted
+
+
+class DraDevices:
+    def __init__(self, shares_per_unit: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.shares_per_unit = shares_per_unit
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._snapshot: DeviceSnapshot | None = None
+        self._readable = False
+        self._sharing: Mapping[str, Sharing] = {}
+        self._withdrawn: dict[str, set[str]] = {}
+        """GPU UUID -> devices withdrawn from it (the GPU's own UUID: the whole GPU)."""
+        self._changed_at: dict[str, float] = {}
+        """GPU UUID -> when the enactor said its layout changed (withdrawn until a read)."""
+
+    def update(self, snapshot: DeviceSnapshot | None, read_at: float,
+               sharing: Mapping[str, Sharing]) -> None:
+        """What NVML showed in the read begun at ``read_at`` (this clock; None: NVML
+        unreadable now, every unit withdrawn) and how the partitions share the GPUs."""
+        with self._lock:
+            if snapshot is not None:
+                self._snapshot, self._readable = snapshot, True
+                for gpu, at in list(self._changed_at.items()):
+                    if read_at > at:
+                        del self._changed_at[gpu]
+                        self._withdrawn.pop(gpu, None)
+            else:
+                self._readable = False
+            self._sharing = dict(sharing)
+
+    def devices(self) -> list[dict[str, Any]] | None:
+        """The devices to publish now; None before NVML was first read (nothing is known:
+        what is published stays)."""
+        with self._lock:
+            if self._snapshot is None:
+                return None
+            return wanted(self._snapshot, self._readable, self._withdrawn,
+                          self.shares_per_unit, self._sharing)
+
+    def withdraw(self, gpu_uuid: str, devices: Sequence[str]) -> None:
+        with self._lock:
+            self._withdrawn.setdefault(gpu_uuid, set()).update(devices)
+            self._changed_at.pop(gpu_uuid, None)  # a new change: held until its own end
+
+    def changed(self, gpu_uuid: str) -> None:
+        with self._lock:
+            if gpu_uuid in self._withdrawn:
+                self._changed_at[gpu_uuid] = self.clock()
+
+    def withdrawn(self) -> dict[str, frozenset[str]]:
+        with self._lock:
+            return {g: frozenset(d) for g, d in self._withdrawn.items()}
