@@ -8,17 +8,21 @@ import logging
 import os
 import signal
 
+from tessera.api.inventory import GPUInventory, from_node
 from tessera.api.names import NODE_DAEMON
 from tessera.kube import serve
-from tessera.kube.client import Kube, load_credentials
+from tessera.kube.client import Kube, Obj, load_credentials
 from tessera.kube.health import Health, supervise
 from tessera_node.audit.runner import AuditRunner
 from tessera_node.cores.runner import CoreControl
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
 from tessera_node.device.smi import NvidiaSmi
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.devices import Unit, units
 from tessera_node.deviceplugin.registry import ContainerRegistry
 from tessera_node.deviceplugin.service import DevicePlugin
+from tessera_node.dra.service import DraPlugin
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.layout.holders import DeviceHolders, NoHolders
 from tessera_node.node.own_node import OwnNode
@@ -56,8 +60,15 @@ async def run(opts: Options) -> None:
     await asyncio.to_thread(enactor.prepare)
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin)
 
+    # -- the DRA kubelet plugin (--dra; docs/dra.md) -----------------------------------------
+    dra = (DraPlugin(kube, opts, lambda: published_gpus(own.current()),
+                     lambda: snapshot_units(reconciler.snapshot))
+           if opts.dra else None)
+    # -----------------------------------------------------------------------------------------
+
     def not_ready() -> list[str]:
-        return reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
+        return (reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
+                + (dra.not_ready() if dra is not None else []))
 
     runner = await serve.start(serve.health_app(health, not_ready=not_ready),
                                opts.metrics_host, opts.metrics_port)
@@ -73,6 +84,8 @@ async def run(opts: Options) -> None:
                             opts.core_interval_s)
         parts |= {"pod-watch": plugin.pods.watch, "device-plugin": plugin.run,
                   "core-control": cores.run}
+    if dra is not None:
+        parts["dra-plugin"] = dra.run
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)
@@ -94,3 +107,19 @@ async def run(opts: Options) -> None:
         await kube.close()
         reader.close()
         log.info("stopped", extra={"node": opts.node_name})
+
+
+# -- the DRA kubelet plugin's view of the node -------------------------------------------------
+
+def published_gpus(node: Obj | None) -> tuple[GPUInventory, ...] | None:
+    """The GPUs with their units as the daemon last published them on its Node (None: not
+    yet, or not readable)."""
+    if node is None:
+        return None
+    inventory = from_node(node)
+    return None if inventory.error is not None else inventory.gpus
+
+
+def snapshot_units(snapshot: DeviceSnapshot | None) -> list[Unit]:
+    """The units NVML showed last, with their device numbers."""
+    return [] if snapshot is None else units(snapshot)

@@ -79,6 +79,16 @@ class Options:
     """Device memory a container may hold beyond its budget before the audit calls it over
     budget (what the hook cannot count: module code and data; 0: none)."""
 
+    # -- the DRA kubelet plugin (tessera_node/dra/, docs/dra.md) ------------------------------
+    dra: bool = False
+    """Serve the DRA kubelet plugin of driver ``gpu.tessera.dev`` (claims become budgets)."""
+    kubelet_root: str = "/var/lib/kubelet"
+    """The kubelet's ``--root-dir``: the DRA plugin registers in its ``plugins_registry/`` and
+    serves in ``plugins/gpu.tessera.dev/``."""
+    cdi_dir: str = "/var/run/cdi"
+    """Where the DRA plugin writes each prepared claim's CDI spec (a directory the container
+    runtime reads CDI specs from)."""
+
 
 DEFAULTS = Options()
 
@@ -108,6 +118,10 @@ ENV = {
     "pod_resources_socket": "TESSERA_POD_RESOURCES_SOCKET",
     "budget_wait_s": "TESSERA_BUDGET_WAIT",
     "confirm_interval_s": "TESSERA_CONFIRM_INTERVAL",
+    # the DRA kubelet plugin
+    "dra": "TESSERA_DRA",
+    "kubelet_root": "TESSERA_KUBELET_ROOT",
+    "cdi_dir": "TESSERA_CDI_DIR",
 }
 """The environment variable each setting falls back to when its flag is not given."""
 
@@ -134,3 +148,12 @@ second at most QPS + BURST calls."""
 PODRESOURCES_BACKOFF_S = (0.5, 8.0)
 """After a RESOURCE_EXHAUSTED, no call for the first value, doubled at every refusal in a
 row up to the second."""
+
+# -- the DRA kubelet plugin ------------------------------------------------------------------
+CLAIMS_DIR = "claims"
+"""Under the state directory: one directory per prepared claim (budget file, ledger)."""
+DRA_CHECKPOINT = "dra/checkpoint.json"
+"""Under the state directory: the claims the DRA plugin prepared."""
+CLAIM_READ_TIMEOUT_S = 30.0
+"""How long prepare waits for the API server's answer on a ResourceClaim (the kubelet gives
+the whole call 45 s)."""
