@@ -120,10 +120,16 @@ class ClaimPreparer:
         _check_uid(ref.uid)
         with self._lock:
             record = self.checkpoint.get(ref.uid)
+            new = record is None
             if record is None:
                 record = self._decide(ref)
                 self.checkpoint.put(record)
-            response = self._write(record)
+            try:
+                response = self._write(record)
+            except (ClaimError, OSError):
+                if new:  # nothing of it was handed out: leave nothing behind
+                    self._remove(ref.uid)
+                raise
             ids = tuple(cdi.device_ids(record.uid, response))
             return [PreparedDevice((r.request,), r.pool, r.device, ids, r.share_id)
                     for r in record.results]
@@ -172,12 +178,14 @@ class ClaimPreparer:
         """Remove what prepare made for the claim (nothing, for a claim it never saw)."""
         _check_uid(uid)
         with self._lock:
-            spec = self.spec_path(uid)
-            spec.unlink(missing_ok=True)
-            if (self.writer.root / uid).exists():
-                self.writer.remove(uid)
-            self.checkpoint.drop(uid)
+            self._remove(uid)
             log.info("claim unprepared", extra={"uid": uid})
+
+    def _remove(self, uid: str) -> None:
+        self.spec_path(uid).unlink(missing_ok=True)
+        if (self.writer.root / uid).exists():
+            self.writer.remove(uid)
+        self.checkpoint.drop(uid)
 
 
 def _check_uid(uid: str) -> None:

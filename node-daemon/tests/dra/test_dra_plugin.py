@@ -6,6 +6,7 @@ never saw)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -20,7 +21,12 @@ from test_dra_claims import G0, GIB, M10, NODE, claim, gpus, result
 from tessera.api.names import DRA_DRIVER
 from tessera_node.budget.formats import read_budget_file
 from tessera_node.budget.writer import BudgetWriter
-from tessera_node.container.response import CONTAINER_RUN, LIB_NAME, TOOLKIT_DEVICE_LIST_DIR
+from tessera_node.container.response import (
+    CONTAINER_RUN,
+    LIB_NAME,
+    TOOLKIT_DEVICE_LIST_DIR,
+    SimPaths,
+)
 from tessera_node.dra.checkpoint import Checkpoint
 from tessera_node.dra.claims import ClaimError
 from tessera_node.dra.prepare import ClaimPreparer, DraConfig, NodeView
@@ -216,3 +222,16 @@ def test_a_whole_mig_instance_and_a_share_in_one_claim(node: Node) -> None:
 
 def test_a_uid_that_is_not_one_names_no_file(node: Node) -> None:
     assert "is not a claim UID" in node.unprepare("../../etc")["../../etc"]
+
+
+def test_a_claim_whose_files_cannot_be_written_leaves_nothing_behind(node: Node) -> None:
+    server = node.server
+    assert server is not None
+    missing = SimPaths.of(str(node.root / "nolib"), str(node.root / "no-node.conf"))
+    server.preparer.config = dataclasses.replace(  # the driver's capability table is gone
+        server.preparer.config, visibility="sim", sim=missing)
+    got = node.prepare(("shared", U1))[U1]
+    assert "device files" in got.error and not got.devices
+    assert not (node.state / "claims" / U1).exists()
+    assert not node.spec(U1).exists()
+    assert json.loads((node.state / "dra" / "checkpoint.json").read_text())["claims"] == {}
