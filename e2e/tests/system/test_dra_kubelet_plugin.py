@@ -2,7 +2,8 @@
 cores of a shared GPU is allocated by the real scheduler (consumable capacity, beta and on by
 default from 1.36: no feature gate is set), prepared by tessera-node (``--dra``) into a budget
 file and a CDI spec that containerd applies, and the pod's container sees exactly that
-budget; deleting the pod unprepares the claim and leaves none of its files.
+budget; deleting the pod unprepares the claim and leaves none of its files. A restarted
+kubelet registers the plugin again by itself and its claims are prepared as before.
 
 The node's ResourceSlice is published by the test from the inventory the daemon writes on its
 Node (``tessera.dra``'s devices and slices), not by the daemon.
@@ -11,6 +12,7 @@ Node (``tessera.dra``'s devices and slices), not by the daemon.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,62 +41,68 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[Bed[KubeletNodeDaemon]]:
     with gpu_bed(node_cluster, tmp_path_factory.mktemp("tessera-dra"),
                  daemon_args=("--dra", "true")) as b:
-        yield b
-
-
-def publish_slice(bed: Bed[KubeletNodeDaemon]) -> list[dict[str, Any]]:
-    """The node's devices, from the units its daemon publishes on the Node."""
-    gpus = wait_until(f"{NODE}'s inventory with its units", lambda: (
-        g if (g := from_node(node_json(bed.cluster.kubectl, NODE)).gpus)
-        and all(x.units for x in g) else None), 60)
-    devices = node_devices(gpus)
-    for obj in plan(NODE, devices, []).create:
-        out = bed.cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
-        assert out.returncode == 0, out.stderr
-    return devices
-
-
-def test_a_claim_for_part_of_a_gpu_runs_under_exactly_that_budget(
-        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
-    daemon = bed.daemons[NODE]
-    sockets = daemon.real.host_path("/var/lib/kubelet")
-    assert (sockets / "plugins_registry" / f"{DRA_DRIVER}-reg.sock").is_socket()
-    assert (sockets / "plugins" / DRA_DRIVER / "dra.sock").is_socket()
-    assert daemon.get("/readyz")[0] == 200  # the kubelet took the plugin
-    devices = publish_slice(bed)
-    assert [d["name"] for d in devices] == ["gpu0"] and devices[0]["allowMultipleAllocations"]
-    try:
-        out = bed.kubectl("apply", "-f", "-", input=json.dumps({
+        out = b.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": DRA_DRIVER},
             "spec": {"selectors": [{"cel": {"expression":
                                             f'device.driver == "{DRA_DRIVER}"'}}]}}))
         assert out.returncode == 0, out.stderr
-        bed.apply(node_namespace, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": CLAIM},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRA_DRIVER,
-                "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}}]}}})
-        bed.apply(node_namespace, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "nodeSelector": {"kubernetes.io/hostname": NODE},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": CLAIM}],
-                     "containers": [{
-                         "name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
-                         "command": ["sh", "-c", "cuda-info && cuda-alloc 4000 && "
-                                     "cuda-alloc 4100; sleep 3600"],
-                         "resources": {"claims": [{"name": "gpu"}]}}]}})
-        pod = bed.wait_phase(node_namespace, "dra", {"Running", "Failed", "Succeeded"}, 120)
-        claim = bed.get("resourceclaim", "-n", node_namespace, CLAIM)
+        try:
+            yield b
+        finally:
+            b.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found")
+            b.cluster.kubectl("delete", "resourceslices", "--field-selector",
+                              f"spec.nodeName={NODE}")
+
+
+def publish_slice(bed: Bed[KubeletNodeDaemon]) -> list[dict[str, Any]]:
+    """The node's devices, from the units its daemon publishes on the Node, in its slice
+    (written again where the kubelet wiped it at its start)."""
+    gpus = wait_until(f"{NODE}'s inventory with its units", lambda: (
+        g if (g := from_node(node_json(bed.cluster.kubectl, NODE)).gpus)
+        and all(x.units for x in g) else None), 60)
+    devices = node_devices(gpus)
+    existing = bed.get("resourceslices", "--field-selector", f"spec.nodeName={NODE}")
+    todo = plan(NODE, devices, existing["items"])
+    for obj in todo.create:
+        out = bed.cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
+        assert out.returncode == 0, out.stderr
+    assert not todo.replace and not todo.delete, todo
+    return devices
+
+
+def run_claim(bed: Bed[KubeletNodeDaemon], namespace: str) -> None:
+    """A claim for 4 GiB and 30 cores of node-0's GPU, a pod using it: the container sees
+    exactly that budget; deleting the pod unprepares the claim and leaves none of its files."""
+    daemon = bed.daemons[NODE]
+    devices = publish_slice(bed)
+    assert [d["name"] for d in devices] == ["gpu0"] and devices[0]["allowMultipleAllocations"]
+    bed.apply(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": CLAIM},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRA_DRIVER,
+            "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}}]}}})
+    bed.apply(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                 "nodeSelector": {"kubernetes.io/hostname": NODE},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": CLAIM}],
+                 "containers": [{
+                     "name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
+                     "command": ["sh", "-c", "cuda-info && cuda-alloc 4000 && "
+                                 "cuda-alloc 4100; sleep 3600"],
+                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+    try:
+        pod = bed.wait_phase(namespace, "dra", {"Running", "Failed", "Succeeded"}, 120)
+        claim = bed.get("resourceclaim", "-n", namespace, CLAIM)
         uid = claim["metadata"]["uid"]
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"], result["device"]) == (DRA_DRIVER, NODE,
                                                                         "gpu0")
         assert result["consumedCapacity"] == {"memory": "4Gi", "cores": "30"}, result
         logs = wait_until("the container's output", lambda: (
-            out if "cuda-alloc" in (out := bed.logs(node_namespace, "dra")) else None), 60)
+            out if "cuda-alloc" in (out := bed.logs(namespace, "dra")) else None), 60)
         assert pod["status"]["phase"] == "Running", (pod["status"], logs)
         lines = logs.splitlines()
         # the container sees its one unit with the claim's memory as its total, all free
@@ -109,13 +117,35 @@ def test_a_claim_for_part_of_a_gpu_runs_under_exactly_that_budget(
         assert (entry.memory, entry.cores) == (4 * GIB, 30), entry
         spec = daemon.real.host_path(f"/var/run/cdi/{DRA_DRIVER}-claim-{uid}.json")
         assert spec.is_file()
-        bed.kubectl("delete", "pod", "-n", node_namespace, "dra", "--wait=true")
+        out = bed.kubectl("delete", "pod", "-n", namespace, "dra", "--wait=true")
+        assert out.returncode == 0, out.stderr
         wait_until("the claim unprepared", lambda: not spec.exists() and not state.exists(),
                    90)
         checkpoint = json.loads((daemon.state_dir / "dra" / "checkpoint.json").read_text())
         assert uid not in checkpoint["claims"]
     finally:
-        bed.kubectl("delete", "pod", "-n", node_namespace, "dra", "--ignore-not-found")
-        bed.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found")
-        bed.cluster.kubectl("delete", "resourceslices", "--field-selector",
-                            f"spec.nodeName={NODE}")
+        bed.kubectl("delete", "pod", "-n", namespace, "dra", "--ignore-not-found")
+        bed.kubectl("delete", "resourceclaim", "-n", namespace, CLAIM, "--ignore-not-found")
+
+
+def test_a_claim_for_part_of_a_gpu_runs_under_exactly_that_budget(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    daemon = bed.daemons[NODE]
+    sockets = daemon.real.host_path("/var/lib/kubelet")
+    assert (sockets / "plugins_registry" / f"{DRA_DRIVER}-reg.sock").is_socket()
+    assert (sockets / "plugins" / DRA_DRIVER / "dra.sock").is_socket()
+    assert daemon.get("/readyz")[0] == 200  # the kubelet took the plugin
+    assert any(r.get("msg") == "registered with the kubelet" for r in daemon.log_records())
+    run_claim(bed, node_namespace)
+
+
+def test_a_restarted_kubelet_registers_the_plugin_again(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    daemon = bed.daemons[NODE]
+    restarted = time.time()
+    bed.restart_kubelet(NODE)
+    wait_until("the kubelet registering the DRA plugin again", lambda: any(
+        r.get("msg") == "registered with the kubelet"
+        for r in daemon.log_records(restarted)), 60)
+    assert daemon.get("/readyz")[0] == 200
+    run_claim(bed, node_namespace)
