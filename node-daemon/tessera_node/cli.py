@@ -42,7 +42,7 @@ _HELP = {
     "pod_resources_socket": "the kubelet's PodResources socket",
     "budget_wait_s": "seconds libtessera waits for a pending budget file",
     "confirm_interval_s": "seconds between PodResources polls while an allocation waits",
-    "dra": "true/false: serve the DRA kubelet plugin (gpu.tessera.dev)",
+    "dra": "true/false: serve the DRA kubelet plugin (claims become budgets)",
     "kubelet_root": "the kubelet's --root-dir (plugins_registry/, plugins/)",
     "cdi_dir": "where the DRA plugin writes CDI specs",
 }
