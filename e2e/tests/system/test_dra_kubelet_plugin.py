@@ -148,4 +148,7 @@ def test_a_restarted_kubelet_registers_the_plugin_again(
         r.get("msg") == "registered with the kubelet"
         for r in daemon.log_records(restarted)), 60)
     assert daemon.get("/readyz")[0] == 200
+    # a starting kubelet deletes its node's ResourceSlices (their drivers publish again)
+    wait_until("the kubelet wiping the node's slices", lambda: not bed.get(
+        "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"], 60)
     run_claim(bed, node_namespace)
