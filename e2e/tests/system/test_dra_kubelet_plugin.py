@@ -75,6 +75,7 @@ def run_claim(bed: Bed[KubeletNodeDaemon], namespace: str) -> None:
     """A claim for 4 GiB and 30 cores of node-0's GPU, a pod using it: the container sees
     exactly that budget; deleting the pod unprepares the claim and leaves none of its files."""
     daemon = bed.daemons[NODE]
+    bed.cluster.wait_for_service_account(namespace)
     devices = publish_slice(bed)
     assert [d["name"] for d in devices] == ["gpu0"] and devices[0]["allowMultipleAllocations"]
     bed.apply(namespace, {
