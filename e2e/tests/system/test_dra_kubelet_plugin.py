@@ -116,7 +116,7 @@ def run_claim(bed: Bed[KubeletNodeDaemon], namespace: str) -> None:
         state = daemon.state_dir / "claims" / uid
         (entry,) = read_budget_file(state / "budget").entries
         assert (entry.memory, entry.cores) == (4 * GIB, 30), entry
-        spec = daemon.real.host_path(f"/var/run/cdi/{DRA_DRIVER}-claim-{uid}.json")
+        spec = daemon.real.host_path(f"/run/cdi/{DRA_DRIVER}-claim-{uid}.json")  # /var/run/cdi
         assert spec.is_file()
         out = bed.kubectl("delete", "pod", "-n", namespace, "dra", "--wait=true")
         assert out.returncode == 0, out.stderr
