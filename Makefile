@@ -61,7 +61,7 @@ policies: install
 # Regenerate the device plugin's gRPC modules from their .proto files (a test fails when the
 # committed ones are stale).
 protos: install
-	$(PY) -m tessera_node.deviceplugin.protogen
+	$(PY) -m tessera_node.protogen
 
 # The simulated GPU node (fake libcuda, libnvidia-ml, nvidia-smi) and libtessera.
 sim: install

@@ -25,12 +25,12 @@ import grpc
 from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.writer import BudgetWriter
+from tessera_node.container.response import ContainerResponse
 from tessera_node.deviceplugin.devices import PluginDevice, Unit, share_id
 from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
 from tessera_node.deviceplugin.matcher import pod_view
 from tessera_node.deviceplugin.proto import api_pb2
 from tessera_node.deviceplugin.proto import api_pb2_grpc as _api_grpc
-from tessera_node.deviceplugin.response import ContainerResponse
 from tessera_node.deviceplugin.server import KUBELET_SOCKET, PluginServer
 from tessera_node.settings import FORGET_PENDING_S
 

@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT / "node-daemon"), str(ROOT / "sim")]
 
 from tessera_node.budget.formats import BudgetEntry, BudgetFile  # noqa: E402
 from tessera_node.budget.ledger import LedgerView, create_ledger, read_ledger  # noqa: E402
-from tessera_node.deviceplugin.response import CONTAINER_LIB_DIR, LIB_NAME  # noqa: E402
+from tessera_node.container.response import CONTAINER_LIB_DIR, LIB_NAME  # noqa: E402
 from tessera_sim.node import GPUSpec, node_description  # noqa: E402
 
 PLUGIN_LIB = Path(CONTAINER_LIB_DIR) / LIB_NAME  # where the device plugin mounts the library

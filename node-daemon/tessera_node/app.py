@@ -17,9 +17,12 @@ from tessera_node.cores.runner import CoreControl
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
 from tessera_node.device.smi import NvidiaSmi
+from tessera_node.device.state import DeviceSnapshot
+from tessera_node.deviceplugin.devices import Unit, units
 from tessera_node.deviceplugin.registry import ContainerRegistry
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.dra.publisher import SlicePublisher
+from tessera_node.dra.service import DraPlugin
 from tessera_node.dra.state import DraDevices
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.layout.holders import DeviceHolders, NoHolders
@@ -51,18 +54,23 @@ async def run(opts: Options) -> None:
     plugin = (DevicePlugin(kube, opts, health, own.current, registry,
                            on_commitments=changed.set, on_withdrawn=withdrawn)
               if opts.device_plugin else None)
-    holders: DeviceHolders = plugin.held if plugin is not None else NoHolders()
-    # -- DRA (--dra): the node's ResourceSlices; withdrawn from before a MIG change --
-    dra = (SlicePublisher(kube, opts.node_name, health, DraDevices(opts.shares_per_unit),
-                          opts.resync_interval_s, on_finding=changed.set)
+    # -- DRA (--dra; docs/dra.md): the node's ResourceSlices (withdrawn from before a MIG
+    # change) and the kubelet plugin, which maps a claim's devices back to the units
+    # published and counts its prepared claims as holders of their units
+    offer = DraDevices(opts.shares_per_unit)
+    publisher = (SlicePublisher(kube, opts.node_name, health, offer, opts.resync_interval_s,
+                                on_finding=changed.set) if opts.dra else None)
+    dra = (DraPlugin(kube, opts, offer.gpus, lambda: snapshot_units(reconciler.snapshot))
            if opts.dra else None)
-    advertiser = plugin.devices if plugin is not None else dra
+    holders: DeviceHolders = (plugin.held if plugin is not None
+                              else dra if dra is not None else NoHolders())
+    advertiser = plugin.devices if plugin is not None else publisher
     enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), holders,
                          advertiser=advertiser,
                          recheck_s=opts.retry_interval_s, allow_reset=opts.allow_gpu_reset)
     await asyncio.to_thread(enactor.prepare)
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
-                                dra)
+                                publisher)
 
     def not_ready() -> list[str]:
         return (reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
@@ -82,8 +90,9 @@ async def run(opts: Options) -> None:
                             opts.core_interval_s)
         parts |= {"pod-watch": plugin.pods.watch, "device-plugin": plugin.run,
                   "core-control": cores.run}
-    if dra is not None:  # DRA
-        parts |= {"dra-slice-watch": dra.watch, "dra-publish": dra.run}
+    if publisher is not None and dra is not None:  # DRA
+        parts |= {"dra-slice-watch": publisher.watch, "dra-publish": publisher.run,
+                  "dra-plugin": dra.run}
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)
@@ -105,3 +114,10 @@ async def run(opts: Options) -> None:
         await kube.close()
         reader.close()
         log.info("stopped", extra={"node": opts.node_name})
+
+
+# -- the DRA kubelet plugin's device numbers -------------------------------------------------
+
+def snapshot_units(snapshot: DeviceSnapshot | None) -> list[Unit]:
+    """The units NVML showed last, with their device numbers."""
+    return [] if snapshot is None else units(snapshot)

@@ -43,7 +43,10 @@ _HELP = {
     "budget_wait_s": "seconds libtessera waits for a pending budget file",
     "confirm_interval_s": "seconds between PodResources polls while an allocation waits",
     # DRA
-    "dra": "true/false: publish this node's DRA ResourceSlices (not with --device-plugin)",
+    "dra": "true/false: offer this node's GPUs through DRA: publish its ResourceSlices and "
+           "serve the DRA kubelet plugin (not with --device-plugin)",
+    "kubelet_root": "the kubelet's --root-dir (plugins_registry/, plugins/)",
+    "cdi_dir": "where the DRA plugin writes CDI specs",
 }
 
 

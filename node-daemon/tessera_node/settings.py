@@ -79,11 +79,18 @@ class Options:
     """Device memory a container may hold beyond its budget before the audit calls it over
     budget (what the hook cannot count: module code and data; 0: none)."""
 
-    # -- DRA (issue 31): the driver gpu.tessera.dev ------------------------------------------
+    # -- DRA (issue 31; docs/dra.md): the driver gpu.tessera.dev -----------------------------
     dra: bool = False
     """Offer this node's GPUs through Dynamic Resource Allocation: publish its ResourceSlices
-    (driver ``gpu.tessera.dev``). Never with the device plugin on the same node (the chart
-    runs one or the other per node pool): both would hand out the same GPUs."""
+    and serve the DRA kubelet plugin (claims become budgets). Never with the device plugin
+    on the same node (the chart runs one or the other per node pool): both would hand out
+    the same GPUs."""
+    kubelet_root: str = "/var/lib/kubelet"
+    """The kubelet's ``--root-dir``: the DRA plugin registers in its ``plugins_registry/`` and
+    serves in ``plugins/gpu.tessera.dev/``."""
+    cdi_dir: str = "/var/run/cdi"
+    """Where the DRA plugin writes each prepared claim's CDI spec (a directory the container
+    runtime reads CDI specs from)."""
 
 
 DEFAULTS = Options()
@@ -116,6 +123,8 @@ ENV = {
     "confirm_interval_s": "TESSERA_CONFIRM_INTERVAL",
     # DRA
     "dra": "TESSERA_DRA",
+    "kubelet_root": "TESSERA_KUBELET_ROOT",
+    "cdi_dir": "TESSERA_CDI_DIR",
 }
 """The environment variable each setting falls back to when its flag is not given."""
 
@@ -149,3 +158,11 @@ DRA_WITHDRAW_TIMEOUT_S = 30.0
 destroy to be written; past it the change fails (and is retried), nothing is destroyed."""
 DRA_RETRY_S = 2.0
 """After a failed ResourceSlice write, the next try (the watch or a change may come sooner)."""
+
+CLAIMS_DIR = "claims"
+"""Under the state directory: one directory per prepared claim (budget file, ledger)."""
+DRA_CHECKPOINT = "dra/checkpoint.json"
+"""Under the state directory: the claims the DRA plugin prepared."""
+CLAIM_READ_TIMEOUT_S = 30.0
+"""How long prepare waits for the API server's answer on a ResourceClaim (the kubelet gives
+the whole call 45 s)."""

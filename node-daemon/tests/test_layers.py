@@ -12,13 +12,16 @@ from pathlib import Path
 BASE = Path(__file__).resolve().parents[1] / "tessera_node"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"device", "budget", "settings"}),  # the host and the GPUs; files; settings
+    frozenset({"device", "budget", "settings", "protogen"}),  # the host and the GPUs;
+    #                                     files; settings; the gRPC modules' generator
+    frozenset({"container"}),  # what a container tessera set up gets (either path)
     frozenset({"metrics"}),  # the daemon's Prometheus series
     frozenset({"layout"}),  # MIG layouts: desired, plan, commands, enact, queue
-    frozenset({"deviceplugin"}),  # the kubelet device plugin and its containers' registry
+    frozenset({"deviceplugin"}),  # the kubelet device plugin (and its containers' registry)
     frozenset({"cores", "audit"}),  # what runs over the containers the device plugin set up
     frozenset({"node"}),  # what the Node says, and the reconciler that writes it
     frozenset({"dra"}),  # DRA: the node's ResourceSlices (from what the Node's pass found)
+    #                        and the DRA kubelet plugin
     frozenset({"app"}),  # the process: wiring
     frozenset({"cli"}),  # the command line
 )
@@ -30,8 +33,9 @@ PURE = frozenset({
     "cores.fairshare", "cores.ratelaw", "cores.tokenlaw",
     "deviceplugin.devices", "deviceplugin.allocation", "deviceplugin.matcher",
     "deviceplugin.fit", "deviceplugin.budgets", "deviceplugin.resize", "deviceplugin.pacing",
-    "deviceplugin.response", "deviceplugin.placed", "deviceplugin.pending",
-    "deviceplugin.device_files",
+    "container.response", "deviceplugin.placed", "deviceplugin.pending",
+    "container.device_files", "container.entries",
+    "dra.claims", "dra.cdi",
     "audit.logic",
     "node.content", "node.reports", "node.findings", "node.inventory", "node.patch",
     "node.coexistence",

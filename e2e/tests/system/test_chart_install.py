@@ -51,8 +51,8 @@ from tessera_e2e.gpubed.daemons import node_smi
 from tessera_e2e.operator.admission_probe import DryRunCreates
 from tessera_e2e.operator.replicas import wait_until
 from tessera_e2e.paths import REPO
-from tessera_node.deviceplugin.library import version_of
-from tessera_node.deviceplugin.response import preload_line
+from tessera_node.container.library import version_of
+from tessera_node.container.response import preload_line
 from tessera_node.settings import DEFAULTS, LIB_DIR
 
 pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]

@@ -12,10 +12,7 @@ from tessera.api.budget import (
 )
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.formats import BudgetEntry
-
-INITIAL_RATE = 100_000.0
-"""Launch tokens per second until the core controller has learnt the kernels' cost: high
-enough not to throttle; the controller lowers it within its first intervals."""
+from tessera_node.container.entries import shared_entry, whole_entry
 
 
 def pod_budget(annotations: Mapping[str, str]) -> BudgetAnnotation:
@@ -48,19 +45,9 @@ def entries(
 ) -> list[BudgetEntry]:
     """One entry per unit, matched by UUID. ``whole``: whole MIG instances (no memory or core
     limit: the instance is the container's alone)."""
-    out = []
-    for i, u in enumerate(units):
-        ctx = context_bytes.get(u, 0)
-        if whole:
-            out.append(BudgetEntry(index=i, uuid=u, context=ctx))
-            continue
-        cores = budget.cores if budget.cores < 100 else None
-        out.append(BudgetEntry(
-            index=i, uuid=u, memory=budget.memory_bytes, cores=cores,
-            rate=INITIAL_RATE if cores is not None else 0.0,
-            burst=INITIAL_RATE / 20 if cores is not None else 1.0, context=ctx,
-        ))
-    return out
+    return [whole_entry(i, u, context_bytes.get(u, 0)) if whole
+            else shared_entry(i, u, budget.memory_bytes, budget.cores, context_bytes.get(u, 0))
+            for i, u in enumerate(units)]
 
 
 def memory_wanted(budget: PerShareBudget, whole: bool, unit_memory: int | None) -> int | None:

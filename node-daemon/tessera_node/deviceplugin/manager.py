@@ -21,13 +21,20 @@ from pathlib import Path
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
-from tessera_node.deviceplugin import budgets, fit, pending, placed, resize
-from tessera_node.deviceplugin.allocation import Policy, decide, preferred, roomy
-from tessera_node.deviceplugin.device_files import (
+from tessera_node.container.device_files import (
     DeviceFilesError,
     container_files,
     parse_mig_minors,
 )
+from tessera_node.container.response import (
+    ContainerResponse,
+    HostPaths,
+    SimPaths,
+    Visibility,
+    container_response,
+)
+from tessera_node.deviceplugin import budgets, fit, pending, placed, resize
+from tessera_node.deviceplugin.allocation import Policy, decide, preferred, roomy
 from tessera_node.deviceplugin.devices import (
     PluginDevice,
     Sharing,
@@ -44,13 +51,6 @@ from tessera_node.deviceplugin.matcher import (
     confirm,
 )
 from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
-from tessera_node.deviceplugin.response import (
-    ContainerResponse,
-    HostPaths,
-    SimPaths,
-    Visibility,
-    container_response,
-)
 from tessera_node.deviceplugin.server import AllocateError
 
 log = logging.getLogger("tessera_node.deviceplugin")

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable, Sequence
 import grpc
 
 from tessera_node import metrics
+from tessera_node.container.response import ContainerResponse
 from tessera_node.deviceplugin.devices import PluginDevice
 from tessera_node.deviceplugin.listgate import AllocationGate
 from tessera_node.deviceplugin.manager import Manager
 from tessera_node.deviceplugin.node_pods import NodePods
-from tessera_node.deviceplugin.response import ContainerResponse
 from tessera_node.deviceplugin.server import AllocateError, PluginServer, Resource
 from tessera_node.settings import ALLOCATE_WAIT_S, PREFERRED_WAIT_S
 

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import grpc
 
+from tessera_node.container.response import ContainerResponse
 from tessera_node.deviceplugin.devices import PluginDevice
 from tessera_node.deviceplugin.proto import api_pb2
 from tessera_node.deviceplugin.proto import api_pb2_grpc as _api_grpc
-from tessera_node.deviceplugin.response import ContainerResponse
 
 log = logging.getLogger(__name__)
 api_pb2_grpc: Any = _api_grpc  # generated without types

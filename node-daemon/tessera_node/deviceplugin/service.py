@@ -34,8 +34,9 @@ from tessera.kube.events import post_event
 from tessera.kube.health import Health
 from tessera_node import metrics
 from tessera_node.budget.writer import BudgetWriter
+from tessera_node.container import library
+from tessera_node.container.response import SimPaths
 from tessera_node.device.state import DeviceSnapshot
-from tessera_node.deviceplugin import library
 from tessera_node.deviceplugin.capacity import write_capacity
 from tessera_node.deviceplugin.devices import Sharing
 from tessera_node.deviceplugin.held import HeldDevices
@@ -47,7 +48,6 @@ from tessera_node.deviceplugin.node_pods import POD_WATCH, NodePods
 from tessera_node.deviceplugin.plugins import PluginServers, WaitingResource
 from tessera_node.deviceplugin.registry import ContainerRegistry
 from tessera_node.deviceplugin.resize_answers import answer_resizes
-from tessera_node.deviceplugin.response import SimPaths
 from tessera_node.deviceplugin.server import AllocateError
 from tessera_node.settings import CONTAINERS_DIR, FORGET_PENDING_S, LIB_DIR, Options
 

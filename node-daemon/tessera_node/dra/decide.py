@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from tessera.api.inventory import GPUInventory
 from tessera.api.names import DRA_DRIVER
 from tessera.dra.devices import node_devices
 from tessera.dra.slices import Plan, as_kept, dropped, plan
@@ -26,14 +27,22 @@ from tessera_node.node.inventory import node_gpus, with_units
 Obj = dict[str, Any]
 
 
+def offered(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Collection[str]],
+            shares_per_unit: int, sharing: Mapping[str, Sharing]) -> tuple[GPUInventory, ...]:
+    """The node's GPUs with the units DRA offers now: its healthy units (every one unhealthy
+    when NVML is not ``readable``: the snapshot is the last one read), less ``withdrawn``
+    (GPU UUID -> unit UUIDs; the GPU's own UUID: all of it), shared or whole as the
+    partitions say. The devices published are these units; the kubelet plugin maps a
+    claim's devices back to them."""
+    gpus = node_gpus(snapshot).gpus
+    units = offers(offered_units(snapshot, withdrawn, readable), shares_per_unit, sharing)
+    return with_units(gpus, units)
+
+
 def wanted(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Collection[str]],
            shares_per_unit: int, sharing: Mapping[str, Sharing]) -> list[Obj]:
-    """The node's DRA devices now: its healthy units (every one unhealthy when NVML is not
-    ``readable``: the snapshot is the last one read), less ``withdrawn`` (GPU UUID -> unit
-    UUIDs; the GPU's own UUID: all of it), shared or whole as the partitions say."""
-    gpus = node_gpus(snapshot).gpus
-    offered = offers(offered_units(snapshot, withdrawn, readable), shares_per_unit, sharing)
-    return node_devices(with_units(gpus, offered))
+    """The node's DRA devices now (:func:`offered`, as ResourceSlice devices)."""
+    return node_devices(offered(snapshot, readable, withdrawn, shares_per_unit, sharing))
 
 
 def mine(node: str, slices: Iterable[Obj]) -> list[Obj]:

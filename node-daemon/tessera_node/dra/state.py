@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tessera.api.inventory import GPUInventory
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Sharing
-from tessera_node.dra.decide import wanted
+from tessera_node.dra.decide import offered, wanted
 
 
 class DraDevices:
@@ -57,6 +58,15 @@ class DraDevices:
                 return None
             return wanted(self._snapshot, self._readable, self._withdrawn,
                           self.shares_per_unit, self._sharing)
+
+    def gpus(self) -> tuple[GPUInventory, ...] | None:
+        """The GPUs with the units offered now (what :meth:`devices` publishes); None before
+        NVML was first read."""
+        with self._lock:
+            if self._snapshot is None:
+                return None
+            return offered(self._snapshot, self._readable, self._withdrawn,
+                           self.shares_per_unit, self._sharing)
 
     def withdraw(self, gpu_uuid: str, devices: Sequence[str]) -> None:
         with self._lock:

@@ -12,20 +12,20 @@ from test_deviceplugin_matching import budget_of, pod
 from tessera.api.names import VGPU
 from tessera.api.resources import mig_resource_name
 from tessera_node.budget.writer import BudgetWriter
-from tessera_node.deviceplugin.device_files import (
+from tessera_node.container.device_files import (
     DeviceFilesError,
     container_files,
     parse_mig_minors,
 )
-from tessera_node.deviceplugin.devices import Unit, share_id
-from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
-from tessera_node.deviceplugin.matcher import pod_view
-from tessera_node.deviceplugin.response import (
+from tessera_node.container.response import (
     SIM_DEV_DIR,
     HostPaths,
     SimPaths,
     container_response,
 )
+from tessera_node.deviceplugin.devices import Unit, share_id
+from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
+from tessera_node.deviceplugin.matcher import pod_view
 from tessera_node.deviceplugin.server import AllocateError
 from tessera_node.settings import FORGET_PENDING_S
 

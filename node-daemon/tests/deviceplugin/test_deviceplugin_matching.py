@@ -15,6 +15,12 @@ from hypothesis import strategies as st
 from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera_node.budget.writer import BudgetWriter
+from tessera_node.container.response import (
+    HostPaths,
+    SimPaths,
+    container_response,
+    preload_line,
+)
 from tessera_node.deviceplugin import fit
 from tessera_node.deviceplugin.devices import Unit, share_id
 from tessera_node.deviceplugin.manager import Manager, NodeState, PluginConfig
@@ -25,12 +31,6 @@ from tessera_node.deviceplugin.matcher import (
     candidates,
     confirm,
     pod_view,
-)
-from tessera_node.deviceplugin.response import (
-    HostPaths,
-    SimPaths,
-    container_response,
-    preload_line,
 )
 from tessera_node.deviceplugin.server import AllocateError
 from tessera_node.settings import FORGET_PENDING_S

@@ -16,12 +16,12 @@ from tessera.api.budget import BudgetAnnotation, PerShareBudget
 from tessera.api.names import ANNOTATION_BUDGET, VGPU
 from tessera.kube.health import Health
 from tessera_node.cli import build_parser, options
-from tessera_node.deviceplugin import library
+from tessera_node.container import library
+from tessera_node.container.response import LIB_NAME, PRELOAD_NAME, preload_line
 from tessera_node.deviceplugin.devices import HEALTHY, UNHEALTHY, Unit, share_id
 from tessera_node.deviceplugin.manager import NodeState
 from tessera_node.deviceplugin.matcher import ContainerRef, Held, allocation_key, pod_view
 from tessera_node.deviceplugin.registry import ContainerRegistry
-from tessera_node.deviceplugin.response import LIB_NAME, PRELOAD_NAME, preload_line
 from tessera_node.deviceplugin.server import AllocateError
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.settings import Options

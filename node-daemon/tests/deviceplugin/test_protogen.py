@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tessera_node.deviceplugin import protogen
+from tessera_node.protogen import DEVICE_PLUGIN
 
 
 def test_generated_modules_are_not_stale(tmp_path: Path) -> None:
-    fresh = protogen.generate(tmp_path)
-    assert [p.name for p in fresh] == protogen.generated_names()
+    fresh = DEVICE_PLUGIN.generate(tmp_path)
+    assert [p.name for p in fresh] == DEVICE_PLUGIN.generated_names()
     stale = [
         p.name for p in fresh
-        if p.read_bytes() != (protogen.PROTO_DIR / p.name).read_bytes()
+        if p.read_bytes() != (DEVICE_PLUGIN.dir / p.name).read_bytes()
     ]
     assert not stale, f"run `make protos`: {stale} differ from their .proto files"
 

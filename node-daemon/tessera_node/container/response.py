@@ -1,4 +1,5 @@
-"""What Allocate returns for one container (pure): mounts, device visibility, environment.
+"""What a container tessera sets up gets (pure): mounts, device visibility, environment; the
+device plugin answers it from Allocate, the DRA driver writes it into a CDI spec.
 
 * libtessera, read-only, from a **versioned** host directory (an upgrade installs a new
   directory and never rewrites a library a running container has mapped), and an
@@ -15,7 +16,7 @@
   (containerd without CDI): the simulator's libraries and node state are mounted, as the
   toolkit would mount the driver's, and, read-only in one device directory that
   ``TESSERA_SIM_DEV`` names, exactly the device files of the container's units
-  (:mod:`~tessera_node.deviceplugin.device_files`), as the toolkit would mount the
+  (:mod:`~tessera_node.container.device_files`), as the toolkit would mount the
   ``/dev/nvidia*`` nodes: NVML and CUDA inside see only those units, re-indexed from 0. No
   ``CUDA_VISIBLE_DEVICES``: NVIDIA's plugin sets none either, the device files do the work.
 """

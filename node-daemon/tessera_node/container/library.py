@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tessera_node.deviceplugin.response import LIB_NAME, PRELOAD_NAME, preload_line
+from tessera_node.container.response import LIB_NAME, PRELOAD_NAME, preload_line
 
 DIGEST_CHARS = 16
 

@@ -14,10 +14,24 @@ for the devices a container is given; the ``sim`` visibility mounts the simulate
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-from tessera_node.deviceplugin.devices import Unit
+from typing import Protocol
 
 CAPS_DIR = "nvidia-caps"
+
+
+class Unit(Protocol):
+    """What names a unit's device files (the device plugin's ``Unit`` is one)."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def minor(self) -> int | None: ...
+    @property
+    def gi_id(self) -> int | None: ...
+    @property
+    def ci_id(self) -> int | None: ...
 
 
 class DeviceFilesError(ValueError):

@@ -1,0 +1,146 @@
+"""tessera's DRA kubelet plugin on the test bed's real 1.37 kubelet: a claim for 4 GiB and 30
+cores of a shared GPU is allocated by the real scheduler (consumable capacity, beta and on by
+default from 1.36: no feature gate is set), prepared by tessera-node (``--dra``) into a budget
+file and a CDI spec that containerd applies, and the pod's container sees exactly that
+budget; deleting the pod unprepares the claim and leaves none of its files. A restarted
+kubelet registers the plugin again by itself, the daemon publishes the node's slice again
+(the kubelet deletes it at its start) and claims are prepared as before.
+
+The nodes' daemons run with ``--dra true --device-plugin false``: each publishes its node's
+ResourceSlice itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tessera.api.names import DRA_DRIVER
+from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.gpubed.bed import Bed, gpu_bed
+from tessera_e2e.gpubed.daemons import KubeletNodeDaemon
+from tessera_e2e.nodes.images import WORKLOAD
+from tessera_e2e.operator.replicas import wait_until
+from tessera_node.budget.formats import read_budget_file
+
+pytestmark = [pytest.mark.integration]
+
+NODE = "node-0"  # one H100-80GB, shared
+GIB = 1 << 30
+CLAIM = "gpu-share"
+
+
+@pytest.fixture(scope="module")
+def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[Bed[KubeletNodeDaemon]]:
+    with gpu_bed(node_cluster, tmp_path_factory.mktemp("tessera-dra"),
+                 daemon_args=("--dra", "true", "--device-plugin", "false")) as b:
+        out = b.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DRA_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression":
+                                            f'device.driver == "{DRA_DRIVER}"'}}]}}))
+        assert out.returncode == 0, out.stderr
+        try:
+            yield b
+        finally:
+            b.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found")
+            b.cluster.kubectl("delete", "resourceslices", "--field-selector",
+                              f"spec.nodeName={NODE}")
+
+
+def node_slice(bed: Bed[KubeletNodeDaemon]) -> dict[str, Any] | None:
+    """node-0's ResourceSlice of tessera's driver, once its daemon published it."""
+    items = bed.get("resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+    mine = [s for s in items if s["spec"]["driver"] == DRA_DRIVER]
+    return mine[0] if len(mine) == 1 and mine[0]["spec"].get("devices") else None
+
+
+def run_claim(bed: Bed[KubeletNodeDaemon], namespace: str) -> None:
+    """A claim for 4 GiB and 30 cores of node-0's GPU, a pod using it: the container sees
+    exactly that budget; deleting the pod unprepares the claim and leaves none of its files."""
+    daemon = bed.daemons[NODE]
+    bed.cluster.wait_for_service_account(namespace)
+    devices = wait_until(f"{NODE}'s slice, published by its daemon", node_slice, 60
+                         )["spec"]["devices"]
+    assert [d["name"] for d in devices] == ["gpu0"] and devices[0]["allowMultipleAllocations"]
+    bed.apply(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": CLAIM},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRA_DRIVER,
+            "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}}]}}})
+    bed.apply(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                 "nodeSelector": {"kubernetes.io/hostname": NODE},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": CLAIM}],
+                 "containers": [{
+                     "name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
+                     "command": ["sh", "-c", "cuda-info && cuda-alloc 4000 && "
+                                 "cuda-alloc 4100; sleep 3600"],
+                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+    try:
+        pod = bed.wait_phase(namespace, "dra", {"Running", "Failed", "Succeeded"}, 120)
+        claim = bed.get("resourceclaim", "-n", namespace, CLAIM)
+        uid = claim["metadata"]["uid"]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"], result["device"]) == (DRA_DRIVER, NODE,
+                                                                        "gpu0")
+        assert result["consumedCapacity"] == {"memory": "4Gi", "cores": "30"}, result
+        logs = wait_until("the container's output", lambda: (
+            out if "cuda-alloc" in (out := bed.logs(namespace, "dra")) else None), 60)
+        assert pod["status"]["phase"] == "Running", (pod["status"], logs)
+        lines = logs.splitlines()
+        # the container sees its one unit with the claim's memory as its total, all free
+        assert "devices 1" in lines, logs
+        gpu_line = next(line for line in lines if line.startswith("0 "))
+        assert gpu_line.split()[-2:] == ["4096", "4096"], logs
+        assert "allocated 4000" in lines, logs
+        assert "cuda-alloc: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY" in lines, logs
+        # the budget file the container reads: the claim's memory and cores
+        state = daemon.state_dir / "claims" / uid
+        (entry,) = read_budget_file(state / "budget").entries
+        assert (entry.memory, entry.cores) == (4 * GIB, 30), entry
+        spec = daemon.real.host_path(f"/run/cdi/{DRA_DRIVER}-claim-{uid}.json")  # /var/run/cdi
+        assert spec.is_file()
+        out = bed.kubectl("delete", "pod", "-n", namespace, "dra", "--wait=true")
+        assert out.returncode == 0, out.stderr
+        wait_until("the claim unprepared", lambda: not spec.exists() and not state.exists(),
+                   90)
+        checkpoint = json.loads((daemon.state_dir / "dra" / "checkpoint.json").read_text())
+        assert uid not in checkpoint["claims"]
+    finally:
+        bed.kubectl("delete", "pod", "-n", namespace, "dra", "--ignore-not-found")
+        bed.kubectl("delete", "resourceclaim", "-n", namespace, CLAIM, "--ignore-not-found")
+
+
+def test_a_claim_for_part_of_a_gpu_runs_under_exactly_that_budget(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    daemon = bed.daemons[NODE]
+    sockets = daemon.real.host_path("/var/lib/kubelet")
+    assert (sockets / "plugins_registry" / f"{DRA_DRIVER}-reg.sock").is_socket()
+    assert (sockets / "plugins" / DRA_DRIVER / "dra.sock").is_socket()
+    assert daemon.get("/readyz")[0] == 200  # the kubelet took the plugin
+    assert any(r.get("msg") == "registered with the kubelet" for r in daemon.log_records())
+    run_claim(bed, node_namespace)
+
+
+def test_a_restarted_kubelet_registers_the_plugin_again(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    daemon = bed.daemons[NODE]
+    before = wait_until(f"{NODE}'s slice", node_slice, 60)["metadata"]["uid"]
+    restarted = time.time()
+    bed.restart_kubelet(NODE)
+    wait_until("the kubelet registering the DRA plugin again", lambda: any(
+        r.get("msg") == "registered with the kubelet"
+        for r in daemon.log_records(restarted)), 60)
+    assert daemon.get("/readyz")[0] == 200
+    # a starting kubelet deletes its node's ResourceSlices; the daemon publishes again
+    wait_until("the node's slice deleted by the kubelet and published again", lambda: (
+        s if (s := node_slice(bed)) and s["metadata"]["uid"] != before else None), 60)
+    run_claim(bed, node_namespace)

@@ -1,0 +1,106 @@
+"""The claims this node's DRA plugin prepared, on disk (I/O): one JSON file under the state
+directory, replaced atomically (written beside, flushed, renamed), so a daemon killed at any
+point leaves the old list or the new one, never half of one.
+
+A restarted daemon answers the kubelet's prepare of a claim it prepared from here (the same
+devices and CDI IDs, without asking the API server again: the claim may be gone already,
+its pods still running) and writes again what is missing; unprepare drops the claim last,
+after its files are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tessera_node.dra.claims import Result, UnitBudget
+
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be read: the plugin does not serve (it would forget claims)."""
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    results: tuple[Result, ...]
+    units: tuple[UnitBudget, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name,
+                "results": [{"request": r.request, "pool": r.pool, "device": r.device,
+                             "shareID": r.share_id} for r in self.results],
+                "units": [{"uuid": u.uuid, "memory": u.memory, "cores": u.cores}
+                          for u in self.units]}
+
+    @classmethod
+    def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
+        return cls(uid, str(data["namespace"]), str(data["name"]),
+                   tuple(Result(str(r["request"]), str(r["pool"]), str(r["device"]),
+                                r.get("shareID")) for r in data["results"]),
+                   tuple(UnitBudget(str(u["uuid"]), u["memory"], u["cores"])
+                         for u in data["units"]))
+
+
+class Checkpoint:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._claims = self._load()
+
+    def _load(self) -> dict[str, PreparedClaim]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{self.path}: {exc}") from None
+        try:
+            if data.get("version") != VERSION:
+                raise CheckpointError(f"{self.path}: version {data.get('version')!r}, "
+                                      f"not {VERSION}")
+            return {uid: PreparedClaim.from_json(uid, c) for uid, c in data["claims"].items()}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{self.path}: malformed: {exc!r}") from None
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        with self._lock:
+            return self._claims.get(uid)
+
+    def claims(self) -> list[PreparedClaim]:
+        with self._lock:
+            return list(self._claims.values())
+
+    def put(self, claim: PreparedClaim) -> None:
+        with self._lock:
+            self._claims[claim.uid] = claim
+            self._write()
+
+    def drop(self, uid: str) -> None:
+        with self._lock:
+            if self._claims.pop(uid, None) is not None:
+                self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        body = json.dumps({"version": VERSION, "claims": {
+            uid: c.to_json() for uid, c in sorted(self._claims.items())}}, indent=1)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,204 @@
+"""Prepare and unprepare claims on this node (I/O; the decisions are :mod:`.claims` and
+:mod:`.cdi`'s).
+
+What prepare makes for a claim, all named by its UID, so unprepare finds it even when the
+checkpoint lost it (a daemon killed between writing the files and the checkpoint):
+
+* ``<state dir>/claims/<uid>/``: the budget file (one entry per unit, ready at once: the
+  budget is the allocated capacity, no pod to wait for) and the ledger (``run/ledger``),
+  beside tessera's marker ``<state dir>/claims/managed`` (:mod:`tessera_node.budget.writer`);
+* ``<CDI dir>/gpu.tessera.dev-claim-<uid>.json``: the CDI spec (:mod:`.cdi`);
+* the claim in the checkpoint (:mod:`.checkpoint`), written first.
+
+Prepare again (the kubelet asks after its own restart, or a new pod sandbox after a reboot)
+answers from the checkpoint, writes the budget file's entries again in place (a container
+has that very file mounted: it is never replaced) or creates it when it is gone, and writes
+the CDI spec again (``/var/run/cdi`` is a tmpfs). Calls are serialized.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tessera.api.inventory import GPUInventory
+from tessera.api.names import DRA_DRIVER
+from tessera_node.budget.writer import BudgetWriter
+from tessera_node.container.device_files import (
+    DeviceFilesError,
+    Unit,
+    container_files,
+    parse_mig_minors,
+)
+from tessera_node.container.response import (
+    ContainerResponse,
+    HostPaths,
+    SimPaths,
+    Visibility,
+    container_response,
+)
+from tessera_node.dra import cdi
+from tessera_node.dra.checkpoint import Checkpoint, PreparedClaim
+from tessera_node.dra.claims import ClaimError, allocation, entries
+
+log = logging.getLogger("tessera_node.dra")
+
+_UID = re.compile(r"^[0-9a-f][0-9a-f-]{0,63}$")
+"""A Kubernetes UID as the kubelet sends it (it names files: never a path)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as the kubelet is answered."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None
+
+
+@dataclass(frozen=True)
+class DraConfig:
+    node: str
+    lib_dir: str
+    """The installed libtessera's versioned directory."""
+    visibility: Visibility
+    cdi_dir: str
+    sim: SimPaths | None = None
+
+
+ReadClaim = Callable[[str, str], dict[str, Any]]
+"""(namespace, name) -> the ResourceClaim; ClaimError when it is not there, OSError when the
+API server cannot be asked now."""
+
+
+class NodeView:
+    """What the plugin knows of the node: its GPUs with the units they offer (the inventory
+    the daemon publishes) and, for the ``sim`` visibility, the units' device numbers."""
+
+    def __init__(self, gpus: Callable[[], Sequence[GPUInventory] | None],
+                 units: Callable[[], Sequence[Unit]] = lambda: ()) -> None:
+        self.gpus = gpus
+        self.units = units
+
+
+class ClaimPreparer:
+    def __init__(self, config: DraConfig, writer: BudgetWriter, checkpoint: Checkpoint,
+                 read_claim: ReadClaim, node: NodeView) -> None:
+        self.config = config
+        self.writer = writer
+        self.checkpoint = checkpoint
+        self.read_claim = read_claim
+        self.node = node
+        self._lock = threading.Lock()
+
+    def spec_path(self, uid: str) -> Path:
+        return Path(self.config.cdi_dir) / cdi.file_name(uid)
+
+    # -- prepare -----------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+        """The claim's devices with their CDI IDs; ClaimError (the claim fails, with the
+        reason) or OSError (the same, to be retried by the kubelet)."""
+        _check_uid(ref.uid)
+        with self._lock:
+            record = self.checkpoint.get(ref.uid)
+            new = record is None
+            if record is None:
+                record = self._decide(ref)
+                self.checkpoint.put(record)
+            try:
+                response = self._write(record)
+            except (ClaimError, OSError):
+                if new:  # nothing of it was handed out: leave nothing behind
+                    self._remove(ref.uid)
+                raise
+            ids = tuple(cdi.device_ids(record.uid, response))
+            return [PreparedDevice((r.request,), r.pool, r.device, ids, r.share_id)
+                    for r in record.results]
+
+    def _decide(self, ref: ClaimRef) -> PreparedClaim:
+        claim = self.read_claim(ref.namespace, ref.name)
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is another claim now "
+                             f"(UID {uid}, the kubelet asked for {ref.uid})")
+        gpus = self.node.gpus()
+        if gpus is None:
+            raise ClaimError(f"node {self.config.node}: its GPUs are not read yet; "
+                             "the kubelet tries again")
+        alloc = allocation(claim, self.config.node, gpus)
+        return PreparedClaim(ref.uid, ref.namespace, ref.name, alloc.results, alloc.units)
+
+    def _write(self, record: PreparedClaim) -> ContainerResponse:
+        uid = record.uid
+        uuids = [u.uuid for u in record.units]
+        if not self.writer.budget_path(uid).exists():
+            self.writer.allocate(uid, DRA_DRIVER, [r.device for r in record.results], uuids)
+        self.writer.ready(uid, entries(record.units))
+        response = container_response(
+            HostPaths(self.config.lib_dir, str(self.writer.budget_path(uid)),
+                      str(self.writer.ledger_path(uid)), str(self.writer.marker)),
+            uuids, self.config.visibility, self.config.sim, self._device_files(uuids))
+        _write_atomically(self.spec_path(uid), json.dumps(cdi.spec(uid, response), indent=1))
+        log.info("claim prepared", extra={"claim": f"{record.namespace}/{record.name}",
+                                          "uid": uid, "units": uuids})
+        return response
+
+    def _device_files(self, uuids: Sequence[str]) -> tuple[str, ...]:
+        sim = self.config.sim
+        if self.config.visibility != "sim" or sim is None:
+            return ()
+        try:
+            minors = parse_mig_minors(Path(sim.mig_minors).read_text())
+            return container_files(uuids, self.node.units(), minors)
+        except (OSError, DeviceFilesError) as exc:
+            raise ClaimError(f"device files of {list(uuids)}: {exc}") from exc
+
+    # -- unprepare ---------------------------------------------------------------------------
+
+    def unprepare(self, uid: str) -> None:
+        """Remove what prepare made for the claim (nothing, for a claim it never saw)."""
+        _check_uid(uid)
+        with self._lock:
+            self._remove(uid)
+            log.info("claim unprepared", extra={"uid": uid})
+
+    def _remove(self, uid: str) -> None:
+        self.spec_path(uid).unlink(missing_ok=True)
+        if (self.writer.root / uid).exists():
+            self.writer.remove(uid)
+        self.checkpoint.drop(uid)
+
+
+def _check_uid(uid: str) -> None:
+    if not _UID.match(uid):
+        raise ClaimError(f"{uid!r} is not a claim UID")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = path.with_name("." + path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    tmp.replace(path)

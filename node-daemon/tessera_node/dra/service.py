@@ -1,0 +1,125 @@
+"""The DRA kubelet plugin inside tessera-node (the supervised task ``dra-plugin``, with
+``--dra``): libtessera installed, the claims' checkpoint read, both sockets served, and
+served again when one of them is gone. The kubelet's calls arrive in gRPC threads; the
+ResourceClaims they name are read with the daemon's API client on its event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tessera.api.inventory import GPUInventory
+from tessera.kube.client import ApiError, Kube, path
+from tessera_node.budget.writer import BudgetWriter
+from tessera_node.container import library
+from tessera_node.container.device_files import Unit
+from tessera_node.container.response import SimPaths
+from tessera_node.dra.checkpoint import Checkpoint
+from tessera_node.dra.claims import ClaimError
+from tessera_node.dra.prepare import ClaimPreparer, DraConfig, NodeView
+from tessera_node.dra.server import DraServer
+from tessera_node.layout.holders import Holders
+from tessera_node.settings import (
+    CLAIM_READ_TIMEOUT_S,
+    CLAIMS_DIR,
+    DRA_CHECKPOINT,
+    LIB_DIR,
+    Options,
+)
+
+log = logging.getLogger("tessera_node.dra")
+
+CHECK_SOCKETS_S = 1.0
+"""How often the plugin looks whether its sockets are still there."""
+
+
+class DraPlugin:
+    def __init__(self, kube: Kube, opts: Options,
+                 gpus: Callable[[], Sequence[GPUInventory] | None],
+                 units: Callable[[], Sequence[Unit]]) -> None:
+        """``gpus``: the node's GPUs with the units they offer, as the daemon publishes them
+        (None: not known yet); ``units``: the units' device numbers (``sim`` visibility)."""
+        self.kube = kube
+        self.opts = opts
+        self.node = NodeView(gpus, units)
+        self.server: DraServer | None = None
+        self.preparer: ClaimPreparer | None = None
+        self.error: str | None = "not started yet"
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def not_ready(self) -> list[str]:
+        if self.error is not None:
+            return [f"DRA plugin: {self.error}"]
+        return self.server.not_ready() if self.server is not None else []
+
+    def holders(self) -> Holders:
+        """The units of every claim prepared here (unprepared: gone), for the MIG enactor: a
+        claim's pod holds its units from the moment prepare began until unprepare, whether or
+        not a process runs on them. Raises OSError before the prepared claims are read (every
+        unit then counts as held: fail closed)."""
+        preparer = self.preparer
+        if preparer is None:
+            raise OSError("the DRA plugin has not read its prepared claims yet")
+        out: dict[str, list[str]] = {}
+        for c in preparer.checkpoint.claims():
+            for u in c.units:
+                out.setdefault(u.uuid, []).append(f"{c.namespace}/{c.name} (ResourceClaim)")
+        return out
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim, read on the daemon's loop (called from a gRPC thread)."""
+        assert self._loop is not None
+        url = path("resource.k8s.io", "v1", "resourceclaims", namespace, name)
+        try:
+            return asyncio.run_coroutine_threadsafe(self.kube.get(url), self._loop).result(
+                CLAIM_READ_TIMEOUT_S)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
+            raise OSError(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
+        except TimeoutError:
+            raise OSError(f"reading ResourceClaim {namespace}/{name}: no answer in "
+                          f"{CLAIM_READ_TIMEOUT_S:.0f} s") from None
+
+    def _prepare(self) -> DraServer:
+        state = Path(self.opts.state_dir)
+        lib_dir = library.install(self.opts.libtessera, state / LIB_DIR)
+        sim = None
+        if self.opts.device_visibility == "sim":
+            sim = SimPaths.of(str(Path(self.opts.driver_root) / "lib"), self.opts.sim_node)
+        config = DraConfig(node=self.opts.node_name, lib_dir=str(lib_dir),
+                           visibility=self.opts.device_visibility,  # type: ignore[arg-type]
+                           cdi_dir=self.opts.cdi_dir, sim=sim)
+        writer = BudgetWriter(state / CLAIMS_DIR, int(self.opts.budget_wait_s * 1000))
+        writer.empty_trash()
+        checkpoint = Checkpoint(state / DRA_CHECKPOINT)
+        preparer = ClaimPreparer(config, writer, checkpoint, self.read_claim, self.node)
+        self.preparer = preparer
+        server = DraServer(preparer, self.opts.kubelet_root)
+        server.start()
+        log.info("DRA plugin prepared", extra={"libtessera": str(lib_dir),
+                                               "claims": len(checkpoint.claims()),
+                                               "visibility": config.visibility})
+        return server
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            if self.server is None:
+                try:
+                    self.server = await asyncio.to_thread(self._prepare)
+                except (OSError, ValueError) as exc:
+                    self.error = str(exc)
+                    raise
+            self.error = None
+            while True:
+                await asyncio.sleep(CHECK_SOCKETS_S)
+                await asyncio.to_thread(self.server.serve_again_if_gone)
+        finally:
+            if self.server is not None:
+                await asyncio.to_thread(self.server.stop)
+                self.server = None

@@ -1,0 +1,99 @@
+"""The DRA plugin as the daemon runs it (``--dra true``): libtessera installed, both sockets
+served, a claim read with the daemon's API client on its event loop while the kubelet's call
+waits in a gRPC thread; an API server that says the claim is gone, or cannot answer, fails
+the claim with that reason."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_dra_claims import G0, claim, gpus, result
+
+from tessera.api.names import DRA_DRIVER
+from tessera.kube.client import ApiError
+from tessera_node.cli import build_parser, options
+from tessera_node.dra.proto import dra_v1_pb2
+from tessera_node.dra.proto import dra_v1_pb2_grpc as dra_grpc
+from tessera_node.dra.service import DraPlugin
+
+REPO = Path(__file__).resolve().parents[3]
+LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
+U1 = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+class FakeKube:
+    """Answers GETs of ResourceClaims from a dict (an ApiError where a test put one)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+
+    async def get(self, url: str) -> Any:
+        found = self.objects.get(url)
+        if found is None:
+            raise ApiError(404, '{"message": "not found"}', f"GET {url}")
+        if isinstance(found, ApiError):
+            raise found
+        await asyncio.sleep(0)
+        return found
+
+
+def test_the_daemon_serves_claims_read_on_its_event_loop() -> None:
+    assert LIBTESSERA.is_file(), "libtessera not built (make hook)"
+    root = Path(tempfile.mkdtemp(prefix="dras-", dir="/tmp"))
+    try:
+        opts = options(build_parser().parse_args([
+            "run", "--node-name", "node-a", "--state-dir", str(root / "state"),
+            "--libtessera", str(LIBTESSERA), "--device-visibility", "volume-mounts",
+            "--dra", "true", "--device-plugin", "false", "--kubelet-root", str(root / "kubelet"),
+            "--cdi-dir", str(root / "cdi")]))
+        assert opts.dra and opts.cdi_dir == str(root / "cdi")
+        kube = FakeKube()
+        url = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/"
+        obj = claim(result("gpu0", consumed={"memory": "1Gi", "cores": "10"}))
+        obj["metadata"] = {"namespace": "team", "name": "ok", "uid": U1}
+        kube.objects[url + "ok"] = obj
+        kube.objects[url + "down"] = ApiError(503, "unavailable", f"GET {url}down")
+        plugin = DraPlugin(kube, opts, gpus, lambda: ())  # type: ignore[arg-type]
+        assert plugin.not_ready() == ["DRA plugin: not started yet"]
+        with pytest.raises(OSError, match="not read its prepared claims yet"):
+            plugin.holders()  # the MIG enactor then counts every unit as held
+
+        async def scenario() -> dict[str, Any]:
+            task = asyncio.create_task(plugin.run())
+            sock = root / "kubelet" / "plugins" / DRA_DRIVER / "dra.sock"
+            while plugin.server is None or not sock.exists():
+                await asyncio.sleep(0.05)
+            assert plugin.not_ready() == ["DRA plugin: not registered with the kubelet yet"]
+            stub = dra_grpc.DRAPluginStub(grpc.insecure_channel(f"unix://{sock}"))
+            req = dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+                dra_v1_pb2.Claim(namespace="team", name=n, uid=u) for n, u in (
+                    ("ok", U1), ("gone", "11111111-0000-4000-8000-000000000000"),
+                    ("down", "22222222-0000-4000-8000-000000000000"))])
+            resp = await asyncio.to_thread(stub.NodePrepareResources, req, timeout=10)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return dict(resp.claims)
+
+        got = asyncio.run(scenario())
+        assert got[U1].error == "" and [d.cdi_device_ids for d in got[U1].devices] == [
+            [f"{DRA_DRIVER}/claim={U1}"]]
+        assert "ResourceClaim team/gone does not exist" in got[
+            "11111111-0000-4000-8000-000000000000"].error
+        assert "reading ResourceClaim team/down" in got[
+            "22222222-0000-4000-8000-000000000000"].error
+        installed = list((root / "state" / "lib").iterdir())
+        assert len(installed) == 1 and (installed[0] / "libtessera.so").is_file()
+        assert G0 in (root / "cdi" / f"{DRA_DRIVER}-claim-{U1}.json").read_text()
+        assert plugin.server is None  # stopped with the task
+        # the prepared claim holds its unit against a MIG change; the refused ones hold none
+        assert plugin.holders() == {G0: ["team/ok (ResourceClaim)"]}
+    finally:
+        shutil.rmtree(root)
