@@ -178,11 +178,14 @@ class Bed(Generic[D]):
             and not any(k.startswith(MIG_PREFIX) and v != "0" for k, v in a.items())
             else None), 60, 1)
 
-    def restart_kubelet(self, node: str) -> None:
+    def restart_kubelet(self, node: str, device_plugin: bool = True) -> None:
         """Kill the node's kubelet and start it again; returns once tessera-node has served
-        and registered its plugin again and the node advertises its shares."""
+        and registered its device plugin again and the node advertises its shares (without
+        ``device_plugin``, a DRA node: at once, the caller waits for what it needs)."""
         restarted = time.time()
         self.cluster.node(node).restart_kubelet(kill=True)
+        if not device_plugin:
+            return
         d = self.daemons[node]
         wait_until("the daemon registering again", lambda: any(
             r.get("msg") == "serving and registering again"

@@ -24,7 +24,7 @@ from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.gpubed.bed import Bed, gpu_bed
 from tessera_e2e.gpubed.daemons import KubeletNodeDaemon
 from tessera_e2e.nodes.images import WORKLOAD
-from tessera_e2e.operator.replicas import wait_until
+from tessera_e2e.operator.replicas import render_chart, wait_until
 from tessera_node.budget.formats import read_budget_file
 
 pytestmark = [pytest.mark.integration]
@@ -39,6 +39,11 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[Bed[KubeletNodeDaemon]]:
     with gpu_bed(node_cluster, tmp_path_factory.mktemp("tessera-dra"),
                  daemon_args=("--dra", "true", "--device-plugin", "false")) as b:
+        # the chart's permissions with a DRA pool (the daemon's resourceslices rights and
+        # the policy narrowing them to its node's), applied over the bed's chart
+        text = render_chart(values={"nodeDaemon": {"dra": {"nodeLabels": {"pool": "dra"}}}})
+        out = b.cluster.kubectl("apply", "-f", "-", input=text)
+        assert out.returncode == 0, out.stderr
         out = b.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": DRA_DRIVER},
@@ -65,8 +70,8 @@ def run_claim(bed: Bed[KubeletNodeDaemon], namespace: str) -> None:
     exactly that budget; deleting the pod unprepares the claim and leaves none of its files."""
     daemon = bed.daemons[NODE]
     bed.cluster.wait_for_service_account(namespace)
-    devices = wait_until(f"{NODE}'s slice, published by its daemon", node_slice, 60
-                         )["spec"]["devices"]
+    devices = wait_until(f"{NODE}'s slice, published by its daemon",
+                         lambda: node_slice(bed), 60)["spec"]["devices"]
     assert [d["name"] for d in devices] == ["gpu0"] and devices[0]["allowMultipleAllocations"]
     bed.apply(namespace, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -133,9 +138,9 @@ def test_a_claim_for_part_of_a_gpu_runs_under_exactly_that_budget(
 def test_a_restarted_kubelet_registers_the_plugin_again(
         bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
     daemon = bed.daemons[NODE]
-    before = wait_until(f"{NODE}'s slice", node_slice, 60)["metadata"]["uid"]
+    before = wait_until(f"{NODE}'s slice", lambda: node_slice(bed), 60)["metadata"]["uid"]
     restarted = time.time()
-    bed.restart_kubelet(NODE)
+    bed.restart_kubelet(NODE, device_plugin=False)
     wait_until("the kubelet registering the DRA plugin again", lambda: any(
         r.get("msg") == "registered with the kubelet"
         for r in daemon.log_records(restarted)), 60)

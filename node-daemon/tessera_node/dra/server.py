@@ -21,6 +21,7 @@ the plugin serves again when a socket of its own is gone (a wiped directory).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -136,6 +137,11 @@ class _DraPlugin(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
         return dra_v1_pb2.NodeUnprepareResourcesResponse(claims=out)
 
 
+MAX_SOCKET_PATH = 107
+"""The longest path a unix socket can be bound at (``sun_path`` holds 108 bytes with its
+terminating zero)."""
+
+
 class DraServer:
     """Serves both sockets (``start``), and serves again when one of them is gone
     (``serve_again_if_gone``)."""
@@ -149,6 +155,10 @@ class DraServer:
 
     def start(self) -> None:
         for sock in (self.registration, self.endpoint):
+            if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
+                raise OSError(f"the DRA plugin's socket path {sock} is longer than a unix "
+                              f"socket's path may be ({MAX_SOCKET_PATH} bytes): give a "
+                              f"shorter --kubelet-root")
             sock.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
             sock.unlink(missing_ok=True)
         self.state.reset()

@@ -47,7 +47,8 @@ class DraPlugin:
         self.opts = opts
         self.node = NodeView(gpus, units)
         self.server: DraServer | None = None
-        self.preparer: ClaimPreparer | None = None
+        self.checkpoint: Checkpoint | None = None
+        """The claims prepared here, read first when the plugin starts."""
         self.error: str | None = "not started yet"
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -61,11 +62,12 @@ class DraPlugin:
         claim's pod holds its units from the moment prepare began until unprepare, whether or
         not a process runs on them. Raises OSError before the prepared claims are read (every
         unit then counts as held: fail closed)."""
-        preparer = self.preparer
-        if preparer is None:
-            raise OSError("the DRA plugin has not read its prepared claims yet")
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            raise OSError("the DRA plugin has not read its prepared claims yet"
+                          + (f" ({self.error})" if self.error else ""))
         out: dict[str, list[str]] = {}
-        for c in preparer.checkpoint.claims():
+        for c in checkpoint.claims():
             for u in c.units:
                 out.setdefault(u.uuid, []).append(f"{c.namespace}/{c.name} (ResourceClaim)")
         return out
@@ -87,6 +89,9 @@ class DraPlugin:
 
     def _prepare(self) -> DraServer:
         state = Path(self.opts.state_dir)
+        # the prepared claims first: they hold their units even while the rest cannot start
+        checkpoint = self.checkpoint or Checkpoint(state / DRA_CHECKPOINT)
+        self.checkpoint = checkpoint
         lib_dir = library.install(self.opts.libtessera, state / LIB_DIR)
         sim = None
         if self.opts.device_visibility == "sim":
@@ -96,9 +101,7 @@ class DraPlugin:
                            cdi_dir=self.opts.cdi_dir, sim=sim)
         writer = BudgetWriter(state / CLAIMS_DIR, int(self.opts.budget_wait_s * 1000))
         writer.empty_trash()
-        checkpoint = Checkpoint(state / DRA_CHECKPOINT)
         preparer = ClaimPreparer(config, writer, checkpoint, self.read_claim, self.node)
-        self.preparer = preparer
         server = DraServer(preparer, self.opts.kubelet_root)
         server.start()
         log.info("DRA plugin prepared", extra={"libtessera": str(lib_dir),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,19 @@ from .test_node_restriction import as_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
-DRA = ["--dra", "true"]  # the daemons here run no device plugin (no kubelet: FAST's nodes)
+LIBTESSERA = Path(__file__).resolve().parents[3] / "hook" / "build" / "libtessera.so"
+
+
+def dra() -> list[str]:
+    """A DRA node's flags: no device plugin (no kubelet: FAST's nodes); the DRA kubelet
+    plugin serves in a kubelet root of its own (no kubelet registers it here; a short path:
+    unix socket paths are)."""
+    assert LIBTESSERA.is_file(), "libtessera not built (make hook)"
+    tmp = Path(tempfile.mkdtemp(prefix="kr", dir="/tmp"))
+    return ["--dra", "true", "--libtessera", str(LIBTESSERA),
+            "--kubelet-root", str(tmp / "kubelet"), "--cdi-dir", str(tmp / "cdi")]
+
+
 IDLE_RESYNCS = 5
 GATED = ["allowMultipleAllocations", "capacity cores requestPolicy",
          "capacity memory requestPolicy"]
@@ -96,7 +109,7 @@ def smi_uuids(d: NodeDaemonProcess) -> set[str]:
 def test_the_node_publishes_its_gpus_writes_nothing_at_idle_and_republishes(
         dra_chart: Any, start_daemon: StartDaemon) -> None:
     topo = Topology(nvlink=(NvLink(0, 1),))
-    d = start_daemon(["H100-80GB"] * 2, extra=[*FAST, *DRA], topology=topo)
+    d = start_daemon(["H100-80GB"] * 2, extra=[*FAST, *dra()], topology=topo)
     t0 = time.monotonic()
     got = published(dra_chart, d, {"gpu0", "gpu1"})
     appeared_s = time.monotonic() - t0
@@ -166,7 +179,7 @@ def smi_starts(d: NodeDaemonProcess, since: float, flag: str) -> list[dict[str, 
 
 def test_mig_instances_are_withdrawn_from_the_slices_before_they_are_destroyed(
         dra_chart: Any, start_daemon: StartDaemon, pool: str) -> None:
-    d = start_daemon(["H100-80GB"], {"pool": pool}, [*FAST, *DRA])
+    d = start_daemon(["H100-80GB"], {"pool": pool}, [*FAST, *dra()])
     part = f"{pool}-p"
     published(dra_chart, d, {"gpu0"})
     try:
