@@ -54,8 +54,9 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
             yield b
         finally:
             b.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found")
+            # every node's daemon published (both run --dra): leave no slice behind
             b.cluster.kubectl("delete", "resourceslices", "--field-selector",
-                              f"spec.nodeName={NODE}")
+                              f"spec.driver={DRA_DRIVER}")
 
 
 def node_slice(bed: Bed[KubeletNodeDaemon]) -> dict[str, Any] | None:
