@@ -54,9 +54,10 @@ def bed(node_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
             yield b
         finally:
             b.kubectl("delete", "deviceclass", DRA_DRIVER, "--ignore-not-found")
-            # every node's daemon published (both run --dra): leave no slice behind
-            b.cluster.kubectl("delete", "resourceslices", "--field-selector",
-                              f"spec.driver={DRA_DRIVER}")
+    # once the daemons stopped (both ran --dra, and a running one publishes again at once):
+    # leave no slice of tessera's behind
+    node_cluster.kubectl("delete", "resourceslices", "--field-selector",
+                         f"spec.driver={DRA_DRIVER}")
 
 
 def node_slice(bed: Bed[KubeletNodeDaemon]) -> dict[str, Any] | None:
