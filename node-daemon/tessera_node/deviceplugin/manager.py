@@ -16,16 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, PerShareBudget
 from tessera.api.names import VGPU
 from tessera_node.budget.writer import AllocationRecord, BudgetWriter
-from tessera_node.container.device_files import (
-    DeviceFilesError,
-    container_files,
-    parse_mig_minors,
-)
+from tessera_node.container.device_files import DeviceFilesError
 from tessera_node.container.response import (
     ContainerResponse,
     HostPaths,
@@ -33,6 +28,7 @@ from tessera_node.container.response import (
     Visibility,
     container_response,
 )
+from tessera_node.container.sim_files import SimDeviceFiles
 from tessera_node.deviceplugin import budgets, fit, pending, placed, resize
 from tessera_node.deviceplugin.allocation import Policy, decide, preferred, roomy
 from tessera_node.deviceplugin.devices import (
@@ -102,7 +98,7 @@ class Manager:
         self._ready_cache: dict[str, list[tuple[str, int | None]]] | None = None
         self._tentative: dict[str, pending.Tentative] = {}
         """Allocations not confirmed yet -> the candidate each is tentatively for."""
-        self._mig_minors: dict[str, int] | None = None
+        self._sim_files = SimDeviceFiles(config.visibility, config.sim)
         """The simulated driver's capability table (``sim`` visibility), once read."""
 
     # -- what is advertised ------------------------------------------------------------
@@ -162,16 +158,9 @@ class Manager:
             )
 
     def _device_files(self, units: Sequence[str]) -> tuple[str, ...]:
-        """With the ``sim`` visibility, the units' device files (the simulated driver's
-        capability table read at the first allocation: it never changes); else none."""
-        sim = self.config.sim
-        if self.config.visibility != "sim" or sim is None:
-            return ()
         try:
-            if self._mig_minors is None:
-                self._mig_minors = parse_mig_minors(Path(sim.mig_minors).read_text())
-            return container_files(units, self.state.units, self._mig_minors)
-        except (OSError, DeviceFilesError) as exc:
+            return self._sim_files.of(units, self.state.units)
+        except DeviceFilesError as exc:
             raise AllocateError(f"device files: {exc}") from exc
 
     def _held(self, exclude: str | set[str] | None = None) -> dict[str, list[int]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera_node.dra.claims import Result, UnitBudget
+from tessera_node.dra.files import write_atomically
 
 VERSION = 1
 
@@ -90,17 +91,5 @@ class Checkpoint:
                 self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        body = json.dumps({"version": VERSION, "claims": {
-            uid: c.to_json() for uid, c in sorted(self._claims.items())}}, indent=1)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, json.dumps({"version": VERSION, "claims": {
+            uid: c.to_json() for uid, c in sorted(self._claims.items())}}, indent=1))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -31,12 +30,7 @@ from typing import Any
 from tessera.api.inventory import GPUInventory
 from tessera.api.names import DRA_DRIVER
 from tessera_node.budget.writer import BudgetWriter
-from tessera_node.container.device_files import (
-    DeviceFilesError,
-    Unit,
-    container_files,
-    parse_mig_minors,
-)
+from tessera_node.container.device_files import DeviceFilesError, Unit
 from tessera_node.container.response import (
     ContainerResponse,
     HostPaths,
@@ -44,9 +38,11 @@ from tessera_node.container.response import (
     Visibility,
     container_response,
 )
+from tessera_node.container.sim_files import SimDeviceFiles
 from tessera_node.dra import cdi
 from tessera_node.dra.checkpoint import Checkpoint, PreparedClaim
 from tessera_node.dra.claims import ClaimError, allocation, entries
+from tessera_node.dra.files import write_atomically
 
 log = logging.getLogger("tessera_node.dra")
 
@@ -107,6 +103,7 @@ class ClaimPreparer:
         self.checkpoint = checkpoint
         self.read_claim = read_claim
         self.node = node
+        self.sim_files = SimDeviceFiles(config.visibility, config.sim)
         self._lock = threading.Lock()
 
     def spec_path(self, uid: str) -> Path:
@@ -157,19 +154,15 @@ class ClaimPreparer:
             HostPaths(self.config.lib_dir, str(self.writer.budget_path(uid)),
                       str(self.writer.ledger_path(uid)), str(self.writer.marker)),
             uuids, self.config.visibility, self.config.sim, self._device_files(uuids))
-        _write_atomically(self.spec_path(uid), json.dumps(cdi.spec(uid, response), indent=1))
+        write_atomically(self.spec_path(uid), json.dumps(cdi.spec(uid, response), indent=1))
         log.info("claim prepared", extra={"claim": f"{record.namespace}/{record.name}",
                                           "uid": uid, "units": uuids})
         return response
 
     def _device_files(self, uuids: Sequence[str]) -> tuple[str, ...]:
-        sim = self.config.sim
-        if self.config.visibility != "sim" or sim is None:
-            return ()
         try:
-            minors = parse_mig_minors(Path(sim.mig_minors).read_text())
-            return container_files(uuids, self.node.units(), minors)
-        except (OSError, DeviceFilesError) as exc:
+            return self.sim_files.of(uuids, self.node.units())
+        except DeviceFilesError as exc:
             raise ClaimError(f"device files of {list(uuids)}: {exc}") from exc
 
     # -- unprepare ---------------------------------------------------------------------------
@@ -191,14 +184,3 @@ class ClaimPreparer:
 def _check_uid(uid: str) -> None:
     if not _UID.match(uid):
         raise ClaimError(f"{uid!r} is not a claim UID")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    tmp = path.with_name("." + path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    tmp.replace(path)

@@ -27,6 +27,7 @@ from tessera_node.container.response import (
     TOOLKIT_DEVICE_LIST_DIR,
     SimPaths,
 )
+from tessera_node.container.sim_files import SimDeviceFiles
 from tessera_node.dra.checkpoint import Checkpoint
 from tessera_node.dra.claims import ClaimError
 from tessera_node.dra.prepare import ClaimPreparer, DraConfig, NodeView
@@ -230,6 +231,7 @@ def test_a_claim_whose_files_cannot_be_written_leaves_nothing_behind(node: Node)
     missing = SimPaths.of(str(node.root / "nolib"), str(node.root / "no-node.conf"))
     server.preparer.config = dataclasses.replace(  # the driver's capability table is gone
         server.preparer.config, visibility="sim", sim=missing)
+    server.preparer.sim_files = SimDeviceFiles("sim", missing)
     got = node.prepare(("shared", U1))[U1]
     assert "device files" in got.error and not got.devices
     assert not (node.state / "claims" / U1).exists()
