@@ -100,9 +100,10 @@ class PodController:
                 self.see("MODIFIED", written)
         await self._settle(str((pod.get("metadata") or {}).get("uid") or ""))
 
-    def see(self, typ: str, pod: Obj) -> None:
+    def see(self, typ: str, pod: Obj) -> bool:
         """Keep the view: what each budgeted pod holds now (zero once finished) and what its
-        growth holders must hold; never older than what this replica wrote itself."""
+        growth holders must hold; never older than what this replica wrote itself.  False
+        when ``pod`` is older than the view (its newer version was seen or written)."""
         meta = pod.get("metadata") or {}
         ns, uid = str(meta.get("namespace")), str(meta.get("uid") or "")
         pods = self._pods.setdefault(ns, {})
@@ -112,33 +113,37 @@ class PodController:
             rv = rv_of(pod)
             known = pods.get(uid)
             if known is not None and rv < known.rv:
-                return
+                return False
             live = pod_usage(pod) if pod_counts(pod) else Usage()
             needed = pod_need(pod, self.resizer.key) if self.resizer is not None else Usage()
             pods[uid] = SeenPod(str(meta.get("name")), live, needed, rv)
         self.on_namespace(ns)
+        return True
+
+    async def on_watch_event(self, typ: str, obj: Obj) -> None:
+        """One event of the budgeted pods' watch, under :attr:`lock`."""
+        async with self.lock:
+            if typ != "SYNC":
+                if self.see(typ, obj):  # an event older than the leader's own write
+                    await self.on_pod(typ, obj)  # is not answered again
+                return
+            items = obj.get("items") or []
+            self._pods.clear()
+            for pod in items:
+                self.see("ADDED", pod)
+            self.synced = True
+            if self.holders is not None:
+                self._settle_dirty.update(self.holders.owners())
+                self._settle_wake.set()
+            for pod in items:  # one pod's failure must not skip the others
+                await handle_one(self.on_pod, "ADDED", pod, "pods")
 
     async def watch_pods(self) -> None:
         """Budgeted pods, one event at a time under :attr:`lock`; an error in one event is
         logged and counted, and the next event is handled."""
-        async def handle(typ: str, obj: Obj) -> None:
-            async with self.lock:
-                if typ != "SYNC":
-                    self.see(typ, obj)
-                    await self.on_pod(typ, obj)
-                    return
-                items = obj.get("items") or []
-                self._pods.clear()
-                for pod in items:
-                    self.see("ADDED", pod)
-                self.synced = True
-                if self.holders is not None:
-                    self._settle_dirty.update(self.holders.owners())
-                    self._settle_wake.set()
-                for pod in items:  # one pod's failure must not skip the others
-                    await handle_one(self.on_pod, "ADDED", pod, "pods")
         await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
-                                     name="pods", health=self.health), handle, "pods")
+                                     name="pods", health=self.health),
+                     self.on_watch_event, "pods")
 
     # -- growth holders ---------------------------------------------------------------------
 
@@ -201,11 +206,14 @@ class PodController:
     async def settle_loop(self) -> None:
         """Settle the holders of every pod marked dirty, and every ``recount_interval_s``
         those of every pod that has or needs any."""
-        async def one(uid: str) -> None:
-            async with self.lock:
-                await self._settle(uid)
         await work_off(self._settle_dirty, self._settle_wake, self.recount_interval_s,
-                       DEBOUNCE_S, self._holding_or_needing, one, "growth holders settle")
+                       DEBOUNCE_S, self._holding_or_needing, self.settle,
+                       "growth holders settle")
+
+    async def settle(self, uid: str) -> None:
+        """Bring one pod's growth holders to what it needs, under :attr:`lock`."""
+        async with self.lock:
+            await self._settle(uid)
 
     def _holding_or_needing(self) -> list[str]:
         """Pods with growth holders, or whose budget needs some."""

@@ -45,6 +45,16 @@ def live_total(cluster: Any, ns: str) -> int:
                if p["status"].get("phase") not in ("Succeeded", "Failed"))
 
 
+def requested_mib(cluster: Any, ns: str) -> int:
+    """What the API server's quota admission should count now: the ``tessera.dev/vgpu-memory``
+    requests of the namespace's pods that have not finished, growth holders included."""
+    pods = kubectl_json(cluster, "get", "pods", "-n", ns)["items"]
+    return sum(int((c.get("resources") or {}).get("requests", {}).get(
+                   "tessera.dev/vgpu-memory", "0"))
+               for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")
+               for c in p["spec"]["containers"])
+
+
 def forged_budget(gib: int) -> str:
     return json.dumps({"version": 1, "quota": "team", "weight": 100, "containers": {
         "main": {"shares": 1, "memoryBytes": gib * GIB, "cores": 100}}})
@@ -250,13 +260,15 @@ def test_resize_growth_never_races_creates_past_hard(
         rq = (managed_rq(cluster, ns, name) or {}).get("status") or {}
         rq_used = int((rq.get("used") or {}).get("requests.tessera.dev/vgpu-memory", "0"))
         if total > 16 * GIB or rq_used > 16384:
-            over.append((trial, total / GIB, rq_used))
+            over.append((trial, total / GIB, rq_used, requested_mib(cluster, ns)))
         # the next trial starts from an empty namespace
         cluster.kubectl("delete", "gpuquota", name, "-n", ns, "--wait=true")
         cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
         wait_until("empty", lambda: not kubectl_json(cluster, "get", "pods", "-n", ns)[
             "items"] and managed_rq(cluster, ns, name) is None, 60, 0.5)  # noqa: B023
-    assert over == [], f"trials over hard (trial, live GiB, ResourceQuota MiB): {over}"
+    assert over == [], (
+        f"trials over hard (trial, live GiB, ResourceQuota used MiB, requests counted MiB): "
+        f"{over}")
 
 
 # -- 3. a quota that cannot be enforced says so and admits nothing -----------------------------
