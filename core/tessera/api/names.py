@@ -97,6 +97,13 @@ DRA_CAPACITY_MEMORY = "memory"
 """Device capacity: bytes of device memory a claim consumes (a C identifier, as DRA wants)."""
 DRA_CAPACITY_CORES = "cores"
 """Device capacity: percent of the unit's SM time a claim consumes."""
+DRA_DEVICE_CLASS = "gpu.tessera.dev"
+"""The DeviceClass of any tessera device (a whole or shared GPU, a MIG instance): the chart's."""
+DRA_DEVICE_CLASS_MIG = "mig.gpu.tessera.dev"
+"""The DeviceClass of tessera's MIG instances only: the chart's."""
+DRA_DEVICE_CLASSES = (DRA_DEVICE_CLASS, DRA_DEVICE_CLASS_MIG)
+"""The DeviceClasses a claim asks tessera's devices through: the claims webhooks review
+requests naming them, and the kubelet plugin prepares tessera's devices only for them."""
 
 # -- Nodes (written by each node's daemon on its own Node) -----------------------------------
 

@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.api.names import DRA_DRIVER
+from tessera.api.names import (
+    DRA_DEVICE_CLASS,
+    DRA_DEVICE_CLASS_MIG,
+    DRA_DEVICE_CLASSES,
+    DRA_DRIVER,
+)
 from tessera_e2e.chart import helm
 from tessera_e2e.chart import render as chart
 from tessera_e2e.controlplane.build import ensure_helm
@@ -113,9 +118,11 @@ def test_without_gpu_node_terms_the_pools_still_split_every_node(helm_binary: Pa
 def test_the_device_classes_select_tessera_devices_and_its_instances(helm_binary: Path
                                                                       ) -> None:
     classes = kinds(helm.template(helm_binary, "ts", DRA), "DeviceClass")
-    assert sorted(classes) == [DRA_DRIVER, f"mig.{DRA_DRIVER}"]
+    # the classes the claims webhooks count and the kubelet plugin prepares for
+    assert sorted(classes) == sorted(DRA_DEVICE_CLASSES) == [DRA_DEVICE_CLASS,
+                                                             DRA_DEVICE_CLASS_MIG]
     any_, mig = (" ".join(s["cel"]["expression"] for s in classes[n]["spec"]["selectors"])
-                 for n in (DRA_DRIVER, f"mig.{DRA_DRIVER}"))
+                 for n in (DRA_DEVICE_CLASS, DRA_DEVICE_CLASS_MIG))
     assert any_ == f'device.driver == "{DRA_DRIVER}"'
     assert f'device.driver == "{DRA_DRIVER}"' in mig
     assert f'device.attributes["{DRA_DRIVER}"].mig == true' in mig

@@ -17,7 +17,15 @@ The budget of each unit:
   allocated (1.34: it drops ``allowMultipleAllocations``, so the device was allocated
   exclusively): the whole unit, its memory as the limit and no core limit;
 * an **exclusive** device (a whole MIG instance): no memory or core limit, the instance is
-  the claim's alone, as the device plugin gives a whole instance.
+  the claim's alone, as the device plugin gives a whole instance -- unless its request
+  states capacity (``capacity.requests``; under a GPUQuota every request does, the claims
+  webhook fills it from the quota's default): then what it states (memory at most the
+  unit's), which is what the GPUQuota counted.
+
+Only requests that ask through tessera's DeviceClasses
+(:data:`tessera.api.names.DRA_DEVICE_CLASSES`) are prepared: those are the ones the claims
+webhooks state and count.  A device of tessera's allocated through another class (an
+administrator's class selecting every driver's devices) fails the claim, naming both.
 
 A claim that takes one shared device twice (two requests on one GPU) gets the sum on one
 budget entry: a budget file names each unit once.
@@ -30,7 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.inventory import AdvertisedUnit, GPUInventory
-from tessera.api.names import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY, DRA_DRIVER
+from tessera.api.names import (
+    DRA_CAPACITY_CORES,
+    DRA_CAPACITY_MEMORY,
+    DRA_DEVICE_CLASSES,
+    DRA_DRIVER,
+)
 from tessera.api.quantity import QuantityError, quantity_value, to_bytes
 from tessera.dra.devices import CORES, device_name, shared
 from tessera_node.budget.formats import MAX_DEV, BudgetEntry
@@ -52,6 +65,8 @@ class Result:
     share_id: str | None = None
     consumed: Mapping[str, Any] | None = field(default=None, compare=False)
     """``consumedCapacity`` as the scheduler recorded it (None: not recorded)."""
+    stated: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The capacity its request states (None: states none)."""
 
 
 @dataclass(frozen=True)
@@ -92,12 +107,44 @@ def results(claim: Mapping[str, Any]) -> list[Result]:
         if r.get("adminAccess"):
             raise ClaimError(f"ResourceClaim {name}: {DRA_DRIVER} grants no admin access "
                              f"(request {r.get('request')}); ask without adminAccess")
+        body = request_body(claim, str(r.get("request", "")))
+        cls = body.get("deviceClassName")
+        if cls not in DRA_DEVICE_CLASSES:
+            raise ClaimError(
+                f"ResourceClaim {name}: request {r.get('request')} asks through DeviceClass "
+                f"{cls!r}; {DRA_DRIVER} prepares its devices only for requests through "
+                f"{' or '.join(DRA_DEVICE_CLASSES)} (the classes a GPUQuota counts): ask "
+                f"through one of them")
         out.append(Result(str(r.get("request", "")), str(r.get("pool", "")),
                           str(r.get("device", "")), r.get("shareID") or None,
-                          r.get("consumedCapacity")))
+                          r.get("consumedCapacity"), stated_capacity(body)))
     if not out:
         raise ClaimError(f"ResourceClaim {name} has no device of {DRA_DRIVER} allocated")
     return out
+
+
+def request_body(claim: Mapping[str, Any], request: str) -> Mapping[str, Any]:
+    """What the claim's request ``request`` (``<request>`` or, for a ``firstAvailable``
+    alternative, ``<request>/<subrequest>``) asks: its ``exactly`` or its subrequest ({}
+    when the claim has no such request)."""
+    name, _, sub = request.partition("/")
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if not isinstance(r, Mapping) or r.get("name") != name:
+            continue
+        if not sub:
+            exactly = r.get("exactly")
+            return exactly if isinstance(exactly, Mapping) else {}
+        for s in r.get("firstAvailable") or []:
+            if isinstance(s, Mapping) and s.get("name") == sub:
+                return s
+    return {}
+
+
+def stated_capacity(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The capacity a request states (``capacity.requests``), if it states any."""
+    cap = body.get("capacity")
+    req = cap.get("requests") if isinstance(cap, Mapping) else None
+    return req if isinstance(req, Mapping) and req else None
 
 
 def allocation(claim: Mapping[str, Any], node: str, gpus: Sequence[GPUInventory]
@@ -122,7 +169,7 @@ def allocation(claim: Mapping[str, Any], node: str, gpus: Sequence[GPUInventory]
         if not unit.healthy:
             raise ClaimError(f"ResourceClaim {name}: device {res.device} on {node} is "
                              "unhealthy; delete the claim so that it is allocated again")
-        got = unit_budget(name, res.device, unit, res.consumed)
+        got = unit_budget(name, res.device, unit, res.consumed, res.stated)
         if unit.uuid in budgets:
             got = _sum(budgets[unit.uuid], got)
             if got.memory is not None and got.memory > unit.memory_mib << 20:
@@ -136,31 +183,53 @@ def allocation(claim: Mapping[str, Any], node: str, gpus: Sequence[GPUInventory]
 
 
 def unit_budget(claim: str, device: str, unit: AdvertisedUnit,
-                consumed: Mapping[str, Any] | None) -> UnitBudget:
+                consumed: Mapping[str, Any] | None,
+                stated: Mapping[str, Any] | None = None) -> UnitBudget:
     """The budget one result gives on its unit (see the module's docstring)."""
     total = unit.memory_mib << 20
+    where = f"ResourceClaim {claim}: device {device}"
     if not shared(unit):
-        return UnitBudget(unit.uuid, None, None)
+        if not stated:
+            return UnitBudget(unit.uuid, None, None)
+        memory = _memory(where, "stated", stated.get(DRA_CAPACITY_MEMORY, total), total)
+        cores = stated.get(DRA_CAPACITY_CORES)
+        return UnitBudget(unit.uuid, memory,
+                          None if cores is None else _cores(where, "stated", cores))
     if consumed is None:
         return UnitBudget(unit.uuid, total, None)  # allocated exclusively (gate off)
-    where = f"ResourceClaim {claim}: device {device}"
     for key in (DRA_CAPACITY_MEMORY, DRA_CAPACITY_CORES):
         if key not in consumed:
             raise ClaimError(f"{where}: the allocation records no consumed {key}; "
                              "recreate the claim")
+    return UnitBudget(unit.uuid, _memory(where, "consumed", consumed[DRA_CAPACITY_MEMORY], total),
+                      _cores(where, "consumed", consumed[DRA_CAPACITY_CORES]))
+
+
+def _memory(where: str, what: str, value: Any, total: int) -> int:
+    """Bytes; a stated value over the unit's memory is the unit's (the scheduler chose a
+    device that is big enough for what the request asks, or none)."""
     try:
-        memory = to_bytes(consumed[DRA_CAPACITY_MEMORY])
-        cores_value = quantity_value(consumed[DRA_CAPACITY_CORES])
+        memory = to_bytes(value)
     except (QuantityError, ValueError, TypeError) as exc:
-        raise ClaimError(f"{where}: consumed capacity not readable: {exc}") from None
-    if cores_value != cores_value.to_integral_value():
-        raise ClaimError(f"{where}: consumed cores {cores_value} is not a whole percent")
-    cores = int(cores_value)
+        raise ClaimError(f"{where}: {what} capacity not readable: {exc}") from None
+    if what == "stated":
+        memory = min(memory, total)
     if not 0 < memory <= total:
-        raise ClaimError(f"{where}: consumed memory {memory} bytes is outside 1..{total}")
+        raise ClaimError(f"{where}: {what} memory {memory} bytes is outside 1..{total}")
+    return memory
+
+
+def _cores(where: str, what: str, value: Any) -> int:
+    try:
+        cores_value = quantity_value(value)
+    except (QuantityError, ValueError, TypeError) as exc:
+        raise ClaimError(f"{where}: {what} capacity not readable: {exc}") from None
+    if cores_value != cores_value.to_integral_value():
+        raise ClaimError(f"{where}: {what} cores {cores_value} is not a whole percent")
+    cores = int(cores_value)
     if not 0 < cores <= CORES:
-        raise ClaimError(f"{where}: consumed cores {cores} is outside 1..{CORES}")
-    return UnitBudget(unit.uuid, memory, cores)
+        raise ClaimError(f"{where}: {what} cores {cores} is outside 1..{CORES}")
+    return cores
 
 
 def _sum(a: UnitBudget, b: UnitBudget) -> UnitBudget:

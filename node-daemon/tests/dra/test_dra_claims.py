@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api.inventory import AdvertisedUnit, GPUInventory
-from tessera.api.names import DRA_DRIVER, MIG_PREFIX, VGPU
+from tessera.api.names import DRA_DEVICE_CLASS, DRA_DEVICE_CLASS_MIG, DRA_DRIVER, MIG_PREFIX, VGPU
 from tessera_node.budget.formats import BudgetEntry
 from tessera_node.container.entries import INITIAL_RATE
 from tessera_node.dra.claims import (
@@ -60,8 +60,12 @@ def result(device: str, request: str = "gpu", pool: str = NODE,
     return r
 
 
-def claim(*results: dict[str, Any]) -> dict[str, Any]:
+def claim(*results: dict[str, Any], cls: str = DRA_DEVICE_CLASS) -> dict[str, Any]:
+    """A claim whose requests (one per result's request name) ask through ``cls``."""
+    names = sorted({str(r["request"]) for r in results})
     return {"metadata": {"namespace": "team", "name": "c", "uid": "u1"},
+            "spec": {"devices": {"requests": [
+                {"name": n, "exactly": {"deviceClassName": cls}} for n in names]}},
             "status": {"allocation": {"devices": {"results": list(results)}}}}
 
 
@@ -136,7 +140,44 @@ REFUSED = [
     ("fractional cores", claim(result("gpu0", consumed={"memory": "1Gi", "cores": "500m"})),
      "not a whole percent"),
     ("admin access", claim({**result("gpu0"), "adminAccess": True}), "no admin access"),
+    ("asked through a DeviceClass no GPUQuota counts",
+     claim(result("gpu0", consumed={"memory": "1Gi", "cores": "10"}), cls="any-gpu.example"),
+     "request gpu asks through DeviceClass 'any-gpu.example'; gpu.tessera.dev prepares its "
+     "devices only for requests through gpu.tessera.dev or mig.gpu.tessera.dev"),
+    ("a result naming no request of the claim",
+     claim(result("gpu0", request="other", consumed={"memory": "1Gi", "cores": "10"}),
+           cls="x") | {"spec": {"devices": {"requests": []}}},
+     "request other asks through DeviceClass None"),
 ]
+
+
+STATED = [
+    ("memory and cores", {"memory": "2Gi", "cores": "25"}, UnitBudget(M10, 2 * GIB, 25)),
+    ("memory only: no core limit", {"memory": "4Gi"}, UnitBudget(M10, 4 * GIB, None)),
+    ("more than the instance has: the instance", {"memory": "40Gi", "cores": "100"},
+     UnitBudget(M10, 9984 * MIB, 100)),
+]
+
+
+@pytest.mark.parametrize(("stated", "want"), [c[1:] for c in STATED], ids=[c[0] for c in STATED])
+def test_a_whole_instance_whose_request_states_capacity_is_held_to_it(
+        stated: dict[str, str], want: UnitBudget) -> None:
+    """Under a GPUQuota every request states capacity (what the quota counted): a whole
+    instance was given whole before, so a claim counted for 2 GiB used all 10 GB."""
+    obj = claim(result("gpu1-mig0-1g10gb"), cls=DRA_DEVICE_CLASS_MIG)
+    obj["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": stated}
+    assert allocation(obj, NODE, gpus()).units == (want,)
+
+
+def test_a_first_available_alternative_asks_through_its_own_class() -> None:
+    obj = claim(result("gpu1-mig0-1g10gb", request="one/mig"))
+    obj["spec"]["devices"]["requests"] = [{"name": "one", "firstAvailable": [
+        {"name": "shared", "deviceClassName": "other.example"},
+        {"name": "mig", "deviceClassName": DRA_DEVICE_CLASS_MIG}]}]
+    assert allocation(obj, NODE, gpus()).units == (UnitBudget(M10, None, None),)
+    obj["spec"]["devices"]["requests"][0]["firstAvailable"][1]["deviceClassName"] = "x"
+    with pytest.raises(ClaimError, match="asks through DeviceClass 'x'"):
+        allocation(obj, NODE, gpus())
 
 
 @pytest.mark.parametrize(("obj", "reason"), [c[1:] for c in REFUSED],

@@ -23,7 +23,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from tessera.api.names import (
     LABEL_GROWTH_OF,
     PREFIX,
     VERSION,
+    VGPU_MEMORY,
 )
 from tessera.api.partition import GPUPartitionSpec
 from tessera.api.quota import IDLE_WARN_AFTER_S
@@ -60,6 +61,15 @@ from tessera_operator.quota.arith import (
     budget_from_pod,
     check_fit,
     deny_message,
+)
+from tessera_operator.quota.claims import (
+    CapacityNotStated,
+    ClaimRequestError,
+    claim_ask,
+    device_asks,
+    fill_capacity,
+    filled_spec,
+    over_max,
 )
 from tessera_operator.quota.holders import is_holder
 from tessera_operator.quota.objects import FieldError, policy_of, view_of
@@ -196,15 +206,7 @@ class Admission:
     # max and tessera's quota check, the budget annotation and label written.  No API call.
 
     async def mutate_pod(self, req: Mapping[str, Any]) -> Obj:
-        started = time.perf_counter()
-        result = "error"
-        try:
-            resp = await self._mutate(req)
-            result = "allowed" if resp["allowed"] else "denied"
-            return resp
-        finally:
-            metrics.ADMISSION_SECONDS.labels("pods", result).observe(
-                time.perf_counter() - started)
+        return await self._timed("pods", self._mutate, req)
 
     async def _mutate(self, req: Mapping[str, Any]) -> Obj:
         uid = str(req.get("uid", ""))
@@ -277,6 +279,88 @@ class Admission:
             return (f'GPUQuota "{name}" cannot be enforced now: {why}. GPU pods of this '
                     f"namespace are refused until it counts again; retry in a few seconds")
         return None
+
+    # -- ResourceClaims (the DRA path) ---------------------------------------------------
+    #
+    # A claim or claim template asking tessera's DeviceClasses, in a namespace with a
+    # GPUQuota: the mutating webhook states each request's capacity (the GPUQuota's default
+    # where the claim says nothing), refuses what cannot be counted or is over the per-pod
+    # max, and checks a claim against every GPUQuota's hard (tessera's message).  The
+    # validating webhook sees the claim as it will be stored -- after the API server dropped
+    # the fields of features it has off -- and refuses one whose capacity is gone: a claim
+    # whose share GPUQuota cannot count is never stored.  No API call; no GPUQuota in the
+    # namespace: nothing counted (as for pods).
+
+    async def mutate_claim(self, req: Mapping[str, Any]) -> Obj:
+        return await self._timed("resourceclaims", self._mutate_claim, req)
+
+    async def validate_claim(self, req: Mapping[str, Any]) -> Obj:
+        return await self._timed("resourceclaims", self._validate_claim, req)
+
+    async def _mutate_claim(self, req: Mapping[str, Any]) -> Obj:
+        return await self._review_claim(req, mutating=True)
+
+    async def _validate_claim(self, req: Mapping[str, Any]) -> Obj:
+        return await self._review_claim(req, mutating=False)
+
+    async def _timed(self, what: str, review: Callable[[Mapping[str, Any]], Awaitable[Obj]],
+                     req: Mapping[str, Any]) -> Obj:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            resp: Obj = await review(req)
+            result = "allowed" if resp["allowed"] else "denied"
+            return resp
+        finally:
+            metrics.ADMISSION_SECONDS.labels(what, result).observe(time.perf_counter() - started)
+
+    async def _claim_policy(self, req: Mapping[str, Any]
+                            ) -> tuple[Mapping[str, Any], str, str, list[Obj]] | None:
+        """The claim spec under review, its field path and JSON pointer, and the namespace's
+        GPUQuotas; None when it asks nothing of tessera or no GPUQuota counts it."""
+        obj = req.get("object") or {}
+        template = (req.get("kind") or {}).get("kind") == "ResourceClaimTemplate"
+        outer = obj.get("spec") or {}
+        spec = (outer.get("spec") or {}) if template else outer
+        where, pointer = ("spec.spec", "/spec/spec") if template else ("spec", "/spec")
+        if not isinstance(spec, Mapping) or not device_asks(spec, where, pointer):
+            return None
+        quotas = await self.quotas.quotas(_namespace(req))
+        if not quotas:
+            return None
+        return spec, where, pointer, quotas
+
+    async def _review_claim(self, req: Mapping[str, Any], mutating: bool) -> Obj:
+        uid = str(req.get("uid", ""))
+        found = await self._claim_policy(req)
+        if found is None:
+            return allow(uid)
+        spec, where, pointer, quotas = found
+        views = [self.quotas.view(q) for q in quotas]
+        try:
+            policy = policy_of(views)
+            ops = fill_capacity(spec, policy, where, pointer) if mutating else []
+            asked = claim_ask(filled_spec(spec, policy, where) if mutating else spec, where)
+        except CapacityNotStated as exc:
+            if mutating:
+                return deny(uid, str(exc))
+            return deny(uid, f"{exc}. tessera's admission stated it and it is gone: the API "
+                             f"server drops it while its DRAConsumableCapacity feature gate "
+                             f"is off (Kubernetes 1.34 and 1.35 by default), so no claim can "
+                             f"take a share of a device and a GPUQuota cannot count this one. "
+                             f"Turn the gate on (kube-apiserver, kube-scheduler, kubelet), or "
+                             f"ask for {VGPU_MEMORY} in the pod's limits instead")
+        except (ClaimRequestError, FieldError) as exc:
+            return deny(uid, str(exc))
+        over = over_max(asked, policy)
+        if over:
+            return deny(uid, over)
+        if mutating and (req.get("kind") or {}).get("kind") == "ResourceClaim" and req.get(
+                "operation", "CREATE") == "CREATE":
+            violations = check_fit(asked, views)
+            if violations:
+                return deny(uid, deny_message(violations))
+        return allow(uid, ops)
 
     # -- GPUPartition ---------------------------------------------------------------------
 

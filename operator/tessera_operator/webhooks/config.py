@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.names import (
+    DRA_DEVICE_CLASSES,
     GPUPARTITIONS,
     GPUQUOTAS,
     GROUP,
@@ -32,6 +33,8 @@ VALIDATING_NAME = "tessera-resources"
 POD_PATH = "/mutate/pods"
 PARTITION_PATH = "/validate/gpupartitions"
 QUOTA_PATH = "/validate/gpuquotas"
+CLAIM_MUTATE_PATH = "/mutate/resourceclaims"
+CLAIM_VALIDATE_PATH = "/validate/resourceclaims"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,40 @@ POD_MATCH_EXPRESSION = " || ".join([
 ])
 
 
+def claim_match_expression(spec: str) -> str:
+    """CEL: the claim spec at ``spec`` has a request naming one of tessera's DeviceClasses."""
+    classes = ", ".join(f"'{c}'" for c in DRA_DEVICE_CLASSES)
+    return (f"has({spec}.devices) && has({spec}.devices.requests) && "
+            f"{spec}.devices.requests.exists(r, (has(r.exactly) && r.exactly.deviceClassName "
+            f"in [{classes}]) || (has(r.firstAvailable) && r.firstAvailable.exists(s, "
+            f"s.deviceClassName in [{classes}])))")
+
+
+def _claim_hooks(cc: ClientConfig, p: str) -> list[dict[str, Any]]:
+    """ResourceClaims and ResourceClaimTemplates asking tessera's DeviceClasses (the DRA
+    path's GPUQuota).  ``Fail``: while the operator is down such claims wait, as GPU pods
+    do, rather than take devices no GPUQuota counted."""
+    out = []
+    for plural, operations, spec in (("resourceclaims", ["CREATE"], "object.spec"),
+                                     ("resourceclaimtemplates", ["CREATE", "UPDATE"],
+                                      "object.spec.spec")):
+        out.append({
+            "name": f"{plural}.{GROUP}",
+            "clientConfig": cc.for_path(p),
+            "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                       "operations": operations, "resources": [plural],
+                       "scope": "Namespaced"}],
+            "matchConditions": [{"name": "asks-for-tessera-devices",
+                                 "expression": claim_match_expression(spec)}],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 10,
+            "admissionReviewVersions": ["v1"],
+            "matchPolicy": "Equivalent",
+        })
+    return out
+
+
 def _pod_hook(cc: ClientConfig, p: str) -> dict[str, Any]:
     return {
         "name": f"pods.{GROUP}",
@@ -99,7 +136,9 @@ def mutating(cc: ClientConfig) -> dict[str, Any]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": MUTATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
-        "webhooks": [{**_pod_hook(cc, POD_PATH), "reinvocationPolicy": "IfNeeded"}],
+        "webhooks": [{**_pod_hook(cc, POD_PATH), "reinvocationPolicy": "IfNeeded"},
+                     *({**hook, "reinvocationPolicy": "IfNeeded"}
+                       for hook in _claim_hooks(cc, CLAIM_MUTATE_PATH))],
     }
 
 
@@ -123,7 +162,8 @@ def validating(cc: ClientConfig) -> dict[str, Any]:
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": VALIDATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
         "webhooks": [hook(f"{GPUPARTITIONS}.{GROUP}", GPUPARTITIONS, PARTITION_PATH, "Cluster"),
-                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced")],
+                     hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced"),
+                     *_claim_hooks(cc, CLAIM_VALIDATE_PATH)],
     }
 
 

@@ -12,7 +12,13 @@ from aiohttp import web
 from tessera.kube.serve import start
 from tessera_operator.webhooks.admission import Admission
 from tessera_operator.webhooks.auth import Reviewers
-from tessera_operator.webhooks.config import PARTITION_PATH, POD_PATH, QUOTA_PATH
+from tessera_operator.webhooks.config import (
+    CLAIM_MUTATE_PATH,
+    CLAIM_VALIDATE_PATH,
+    PARTITION_PATH,
+    POD_PATH,
+    QUOTA_PATH,
+)
 
 log = logging.getLogger("tessera_operator.webhooks")
 
@@ -69,7 +75,9 @@ def webhook_app(adm: Admission, senders: Reviewers | None = None,
     app = web.Application(middlewares=[close_connections], client_max_size=MAX_REVIEW_BYTES)
     for p, review, what in ((POD_PATH, adm.mutate_pod, "pod"),
                             (PARTITION_PATH, adm.review_partition, "gpupartition"),
-                            (QUOTA_PATH, adm.review_quota, "gpuquota")):
+                            (QUOTA_PATH, adm.review_quota, "gpuquota"),
+                            (CLAIM_MUTATE_PATH, adm.mutate_claim, "resourceclaim"),
+                            (CLAIM_VALIDATE_PATH, adm.validate_claim, "resourceclaim")):
         app.router.add_post(p, _endpoint(review, what, senders))
     return app
 

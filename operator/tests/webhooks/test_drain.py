@@ -18,7 +18,7 @@ class _Admission:
     async def review(self, req: Any) -> dict[str, Any]:
         return {"uid": req["uid"], "allowed": True}
 
-    mutate_pod = review_partition = review_quota = review
+    mutate_pod = review_partition = review_quota = mutate_claim = validate_claim = review
 
 
 async def _review_then_wait(port: int) -> tuple[int, bytes, bool]:

@@ -23,7 +23,7 @@ class _NoAdmission:
     async def review(self, req: Any) -> dict[str, Any]:
         return {"uid": req.get("uid"), "allowed": True}
 
-    mutate_pod = review_partition = review_quota = review
+    mutate_pod = review_partition = review_quota = mutate_claim = validate_claim = review
 
 
 def _secret(data: dict[str, bytes], step_at: str | None = None) -> dict[str, Any]:

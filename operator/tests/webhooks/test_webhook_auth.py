@@ -40,10 +40,11 @@ class _Admission:
         self.seen += 1
         return {"uid": req["uid"], "allowed": True}
 
-    mutate_pod = review_partition = review_quota = review
+    mutate_pod = review_partition = review_quota = mutate_claim = validate_claim = review
 
 
-@pytest.mark.parametrize("path", ["/mutate/pods", "/validate/gpupartitions", "/validate/gpuquotas"])
+@pytest.mark.parametrize("path", ["/mutate/pods", "/validate/gpupartitions", "/validate/gpuquotas",
+                                  "/mutate/resourceclaims", "/validate/resourceclaims"])
 def test_reviews_without_the_api_servers_certificate_are_refused_unread(
         tmp_path: Path, path: str) -> None:
     ca, crt, key = make_serving_cert(["127.0.0.1"]).write(tmp_path / "serving")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from tessera.api.names import DRA_DEVICE_CLASSES
 from tessera_operator.quota.arith import Limits, Usage
 from tessera_operator.quota.objects import (
     FieldError,
@@ -131,8 +132,20 @@ def test_configurations_url_and_service_modes() -> None:
     v = validating(svc)["webhooks"]
     assert v[0]["clientConfig"]["service"] == {"name": "tessera-webhook", "namespace": "ts",
                                                "path": "/validate/gpupartitions", "port": 443}
-    assert [w["failurePolicy"] for w in v] == ["Ignore", "Ignore"]
-    assert [w["name"] for w in v] == ["gpupartitions.tessera.dev", "gpuquotas.tessera.dev"]
+    # the CRs' schema holds without the operator; a claim for tessera's devices waits for it
+    # (a GPUQuota could not count it), as a GPU pod does
+    assert [(w["name"], w["failurePolicy"]) for w in v] == [
+        ("gpupartitions.tessera.dev", "Ignore"), ("gpuquotas.tessera.dev", "Ignore"),
+        ("resourceclaims.tessera.dev", "Fail"), ("resourceclaimtemplates.tessera.dev", "Fail")]
+    claims = mutating(svc)["webhooks"][1:]
+    assert [(w["name"], w["failurePolicy"], w["clientConfig"]["service"]["path"])
+            for w in claims] == [
+        ("resourceclaims.tessera.dev", "Fail", "/mutate/resourceclaims"),
+        ("resourceclaimtemplates.tessera.dev", "Fail", "/mutate/resourceclaims")]
+    for w in claims + v[2:]:
+        (cond,) = w["matchConditions"]
+        for cls in DRA_DEVICE_CLASSES:
+            assert f"'{cls}'" in cond["expression"]
 
 
 def quota_obj(name: str, spec: dict[str, Any], used: dict[str, Any] | None = None,
