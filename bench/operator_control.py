@@ -20,10 +20,13 @@ port the kernel balances, as kube-proxy does: :class:`tessera_e2e.operator.servi
    grow and shrink alternating (the node's part, file rewrite -> obeyed, is
    ``bench/fairshare.py``'s and ``hook/tests/test_hook_resize.py``'s: the next call).
 
-Environment: REPLICAS=1 runs one replica; ONLY=admission, ONLY=partition or ONLY=resize runs
-one part; with ONLY=admission, VARIANTS=default,--a=1:--b=2 measures the replicas started
-with each set of extra operator flags in turn (colons between one set's flags; ``default``:
-none), in the same run;
+5. DRA claims: one ResourceClaim created, another driver's class (the baseline, no tessera
+   webhook) beside tessera's without a GPUQuota and under one (capacity held by a claim
+   holder), interleaved in the same run (ONLY=claims only).
+Environment: REPLICAS=1 runs one replica; ONLY=admission, ONLY=partition, ONLY=resize or
+ONLY=claims runs one part; with ONLY=admission, VARIANTS=default,--a=1:--b=2 measures the
+replicas started with each set of extra operator flags in turn (colons between one set's
+flags; ``default``: none), in the same run;
 CONTROLLERS=1 also runs kube-scheduler and kube-controller-manager.  They are off by default
 because the operator needs neither, and with no kubelet and no GPU capacity every benchmark
 pod is unschedulable: the scheduler's retries and FailedScheduling events (two more writes per
@@ -54,6 +57,7 @@ from tessera.api.names import (  # noqa: E402
     ANNOTATION_BUDGET_REQUEST,
     ANNOTATION_BUDGET_RESIZE,
     ANNOTATION_PARTITION_STATUS,
+    DRA_DEVICE_CLASS,
     GROUP,
 )
 from tessera.api.node_report import to_annotation as reports_to_annotation  # noqa: E402
@@ -403,11 +407,49 @@ async def resize_trials(kube: Kube, ns: str, n: int) -> list[float]:
     return out
 
 
+def claim_body(ns: str, name: str, device_class: str, memory: str | None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory, "cores": "10"}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+async def claim_trials(kube: Kube, n: int) -> dict[str, list[float]]:
+    """Seconds to create one ResourceClaim, one at a time, three ways in the same run:
+    another driver's DeviceClass (no tessera webhook is called: the baseline), tessera's
+    class in a namespace without a GPUQuota (both claims webhooks called, nothing to do),
+    and tessera's class under a GPUQuota (the default filled in, checked, and the claim's
+    capacity held by a claim holder the API server's quota admission admits)."""
+    await create_ns(kube, "bench-claims", {"cores": 100000, "memory": "1000Gi"})
+    await kube.create(path("", "v1", "namespaces"), {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench-claims-free"}})
+    await asyncio.sleep(2)  # counted
+    ways = {"another driver's class": ("bench-claims", "nic.example.com", None),
+            "tessera's class, no GPUQuota": ("bench-claims-free", DRA_DEVICE_CLASS, "1Gi"),
+            "tessera's class, GPUQuota (held)": ("bench-claims", DRA_DEVICE_CLASS, "1Gi")}
+    out: dict[str, list[float]] = {w: [] for w in ways}
+    for i in range(n):  # interleaved: the machine's drift spreads over all three
+        for w, (ns, cls, memory) in ways.items():
+            body = claim_body(ns, f"c{i}-{cls.split('.')[0]}", cls, memory)
+            t0 = time.perf_counter()
+            await kube.create(path("resource.k8s.io", "v1", "resourceclaims", ns), body)
+            out[w].append(time.perf_counter() - t0)
+    return out
+
+
 async def main_async(cluster: LocalCluster, ops: dict[str, OperatorProcess],
                      rq: tuple[list[float], int] | None = None, adm_ns: str = "bench-adm",
                      proxy: KernelService | None = None) -> None:
     kube = Kube(load_credentials(str(cluster.kubeconfig)), "bench")
     try:
+        if os.environ.get("ONLY") == "claims":
+            for w, xs in (await claim_trials(kube, 40)).items():
+                r = [x * 1000 for x in xs]
+                print(f"claim create, {w}, 40 one at a time: p50 {pct(r, 50):.1f} ms, "
+                      f"p99 {pct(r, 99):.1f} ms")
+            return
         if os.environ.get("ONLY") in ("resize", None):
             r = [x * 1000 for x in await resize_trials(kube, "bench-resize", 40)]
             print(f"live resize, request -> Approved by the operator (growth held, new budget "
@@ -542,7 +584,7 @@ def main() -> int:
             cluster.kubectl("apply", "--server-side", "-f", str(crd))
         cluster.kubectl("create", "namespace", OPERATOR_NS)
         cluster.kubectl("apply", "-f", "-", input=render_chart())
-        rq = (None if os.environ.get("ONLY") in ("partition", "resize")
+        rq = (None if os.environ.get("ONLY") in ("partition", "resize", "claims")
               else asyncio.run(resourcequota_baseline(cluster)))
         logdir = Path(tempfile.mkdtemp(prefix="tessera-opbench-"))
         kc = operator_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir)

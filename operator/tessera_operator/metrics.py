@@ -33,6 +33,14 @@ GROWTH_TAKEN_BACK = Counter(
 HOLDER_WRITES.labels("created")
 HOLDER_WRITES.labels("refused")
 HOLDER_WRITES.labels("deleted")
+CLAIM_HOLDER_WRITES = Counter(
+    "tessera_claim_holder_writes_total",
+    "Claim holders (pods that hold DRA claims' capacity in the count): created at a claim's "
+    "admission, refused by the API server's quota admission (the claim refused), deleted "
+    "once their claim is gone.", ["what"])
+CLAIM_HOLDER_WRITES.labels("created")
+CLAIM_HOLDER_WRITES.labels("refused")
+CLAIM_HOLDER_WRITES.labels("deleted")
 WATCHED = Gauge("tessera_watched_objects", "Objects in the operator's caches.", ["kind"])
 PLACEMENT_DECISIONS = Counter(
     "tessera_placement_filters_total",

@@ -49,6 +49,9 @@ acts on in it carries its seal."""
 LABEL_GROWTH_OF = f"{GROUP}/growth-of"
 """On a growth holder (a pod tessera creates, never scheduled): the UID of the pod whose
 live-resize growth it holds in the namespace's ResourceQuotas."""
+LABEL_CLAIM_OF = f"{GROUP}/claim-of"
+"""On a growth holder that holds a DRA claim's capacity (a *claim holder*): the claim's UID
+(its ``growth-of`` label carries the same UID, so every protection of holders covers it)."""
 GROWTH_HOLDER_PREFIX = "tessera-growth-"
 """Every growth holder's name starts so (users cannot create or evict pods named so)."""
 SCHEDULING_GATE_GROWTH = f"{GROUP}/growth"

@@ -74,6 +74,9 @@ KEYS: tuple[Key, ...] = (
        instead=f"ask for a resize with {n.ANNOTATION_BUDGET_REQUEST}"),
     _k(n.LABEL_GROWTH_OF, "label", "Pod", {OPERATOR},
        "on a growth holder, the UID of the resized pod whose growth it holds"),
+    _k(n.LABEL_CLAIM_OF, "label", "Pod", {OPERATOR},
+       "on a claim holder, which holds a DRA claim's capacity as a growth holder does: the "
+       "claim's UID"),
     _k(n.SCHEDULING_GATE_GROWTH, "scheduling gate", "Pod", {OPERATOR},
        "keeps a growth holder from ever being scheduled"),
     _k(n.ANNOTATION_PLACEMENT, "annotation", "Pod", {OPERATOR},

@@ -149,3 +149,24 @@ def test_helm_lint_is_clean_with_dra_pools(helm_binary: Path, tmp_path: Path) ->
     out = subprocess.run([str(helm_binary), "lint", "--strict", str(chart.CHART), "--values",
                           str(values)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_uninstall_stops_both_daemonsets_and_deletes_the_drivers_slices_only_with_dra(
+        helm_binary: Path) -> None:
+    """`helm uninstall` with DRA pools stopped tessera-node only: tessera-node-dra went on
+    publishing, and its slices stayed for the scheduler to allocate."""
+    for values, dra in ((None, False), (DRA, True)):
+        docs = helm.template(helm_binary, "ts", values)
+        job = kinds(docs, "Job")["tessera-uninstall"]
+        job_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        daemonsets = [a.split("=", 1)[1] for a in job_args if a.startswith("--daemonset=")]
+        assert daemonsets == (["tessera-node", "tessera-node-dra"] if dra else ["tessera-node"])
+        assert set(daemonsets) == set(kinds(docs, "DaemonSet"))
+        assert ("--dra-resource-slices" in job_args) is dra
+        (ds_rule,) = [r for r in kinds(docs, "Role")["tessera-uninstall"]["rules"]
+                      if r["resources"] == ["daemonsets"]]
+        assert ds_rule["resourceNames"] == daemonsets
+        slices = [r for r in kinds(docs, "ClusterRole")["tessera-uninstall"]["rules"]
+                  if "resourceslices" in r["resources"]]
+        assert slices == ([{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                            "verbs": ["deletecollection"]}] if dra else [])

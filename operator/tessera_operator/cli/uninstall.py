@@ -19,8 +19,9 @@ def _run(args: argparse.Namespace) -> int:
         try:
             return await uninstall(kube, Targets(
                 namespace=args.namespace, deployment=args.deployment,
-                daemonset=args.daemonset, lease=D.lease_name,
+                daemonsets=tuple(args.daemonset), lease=D.lease_name,
                 secrets=tuple(args.secret or (D.secret_name,)),
+                resource_slices=args.dra_resource_slices,
                 certificates=tuple(args.cert_manager_certificate or ())),
                 timeout_s=args.timeout)
         finally:
@@ -34,12 +35,17 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "uninstall", help="remove what tessera created at run time (Helm pre-delete hook)",
         description="Delete the webhook configurations, stop the operator and the node "
-        "daemons, then delete the leader Lease, the serving Secret and every tessera label "
-        "and annotation on Nodes. GPUs are left as they are.")
+        "daemons, then delete tessera's ResourceSlices, the leader Lease, the serving Secret "
+        "and every tessera label and annotation on Nodes. GPUs are left as they are.")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--namespace", default=D.namespace, help="the operator's namespace")
     p.add_argument("--deployment", required=True, help="the operator Deployment's name")
-    p.add_argument("--daemonset", required=True, help="the node daemon DaemonSet's name")
+    p.add_argument("--daemonset", required=True, action="append", metavar="NAME",
+                   help="a node daemon DaemonSet's name (repeatable: tessera-node, and "
+                        "tessera-node-dra with DRA pools)")
+    p.add_argument("--dra-resource-slices", action="store_true",
+                   help="also delete the ResourceSlices of tessera's DRA driver (installs "
+                        "with DRA pools), once the daemons are gone")
     p.add_argument("--secret", action="append", metavar="NAME",
                    help=f"a Secret to delete (repeatable; default {D.secret_name})")
     p.add_argument("--cert-manager-certificate", action="append", metavar="NAME",

@@ -165,7 +165,8 @@ async def run(opts: Options) -> None:
     health = Health(stuck_after_s=opts.stuck_after_s)
     store = QuotaCache(kube, health=health)
     counts = ManagedQuotaCache(kube, health=health)
-    adm = Admission(kube, store, counts, await whoami(kube), opts.scheduler_name)
+    adm = Admission(kube, store, counts, await whoami(kube), opts.scheduler_name,
+                    holder_image=opts.growth_holder_image)
     ctl = Controllers.build(kube, store, opts.recount_interval_s, health=health,
                             holder_image=opts.growth_holder_image)
     quota_metrics.register(store.snapshot, counts.get)

@@ -1,7 +1,8 @@
 """The leader's controllers, wired: GPUPartitions (:mod:`.partitions`), GPUQuotas and their
-managed ResourceQuotas (:mod:`.quotas`), and the budgeted pods with their live resizes and
-growth holders (:mod:`.pods`).  The process (:mod:`.app`) starts :meth:`Controllers.tasks`
-on the replica holding the Lease and feeds them the replica's watches.
+managed ResourceQuotas (:mod:`.quotas`), the budgeted pods with their live resizes and
+growth holders (:mod:`.pods`), and the holders of DRA claims (:mod:`.claims`).  The process
+(:mod:`.app`) starts :meth:`Controllers.tasks` on the replica holding the Lease and feeds
+them the replica's watches.
 
 Level-triggered: every event marks work dirty and the loops recompute the whole answer from
 the caches with the pure modules (:mod:`tessera.partition`, :mod:`tessera_operator.quota`),
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from tessera.kube.client import Kube
 from tessera.kube.health import Health
 from tessera_operator.cache.quotas import QuotaCache
+from tessera_operator.controller.claims import ClaimHolders
 from tessera_operator.controller.partitions import PartitionController
 from tessera_operator.controller.pods import PodController
 from tessera_operator.controller.quotas import QuotaController
@@ -29,6 +31,7 @@ class Controllers:
     partitions: PartitionController
     pods: PodController
     quotas: QuotaController
+    claims: ClaimHolders
 
     @classmethod
     def build(cls, kube: Kube, cache: QuotaCache, recount_interval_s: float = 5.0,
@@ -41,9 +44,10 @@ class Controllers:
                 quotas.on_namespace(ns)
         pods = PodController(kube, cache, counted_soon, recount_interval_s, component, health,
                              holder_image)
-        quotas = QuotaController(kube, cache, pods, recount_interval_s, component)
+        claims = ClaimHolders(kube, recount_interval_s, health, counted_soon)
+        quotas = QuotaController(kube, cache, pods, recount_interval_s, component, claims)
         count_soon.append(quotas)
-        return cls(PartitionController(kube, component, health), pods, quotas)
+        return cls(PartitionController(kube, component, health), pods, quotas, claims)
 
     def lead_with(self, key: bytes) -> None:
         """This replica leads: resizes are answered and sealed with ``key``."""
@@ -54,9 +58,11 @@ class Controllers:
         self.partitions.forget()
         self.quotas.forget()
         self.pods.forget()
+        self.claims.forget()
 
     def tasks(self) -> dict[str, Task]:
         """What the leader runs, each supervised, by name."""
         return {"nodes": self.partitions.watch_nodes, "partitions": self.partitions.loop,
                 "pods": self.pods.watch_pods, "growth-holders": self.pods.watch_holders,
-                "holders": self.pods.settle_loop, "quotas": self.quotas.loop}
+                "holders": self.pods.settle_loop, "quotas": self.quotas.loop,
+                "claim-holders": self.claims.loop}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.api.names import LABEL_BUDGETED, LABEL_GROWTH_OF
+from tessera.api.names import LABEL_BUDGETED, LABEL_CLAIM_OF, LABEL_GROWTH_OF
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.health import Health
 from tessera.kube.loops import work_off
@@ -222,7 +222,8 @@ class PodController:
                          if not is_zero(p.need))]
 
     async def watch_holders(self) -> None:
-        """The growth holders (selected by their label)."""
-        await follow(self.kube.watch(path("", "v1", "pods"), LABEL_GROWTH_OF,
+        """The growth holders of pods (selected by their label; claim holders are
+        :mod:`tessera_operator.controller.claims`')."""
+        await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_GROWTH_OF},!{LABEL_CLAIM_OF}",
                                      name="growth-holders", health=self.health),
                      self.on_holder, "growth-holders")

@@ -20,9 +20,11 @@ from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera.kube.loops import work_off
 from tessera_operator import metrics
 from tessera_operator.cache.quotas import QuotaCache
+from tessera_operator.controller.claims import ClaimHolders
 from tessera_operator.controller.events import conditions, dump, post_transitions
 from tessera_operator.controller.pods import DEBOUNCE_S, PodController, rv_of
 from tessera_operator.quota import managed
+from tessera_operator.quota.arith import Usage
 from tessera_operator.quota.objects import status_patch, used_of
 from tessera_operator.quota.status import quota_conditions
 
@@ -41,6 +43,8 @@ class QuotaController:
     pods: PodController
     recount_interval_s: float = 5.0
     component: str = "tessera-operator"
+    claims: ClaimHolders | None = None
+    """The claim holders' totals (DRA claims count in ``status.used`` too)."""
     quotas: dict[tuple[str, str], Obj] = field(default_factory=dict)
     """The GPUQuotas by (namespace, name), from this replica's quota watch."""
     managed: dict[tuple[str, str], Obj] = field(default_factory=dict)
@@ -161,7 +165,12 @@ class QuotaController:
                           f"({exc.message[:300]})")
         gen = int(meta.get("generation") or 1)
         view = self.cache.view(q)
-        used = self.pods.total(str(meta["namespace"])) if self.pods.synced else used_of(status)
+        ns = str(meta["namespace"])
+        claims = self.claims
+        if self.pods.synced and (claims is None or claims.synced):
+            used: Usage | None = self.pods.total(ns) + (claims.total(ns) if claims else Usage())
+        else:
+            used = used_of(status)
         old = conditions(status.get("conditions"))
         conds = quota_conditions(old, view.hard, used, gen, view.problem, unenforced)
         new: dict[str, Any] = {"observedGeneration": gen, "conditions": dump(conds)}

@@ -28,10 +28,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tessera.api.names import (
     GROWTH_HOLDER_PREFIX,
+    LABEL_CLAIM_OF,
     LABEL_GROWTH_OF,
     SCHEDULING_GATE_GROWTH,
     VGPU_CORES,
@@ -169,6 +171,25 @@ def owner_of(pod: Mapping[str, Any]) -> str:
     return str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_GROWTH_OF) or "")
 
 
+def claim_holder_pod(namespace: str, claim_uid: str, amount: Usage, image: str
+                     ) -> dict[str, Any]:
+    """A *claim holder*: a growth holder of a DRA claim's capacity, named after the claim's
+    UID (a repeated create finds it), labelled with it twice (``growth-of``: every holder
+    protection covers it; ``claim-of``: the growth settle leaves it alone).  It has no owner
+    reference: it is made while the claim is being admitted, before the claim exists, and
+    the garbage collector would delete a dependent whose owner it cannot find yet; the
+    leader deletes it once its claim is gone (:mod:`tessera_operator.controller.claims`)."""
+    body = holder_pod(namespace, "", claim_uid, amount, holder_name(claim_uid, "claim"), image)
+    body["metadata"]["labels"][LABEL_CLAIM_OF] = claim_uid
+    del body["metadata"]["ownerReferences"]
+    return body
+
+
+def claim_of(pod: Mapping[str, Any]) -> str:
+    """The UID of the claim a claim holder holds for ("" for a pod's growth holder)."""
+    return str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CLAIM_OF) or "")
+
+
 def holder_pod(namespace: str, owner_name: str, owner_uid: str, amount: Usage, name: str,
                image: str) -> dict[str, Any]:
     """The holder: never scheduled (a scheduling gate only tessera removes, and it never
@@ -205,3 +226,29 @@ def holder_pod(namespace: str, owner_name: str, owner_uid: str, amount: Usage, n
             }],
         },
     }
+
+
+CLAIM_HOLDER_GRACE_S = 10.0
+"""How long a claim holder whose claim is not seen is kept: it is made while its claim is
+admitted, a moment before the claim is stored (and before a list shows it)."""
+
+
+def orphaned_claim_holders(holders: Iterable[Mapping[str, Any]], claim_uids: set[str],
+                           now: datetime, grace_s: float = CLAIM_HOLDER_GRACE_S) -> list[str]:
+    """The names of the claim holders to delete: their claim is not among ``claim_uids``
+    (the namespace's claims now) and they are older than ``grace_s`` (a claim whose
+    admission failed after its holder was made is never stored).  A holder whose age
+    cannot be read is kept (the next pass decides)."""
+    out = []
+    for h in holders:
+        meta = h.get("metadata") or {}
+        if claim_of(h) in claim_uids or meta.get("deletionTimestamp"):
+            continue
+        try:
+            made = datetime.fromisoformat(str(meta.get("creationTimestamp")).replace(
+                "Z", "+00:00"))
+        except ValueError:
+            continue
+        if (now - made).total_seconds() >= grace_s:
+            out.append(str(meta.get("name")))
+    return sorted(out)

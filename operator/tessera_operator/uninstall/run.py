@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.api.names import LABEL_GPUQUOTA
+from tessera.api.names import DRA_DRIVER, LABEL_GPUQUOTA
 from tessera.kube.client import ApiError, Kube, Obj, path
 from tessera_operator.quota.managed import finalizer_off
 from tessera_operator.uninstall.plan import node_patch
@@ -34,9 +34,12 @@ CERT_MANAGER = "cert-manager.io"
 class Targets:
     namespace: str
     deployment: str
-    daemonset: str
+    daemonsets: tuple[str, ...]
+    """The node daemon's DaemonSets: ``tessera-node`` and, with DRA pools, ``tessera-node-dra``."""
     lease: str
     secrets: tuple[str, ...]
+    resource_slices: bool = False
+    """Delete the ResourceSlices of tessera's DRA driver (installs with DRA pools)."""
     certificates: tuple[str, ...] = ()
     """cert-manager Certificates, deleted before the Secrets (else cert-manager issues a
     deleted Secret again, and the Secret outlives the release)."""
@@ -69,19 +72,15 @@ async def _wait_gone(kube: Kube, url: str, timeout_s: float) -> None:
 
 async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[str, int]:
     """Returns counts of what was removed (for the hook's log)."""
-    done = {"webhookConfigurations": 0, "workloads": 0, "runtimeObjects": 0,
-            "resourceQuotas": 0, "nodes": 0}
+    done = {"webhookConfigurations": 0, "workloads": 0, "resourceSlices": 0,
+            "runtimeObjects": 0, "resourceQuotas": 0, "nodes": 0}
     for plural, name in (("mutatingwebhookconfigurations", MUTATING_NAME),
                          ("validatingwebhookconfigurations", VALIDATING_NAME)):
         done["webhookConfigurations"] += await _delete(kube, path(ADMISSION, "v1", plural,
                                                                   name=name))
-    workloads = [path("apps", "v1", "deployments", t.namespace, t.deployment),
-                 path("apps", "v1", "daemonsets", t.namespace, t.daemonset)]
-    for url in workloads:
-        if await _delete_foreground(kube, url):
-            done["workloads"] += 1
-    for url in workloads:
-        await _wait_gone(kube, url, timeout_s)  # foreground: gone once its pods are
+    done["workloads"] = await stop_workloads(kube, t, timeout_s)
+    if t.resource_slices:
+        done["resourceSlices"] = await delete_resource_slices(kube)
     for name in t.certificates:
         done["runtimeObjects"] += await _delete(kube, path(
             CERT_MANAGER, "v1", "certificates", t.namespace, name))
@@ -93,6 +92,34 @@ async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[st
         done["nodes"] += await _patch_settled(
             kube, path("", "v1", "nodes", name=node["metadata"]["name"]), node, node_patch)
     return done
+
+
+async def stop_workloads(kube: Kube, t: Targets, timeout_s: float) -> int:
+    """Delete the operator Deployment and the node daemon DaemonSets (foreground), and wait
+    until they and their pods are gone; how many there were."""
+    workloads = [path("apps", "v1", "deployments", t.namespace, t.deployment),
+                 *(path("apps", "v1", "daemonsets", t.namespace, d) for d in t.daemonsets)]
+    stopped = 0
+    for url in workloads:
+        stopped += await _delete_foreground(kube, url)
+    for url in workloads:
+        await _wait_gone(kube, url, timeout_s)  # foreground: gone once its pods are
+    return stopped
+
+
+async def delete_resource_slices(kube: Kube) -> int:
+    """The ResourceSlices of tessera's DRA driver (the DRA daemons published them; with the
+    daemons gone nobody would, and the scheduler would go on allocating their devices to
+    claims no node prepares). Every node's, in one call; how many there were."""
+    url = path("resource.k8s.io", "v1", "resourceslices")
+    try:
+        gone = await kube.request("DELETE", url, params={"fieldSelector":
+                                                          f"spec.driver={DRA_DRIVER}"})
+    except ApiError as exc:
+        if exc.status == 404:  # an API server without resource.k8s.io/v1
+            return 0
+        raise
+    return len(gone.get("items") or [])
 
 
 async def _delete_foreground(kube: Kube, url: str) -> bool:

@@ -58,6 +58,7 @@ from tessera_operator.cache.quotas import QuotaCache
 from tessera_operator.quota import managed
 from tessera_operator.quota.arith import (
     PodRequestError,
+    Usage,
     budget_from_pod,
     check_fit,
     deny_message,
@@ -71,7 +72,7 @@ from tessera_operator.quota.claims import (
     filled_spec,
     over_max,
 )
-from tessera_operator.quota.holders import is_holder
+from tessera_operator.quota.holders import claim_holder_pod, is_holder
 from tessera_operator.quota.objects import FieldError, policy_of, view_of
 from tessera_operator.quota.status import over_hard
 from tessera_operator.webhooks import pod_security
@@ -198,6 +199,8 @@ class Admission:
     """The operator's own user name (its ServiceAccount): the only creator of holders."""
     scheduler_name: str = ""
     """When set, GPU pods that name no scheduler of their own get this one (tessera's)."""
+    holder_image: str = "registry.k8s.io/pause:3.10"
+    """The image of growth and claim holders (never pulled: they are never scheduled)."""
 
     # -- pods ---------------------------------------------------------------------------
     #
@@ -355,12 +358,53 @@ class Admission:
         over = over_max(asked, policy)
         if over:
             return deny(uid, over)
-        if mutating and (req.get("kind") or {}).get("kind") == "ResourceClaim" and req.get(
-                "operation", "CREATE") == "CREATE":
-            violations = check_fit(asked, views)
-            if violations:
-                return deny(uid, deny_message(violations))
-        return allow(uid, ops)
+        if (req.get("kind") or {}).get("kind") != "ResourceClaim" or req.get(
+                "operation", "CREATE") != "CREATE":
+            return allow(uid, ops)  # a template uses nothing until a claim is made from it
+        violations = check_fit(asked, views)
+        if violations:
+            return deny(uid, deny_message(violations))
+        if mutating:
+            return allow(uid, ops)
+        unenforced = await self._unenforced(_namespace(req), quotas)
+        if unenforced:
+            return deny(uid, unenforced.replace("GPU pods of this namespace",
+                                                "Claims for tessera devices in this namespace"))
+        if req.get("dryRun"):
+            return allow(uid)  # a dry run holds nothing
+        refused = await self._hold_claim(req, asked)
+        return deny(uid, refused) if refused else allow(uid)
+
+    async def _hold_claim(self, req: Mapping[str, Any], asked: Usage) -> str | None:
+        """Hold the claim's capacity in the API server's count with a claim holder (the
+        side effect of this webhook, ``sideEffects: NoneOnDryRun``): its quota admission
+        decides, race-free against every pod create and every other claim, whether the
+        claim fits.  None when held; else why the claim is refused."""
+        meta = (req.get("object") or {}).get("metadata") or {}
+        claim_uid = str(meta.get("uid") or "")
+        if not claim_uid:
+            return "the claim has no UID at admission; create it again"
+        ns = _namespace(req)
+        body = claim_holder_pod(ns, claim_uid, asked, self.holder_image)
+        try:
+            # within the API server's 10 s for this webhook, with time left to answer
+            await self.kube.request("POST", path("", "v1", "pods", ns), body, timeout=6.0)
+        except ApiError as exc:
+            if exc.status == 409:  # made by an earlier call for the same claim
+                return None
+            if exc.status in (403, 422):
+                metrics.CLAIM_HOLDER_WRITES.labels("refused").inc()
+                return (f"no room for the claim in the namespace's GPUQuota count now (the "
+                        f"API server: {exc.message[:400]}); delete claims or pods, or create "
+                        f"it again when some have finished")
+            return f"the claim's capacity could not be held now ({exc.message[:300]}); retry"
+        except (OSError, TimeoutError) as exc:
+            return f"the claim's capacity could not be held now ({exc}); retry"
+        metrics.CLAIM_HOLDER_WRITES.labels("created").inc()
+        log.info("claim holder created", extra={
+            "namespace": ns, "claim": meta.get("name"), "claimUID": claim_uid,
+            "memoryMiB": asked.memory_mib, "cores": asked.cores})
+        return None
 
     # -- GPUPartition ---------------------------------------------------------------------
 

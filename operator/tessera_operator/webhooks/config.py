@@ -91,10 +91,12 @@ def claim_match_expression(spec: str) -> str:
             f"s.deviceClassName in [{classes}])))")
 
 
-def _claim_hooks(cc: ClientConfig, p: str) -> list[dict[str, Any]]:
+def _claim_hooks(cc: ClientConfig, p: str, holds: bool = False) -> list[dict[str, Any]]:
     """ResourceClaims and ResourceClaimTemplates asking tessera's DeviceClasses (the DRA
     path's GPUQuota).  ``Fail``: while the operator is down such claims wait, as GPU pods
-    do, rather than take devices no GPUQuota counted."""
+    do, rather than take devices no GPUQuota counted.  ``holds``: the validating webhook,
+    which holds an admitted claim's capacity with a claim holder (its side effect, none on
+    a dry run)."""
     out = []
     for plural, operations, spec in (("resourceclaims", ["CREATE"], "object.spec"),
                                      ("resourceclaimtemplates", ["CREATE", "UPDATE"],
@@ -108,7 +110,7 @@ def _claim_hooks(cc: ClientConfig, p: str) -> list[dict[str, Any]]:
             "matchConditions": [{"name": "asks-for-tessera-devices",
                                  "expression": claim_match_expression(spec)}],
             "failurePolicy": "Fail",
-            "sideEffects": "None",
+            "sideEffects": "NoneOnDryRun" if holds and plural == "resourceclaims" else "None",
             "timeoutSeconds": 10,
             "admissionReviewVersions": ["v1"],
             "matchPolicy": "Equivalent",
@@ -163,7 +165,7 @@ def validating(cc: ClientConfig) -> dict[str, Any]:
         "metadata": {"name": VALIDATING_NAME, "labels": {"app.kubernetes.io/name": "tessera"}},
         "webhooks": [hook(f"{GPUPARTITIONS}.{GROUP}", GPUPARTITIONS, PARTITION_PATH, "Cluster"),
                      hook(f"{GPUQUOTAS}.{GROUP}", GPUQUOTAS, QUOTA_PATH, "Namespaced"),
-                     *_claim_hooks(cc, CLAIM_VALIDATE_PATH)],
+                     *_claim_hooks(cc, CLAIM_VALIDATE_PATH, holds=True)],
     }
 
 

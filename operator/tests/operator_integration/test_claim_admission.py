@@ -8,18 +8,22 @@ without a GPUQuota, are not tessera's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tessera.api.names import DRA_DEVICE_CLASS, DRA_DEVICE_CLASS_MIG
-from tessera_e2e.operator.quotas import wait_admitting
+from tessera.api.names import DRA_DEVICE_CLASS, DRA_DEVICE_CLASS_MIG, LABEL_CLAIM_OF
+from tessera.kube.client import ApiError, Kube, load_credentials, path
+from tessera_e2e.operator.quotas import managed_rq, wait_admitting
+from tessera_e2e.operator.tenants import tenant_kubeconfig
 
 from .conftest import Operators
-from .harness import kubectl_json
-from .test_quota_admission import quota
+from .harness import kubectl_json, wait_until
+from .test_quota_admission import quota, used
 
 pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
@@ -50,7 +54,7 @@ def test_a_claim_for_tessera_devices_is_stated_counted_and_refused_with_tessera_
     cluster.wait_for_service_account(ns)
     out = cluster.kubectl("apply", "-f", "-", input=quota(
         ns, hard={"memory": "10Gi", "cores": 1000, "pods": 10},
-        default={"memory": "2Gi", "cores": 25}, max_={"memory": "16Gi"}))
+        default={"memory": "2Gi", "cores": 25}, max_={"memory": "10Gi"}))
     assert out.returncode == 0, out.stderr
     wait_admitting(cluster, ns)
     capacity_kept = server_minor(cluster) >= 36
@@ -76,14 +80,16 @@ def test_a_claim_for_tessera_devices_is_stated_counted_and_refused_with_tessera_
          "device, which a GPUQuota cannot count"),
         (claim(ns, "admin", request(adminAccess=True)),
          "spec.devices.requests[0].exactly.adminAccess: admin access reaches tessera devices"),
-        (claim(ns, "big", request(capacity={"requests": {"memory": "20Gi"}})),
-         'the claim asks for 20480Mi of GPU memory in all, more than GPUQuota "team" allows '
-         "one pod (max.memory 16384Mi)"),
+        (claim(ns, "big", request(capacity={"requests": {"memory": "12Gi"}})),
+         'the claim asks for 12288Mi of GPU memory in all, more than GPUQuota "team" allows '
+         "one pod (max.memory 10240Mi)"),
         (claim(ns, "many", request(count=3, capacity={"requests": {"memory": "4Gi"}})),
-         'exceeded GPUQuota "team": tessera.dev/vgpu-memory requested 12Gi'),
+         'the claim asks for 12288Mi of GPU memory in all'),
+        # 9Gi, within max; with "plain" (2Gi) held, over hard (tessera's count or the API
+        # server's, whichever sees it first); where capacity is dropped, refused for that
         (claim(ns, "wide", request(count=2, capacity={"requests": {"memory": "4Gi"}}),
-               request(DRA_DEVICE_CLASS_MIG, "mig", capacity={"requests": {"memory": "3Gi"}})),
-         'exceeded GPUQuota "team": tessera.dev/vgpu-memory requested 11Gi'),
+               request(DRA_DEVICE_CLASS_MIG, "mig", capacity={"requests": {"memory": "1Gi"}})),
+         "exceeded" if capacity_kept else "DRAConsumableCapacity feature gate is off"),
     ]
     for body, says in refusals:
         out = create(cluster, body)
@@ -122,3 +128,81 @@ def test_claims_not_for_tessera_devices_and_namespaces_without_a_gpuquota_pass_u
     wait_admitting(cluster, ns)
     out = create(cluster, claim(ns, "nic", request("nic.example.com", allocationMode="All")))
     assert out.returncode == 0, out.stderr
+
+
+async def _create_claims(kubeconfig: Path, ns: str, bodies: list[str]
+                         ) -> tuple[list[str], list[str]]:
+    """Create the claims at once; the names admitted, and the refusals' messages."""
+    kube = Kube(load_credentials(str(kubeconfig)))
+    refusals: list[str] = []
+    try:
+        async def one(body: str) -> str | None:
+            obj = json.loads(body)
+            try:
+                await kube.create(path("resource.k8s.io", "v1", "resourceclaims", ns), obj)
+            except ApiError as exc:
+                refusals.append(exc.message)
+                return None
+            return str(obj["metadata"]["name"])
+        made = [n for n in await asyncio.gather(*(one(b) for b in bodies)) if n]
+        return made, refusals
+    finally:
+        await kube.close()
+
+
+def claim_holders(cluster: Any, ns: str) -> list[dict[str, Any]]:
+    return list(kubectl_json(cluster, "get", "pods", "-n", ns, "-l", LABEL_CLAIM_OF)["items"])
+
+
+def test_a_burst_of_claims_is_held_race_free_and_a_deleted_claim_frees_its_room(
+        cluster: Any, namespace: str, ops: Operators, tmp_path: Path) -> None:
+    """Eight claims of 2 GiB at once under hard 10Gi: exactly five are admitted, each held in
+    the API server's count by a claim holder; a tenant cannot delete a holder; a dry run
+    holds nothing; a deleted claim's holder goes and its room takes a new claim."""
+    ns = namespace
+    cluster.wait_for_service_account(ns)
+    out = cluster.kubectl("apply", "-f", "-", input=quota(
+        ns, hard={"memory": "10Gi", "cores": 1000, "pods": 10}))
+    assert out.returncode == 0, out.stderr
+    wait_admitting(cluster, ns)
+    two_gib = request(capacity={"requests": {"memory": "2Gi", "cores": "10"}})
+    bodies = [claim(ns, f"c{i}", two_gib) for i in range(8)]
+    admitted, refusals = asyncio.run(_create_claims(cluster.kubeconfig, ns, bodies))
+    if server_minor(cluster) < 36:  # capacity dropped: every claim refused, nothing held
+        assert admitted == [] and claim_holders(cluster, ns) == []
+        assert all("DRAConsumableCapacity" in r for r in refusals), refusals
+        return
+    assert len(admitted) == 5, (admitted, refusals)
+    for r in refusals:  # the API server's count refused them (the burst outran tessera's)
+        assert "no room for the claim in the namespace's GPUQuota count now" in r or \
+            'exceeded GPUQuota "team"' in r, r
+    holders = claim_holders(cluster, ns)
+    uids = {kubectl_json(cluster, "get", "resourceclaim", n, "-n", ns)["metadata"]["uid"]
+            for n in admitted}
+    assert {h["metadata"]["labels"][LABEL_CLAIM_OF] for h in holders} == uids
+    rq = managed_rq(cluster, ns) or {}
+    assert rq["status"]["used"]["requests.tessera.dev/vgpu-memory"] == "10240"
+    wait_until("the claims in GPUQuota status.used", lambda: (used(cluster, ns).get(
+        "memory"), used(cluster, ns).get("cores")) == ("10Gi", 50), 20, 0.5)
+    out = create(cluster, claim(ns, "one-more", two_gib))
+    assert out.returncode != 0 and ('exceeded GPUQuota "team": tessera.dev/vgpu-memory '
+                                    'requested 2Gi, used 10Gi, hard 10Gi') in out.stderr, \
+        out.stderr
+
+    tenant = tenant_kubeconfig(cluster, ns, tmp_path)
+    name = holders[0]["metadata"]["name"]
+    out = cluster.kubectl("--kubeconfig", str(tenant), "delete", "pod", name, "-n", ns)
+    assert out.returncode != 0, f"a tenant deleted claim holder {name}"
+
+    gone = admitted[0]
+    out = cluster.kubectl("delete", "resourceclaim", gone, "-n", ns)
+    assert out.returncode == 0, out.stderr
+    wait_until("the deleted claim's holder gone", lambda: len(claim_holders(cluster, ns)) == 4,
+               40, 0.5)
+    out = cluster.kubectl("create", "--dry-run=server", "-f", "-",
+                          input=claim(ns, "dry", two_gib))
+    assert out.returncode == 0, out.stderr
+    assert len(claim_holders(cluster, ns)) == 4  # a dry run holds nothing
+    wait_until("room for a new claim", lambda: create(
+        cluster, claim(ns, "again", two_gib)).returncode == 0, 30, 1)
+    assert len(claim_holders(cluster, ns)) == 5

@@ -3,12 +3,16 @@ the count ever dropping below the need."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera_operator.quota.arith import Usage
 from tessera_operator.quota.holders import (
     Holder,
+    claim_holder_pod,
+    claim_of,
     covers,
     grown,
     holder_name,
@@ -16,6 +20,7 @@ from tessera_operator.quota.holders import (
     holds,
     is_holder,
     need,
+    orphaned_claim_holders,
     owner_of,
     settle,
     total,
@@ -103,3 +108,36 @@ def test_the_holder_pod_is_gated_owned_restricted_and_holds_its_amount() -> None
     assert only_cores["spec"]["containers"][0]["resources"]["limits"] == {
         "tessera.dev/vgpu-cores": "5"}
     assert grown(Usage(10, 10), Usage(20, 5)) == Usage(0, 5)
+
+
+# -- claim holders ------------------------------------------------------------------------------
+
+
+def _claim_holder(claim_uid: str, made: str, deleting: bool = False) -> dict[str, object]:
+    body = claim_holder_pod("team", claim_uid, Usage(2048, 30), "pause")
+    body["metadata"]["creationTimestamp"] = made
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = made
+    return body
+
+
+def test_a_claim_holder_is_a_growth_holder_named_and_labelled_by_its_claim() -> None:
+    a = claim_holder_pod("team", "uid-1", Usage(2048, 30), "pause")
+    assert a == claim_holder_pod("team", "uid-1", Usage(2048, 30), "pause")  # same name again
+    assert is_holder(a) and holds(a) == Usage(2048, 30) and claim_of(a) == "uid-1"
+    assert a["metadata"]["name"] != claim_holder_pod("team", "uid-2", Usage(1, 1), "p")[
+        "metadata"]["name"]
+    assert "ownerReferences" not in a["metadata"]  # its claim does not exist yet
+    assert claim_of(holder_pod("team", "p", "pod-uid", Usage(1, 0), "h", "pause")) == ""
+
+
+def test_only_holders_whose_claim_is_gone_past_the_grace_are_collected() -> None:
+    now = datetime(2026, 11, 28, 6, 0, 0, tzinfo=UTC)
+    holders = [_claim_holder("alive", "2026-11-28T05:00:00Z"),
+               _claim_holder("gone-old", "2026-11-28T05:59:49Z"),
+               _claim_holder("gone-new", "2026-11-28T05:59:55Z"),  # its claim being admitted
+               _claim_holder("gone-deleting", "2026-11-28T05:00:00Z", deleting=True),
+               _claim_holder("gone-unreadable", "yesterday")]
+    names = {str(h["metadata"]["name"]): claim_of(h) for h in holders}  # type: ignore[index]
+    got = orphaned_claim_holders(holders, {"alive"}, now)
+    assert [names[n] for n in got] == ["gone-old"]

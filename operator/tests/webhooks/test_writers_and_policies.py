@@ -33,7 +33,7 @@ def test_a_user_writes_only_the_resize_request_and_placement_policies_on_a_pod()
     assert set(writers.tessera_only_pod_keys("annotation")) == {
         names.ANNOTATION_BUDGET, names.ANNOTATION_BUDGET_RESIZE, names.ANNOTATION_PLACEMENT}
     assert set(writers.tessera_only_pod_keys("label")) == {
-        names.LABEL_BUDGETED, names.LABEL_GROWTH_OF}
+        names.LABEL_BUDGETED, names.LABEL_GROWTH_OF, names.LABEL_CLAIM_OF}
 
 
 def test_the_webhook_sees_every_pod_carrying_a_key_only_tessera_writes() -> None:
