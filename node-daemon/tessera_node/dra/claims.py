@@ -46,6 +46,7 @@ from tessera.api.names import (
 )
 from tessera.api.quantity import QuantityError, quantity_value, to_bytes
 from tessera.dra.devices import CORES, device_name, shared
+from tessera.dra.requests import request_body, stated_capacity
 from tessera_node.budget.formats import MAX_DEV, BudgetEntry
 from tessera_node.container.entries import shared_entry, whole_entry
 
@@ -117,34 +118,10 @@ def results(claim: Mapping[str, Any]) -> list[Result]:
                 f"through one of them")
         out.append(Result(str(r.get("request", "")), str(r.get("pool", "")),
                           str(r.get("device", "")), r.get("shareID") or None,
-                          r.get("consumedCapacity"), stated_capacity(body)))
+                          r.get("consumedCapacity"), stated_capacity(body) or None))
     if not out:
         raise ClaimError(f"ResourceClaim {name} has no device of {DRA_DRIVER} allocated")
     return out
-
-
-def request_body(claim: Mapping[str, Any], request: str) -> Mapping[str, Any]:
-    """What the claim's request ``request`` (``<request>`` or, for a ``firstAvailable``
-    alternative, ``<request>/<subrequest>``) asks: its ``exactly`` or its subrequest ({}
-    when the claim has no such request)."""
-    name, _, sub = request.partition("/")
-    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        if not isinstance(r, Mapping) or r.get("name") != name:
-            continue
-        if not sub:
-            exactly = r.get("exactly")
-            return exactly if isinstance(exactly, Mapping) else {}
-        for s in r.get("firstAvailable") or []:
-            if isinstance(s, Mapping) and s.get("name") == sub:
-                return s
-    return {}
-
-
-def stated_capacity(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The capacity a request states (``capacity.requests``), if it states any."""
-    cap = body.get("capacity")
-    req = cap.get("requests") if isinstance(cap, Mapping) else None
-    return req if isinstance(req, Mapping) and req else None
 
 
 def allocation(claim: Mapping[str, Any], node: str, gpus: Sequence[GPUInventory]

@@ -27,8 +27,8 @@ from tessera.api.names import LABEL_CLAIM_OF
 from tessera.kube.client import ApiError, Kube, path
 from tessera.kube.health import Health
 from tessera_operator import metrics
-from tessera_operator.quota.arith import Usage
-from tessera_operator.quota.holders import Holder, holds, orphaned_claim_holders, total
+from tessera_operator.quota.arith import Usage, total
+from tessera_operator.quota.holders import holds, orphaned_claim_holders
 
 log = logging.getLogger("tessera.claims")
 
@@ -75,7 +75,8 @@ class ClaimHolders:
             claims = (await self.kube.list(path("resource.k8s.io", "v1", "resourceclaims",
                                                 ns))).get("items") or []
             uids = {str(c["metadata"].get("uid")) for c in claims}
-            for name in orphaned_claim_holders(mine, uids, now):
+            orphans = orphaned_claim_holders(mine, uids, now)
+            for name in orphans:
                 try:
                     await self.kube.delete(path("", "v1", "pods", ns, name))
                 except ApiError as exc:
@@ -85,9 +86,7 @@ class ClaimHolders:
                 log.info("claim holder deleted: its claim is gone",
                          extra={"namespace": ns, "holder": name})
                 deleted.append(f"{ns}/{name}")
-            gone = {d.split("/", 1)[1] for d in deleted if d.startswith(f"{ns}/")}
-            totals[ns] = total(Holder(str(h["metadata"]["name"]), holds(h)) for h in mine
-                               if h["metadata"]["name"] not in gone
+            totals[ns] = total(holds(h) for h in mine if h["metadata"]["name"] not in orphans
                                and not h["metadata"].get("deletionTimestamp"))
         changed = {ns for ns in {*totals, *self._totals}
                    if totals.get(ns, Usage()) != self._totals.get(ns, Usage())}

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.names import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY, DRA_DEVICE_CLASSES
+from tessera.dra.requests import stated_capacity
 from tessera_operator.quota.arith import QuotaPolicy, Usage
 from tessera_operator.quota.units import count, memory_mib
 
@@ -79,12 +80,6 @@ def device_asks(spec: Mapping[str, Any], where: str = "spec", pointer: str = "/s
     return out
 
 
-def _capacity(ask: DeviceAsk) -> Mapping[str, Any]:
-    cap = ask.body.get("capacity")
-    req = cap.get("requests") if isinstance(cap, Mapping) else None
-    return req if isinstance(req, Mapping) else {}
-
-
 def _count(ask: DeviceAsk) -> int:
     mode = ask.body.get("allocationMode") or "ExactCount"
     if mode != "ExactCount":
@@ -110,7 +105,7 @@ def device_usage(ask: DeviceAsk) -> Usage:
             f"{ask.where}.adminAccess: admin access reaches tessera devices that other claims "
             f"hold, beyond any GPUQuota; it is refused in a namespace with a GPUQuota")
     n = _count(ask)
-    cap = _capacity(ask)
+    cap = stated_capacity(ask.body)
     missing = [k for k in (DRA_CAPACITY_MEMORY, DRA_CAPACITY_CORES) if k not in cap]
     if missing:
         raise CapacityNotStated(
@@ -182,7 +177,7 @@ def filled_spec(spec: Mapping[str, Any], policy: QuotaPolicy, where: str = "spec
 
 
 def _filled_values(ask: DeviceAsk, policy: QuotaPolicy) -> dict[str, str]:
-    cap = _capacity(ask)
+    cap = stated_capacity(ask.body)
     add: dict[str, str] = {}
     if DRA_CAPACITY_MEMORY not in cap:
         if not policy.default_memory_mib:

@@ -266,7 +266,8 @@ class Admission:
             return []
         return [{"op": "add", "path": "/spec/schedulerName", "value": self.scheduler_name}]
 
-    async def _unenforced(self, ns: str, quotas: list[Obj]) -> str | None:
+    async def _unenforced(self, ns: str, quotas: list[Obj], what: str = "GPU pods"
+                          ) -> str | None:
         """Why a GPUQuota of the namespace is not counted by the API server now, if one
         is not: every GPU pod of the namespace is refused until it is."""
         for q in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
@@ -279,8 +280,9 @@ class Admission:
             for c in (q.get("status") or {}).get("conditions") or []:
                 if c.get("type") == "Ready" and c.get("reason") in managed.REASONS:
                     why = str(c.get("message") or why)  # the leader knows more (e.g. whose)
-            return (f'GPUQuota "{name}" cannot be enforced now: {why}. GPU pods of this '
-                    f"namespace are refused until it counts again; retry in a few seconds")
+            return (f'GPUQuota "{name}" cannot be enforced now: {why}. {what[:1].upper()}'
+                    f"{what[1:]} of this namespace are refused until it counts again; retry "
+                    f"in a few seconds")
         return None
 
     # -- ResourceClaims (the DRA path) ---------------------------------------------------
@@ -366,10 +368,10 @@ class Admission:
             return deny(uid, deny_message(violations))
         if mutating:
             return allow(uid, ops)
-        unenforced = await self._unenforced(_namespace(req), quotas)
+        unenforced = await self._unenforced(_namespace(req), quotas,
+                                            "claims for tessera devices")
         if unenforced:
-            return deny(uid, unenforced.replace("GPU pods of this namespace",
-                                                "Claims for tessera devices in this namespace"))
+            return deny(uid, unenforced)
         if req.get("dryRun"):
             return allow(uid)  # a dry run holds nothing
         refused = await self._hold_claim(req, asked)
