@@ -19,7 +19,8 @@ from tessera_node.device.nvml import NvmlReader
 from tessera_node.device.smi import NvidiaSmi
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Unit, units
-from tessera_node.deviceplugin.registry import ContainerRegistry
+from tessera_node.deviceplugin.node_pods import NodePods
+from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.dra.publisher import SlicePublisher
 from tessera_node.dra.service import DraPlugin
@@ -60,7 +61,12 @@ async def run(opts: Options) -> None:
     offer = DraDevices(opts.shares_per_unit)
     publisher = (SlicePublisher(kube, opts.node_name, health, offer, opts.resync_interval_s,
                                 on_finding=changed.set) if opts.dra else None)
-    dra = (DraPlugin(kube, opts, offer.gpus, lambda: snapshot_units(reconciler.snapshot))
+    # the pods bound to the node (who uses which claim): the device plugin's watch, or one
+    # of the DRA plugin's own where there is no device plugin
+    pods = (plugin.pods if plugin is not None
+            else NodePods(kube, opts.node_name, health) if opts.dra else None)
+    dra = (DraPlugin(kube, opts, offer.gpus, lambda: snapshot_units(reconciler.snapshot),
+                     lambda: list(pods.objects.values()) if pods is not None else [])
            if opts.dra else None)
     holders: DeviceHolders = (plugin.held if plugin is not None
                               else dra if dra is not None else NoHolders())
@@ -80,16 +86,26 @@ async def run(opts: Options) -> None:
                                opts.metrics_host, opts.metrics_port)
     log.info("started", extra={"node": opts.node_name, "metricsPort": opts.metrics_port,
                                "driverRoot": opts.driver_root, "nvidiaSmi": smi.path})
-    auditor = AuditRunner(kube, opts.node_name, registry.snapshot, reader,
+
+    def containers() -> list[SetUpContainer]:  # what tessera set up: containers and claims
+        return registry.snapshot() + (dra.containers() if dra is not None else [])
+
+    def unit_indexes() -> dict[str, int]:
+        return ((plugin.unit_indexes() if plugin is not None else {})
+                | (dra.unit_indexes() if dra is not None else {}))
+
+    auditor = AuditRunner(kube, opts.node_name, containers, reader,
                           opts.audit_interval_s, opts.audit_slack_mib)
     parts = {"node-watch": own.watch, "partition-watch": reconciler.watch_partitions,
              "devices": reconciler.poll_devices, "reconcile": reconciler.reconcile_loop,
              "audit": auditor.run}
+    if plugin is not None or dra is not None:
+        cores = CoreControl(containers, unit_indexes, reader, opts.core_interval_s)
+        parts |= {"core-control": cores.run}
+    if pods is not None:
+        parts |= {"pod-watch": pods.watch}
     if plugin is not None:
-        cores = CoreControl(registry.snapshot, plugin.unit_indexes, reader,
-                            opts.core_interval_s)
-        parts |= {"pod-watch": plugin.pods.watch, "device-plugin": plugin.run,
-                  "core-control": cores.run}
+        parts |= {"device-plugin": plugin.run}
     if publisher is not None and dra is not None:  # DRA
         parts |= {"dra-slice-watch": publisher.watch, "dra-publish": publisher.run,
                   "dra-plugin": dra.run}

@@ -151,3 +151,68 @@ def test_a_restarted_kubelet_registers_the_plugin_again(
     wait_until("the node's slice deleted by the kubelet and published again", lambda: (
         s if (s := node_slice(bed)) and s["metadata"]["uid"] != before else None), 60)
     run_claim(bed, node_namespace)
+
+
+def claim_pod(name: str, claim: str, command: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "nodeSelector": {"kubernetes.io/hostname": NODE},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": WORKLOAD,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", command],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def share_claim(name: str, memory: str, cores: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRA_DRIVER,
+                "capacity": {"requests": {"memory": memory, "cores": str(cores)}}}}]}}}
+
+
+def test_two_claims_split_one_gpu_by_their_cores_and_idle_time_is_lent(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """Claims of 4 GiB/30 % and 6 GiB/70 % land on node-0's one GPU; their pods saturate it
+    and each gets its claim's share of the busy time (±3 points over 10 s), as the daemon's
+    core controllers count it per pod; one goes idle and the other takes the GPU. The audit
+    attributes both pods' processes to their claims: none is foreign."""
+    ns = node_namespace
+    bed.cluster.wait_for_service_account(ns)
+    wait_until(f"{NODE}'s slice", lambda: node_slice(bed), 60)
+    pause = "/tmp/pause"
+    for name, memory, cores, seed in (("thirty", "4Gi", 30, 1), ("seventy", "6Gi", 70, 2)):
+        bed.apply(ns, share_claim(name, memory, cores))
+        bed.apply(ns, claim_pod(name, name, f"cuda-spin 0 1000 {seed} {pause}"))
+    try:
+        for name in ("thirty", "seventy"):
+            bed.wait_phase(ns, name, {"Running"}, 120)
+        devices = {name: bed.get("resourceclaim", "-n", ns, name)["status"]["allocation"][
+            "devices"]["results"][0]["device"] for name in ("thirty", "seventy")}
+        assert devices == {"thirty": "gpu0", "seventy": "gpu0"}, devices
+        wait_until("both claims under a core controller", lambda: len(
+            bed.core_busy(NODE, ns)) == 2, 60, 1)
+        time.sleep(3)  # the controller learns the kernels' cost
+        got, wall = bed.busy_window(NODE, ns, 10)
+        total = sum(got.values())
+        shares = {p: round(100 * v / total, 2) for p, v in got.items()}
+        print(f"claims' achieved shares over 10 s: {shares}, GPU busy {total / wall:.3f}")
+        assert total <= 1.03 * wall, (got, wall)
+        assert abs(shares["thirty"] - 30) <= 3 and abs(shares["seventy"] - 70) <= 3, shares
+
+        out = bed.kubectl("exec", "-n", ns, "thirty", "--", "sh", "-c", f": > {pause}")
+        assert out.returncode == 0, out.stderr
+        time.sleep(2)
+        got, wall = bed.busy_window(NODE, ns, 3)
+        assert got["thirty"] / wall < 0.02, got
+        assert got["seventy"] / wall >= 0.90, (got, wall)
+        print(f"lending: seventy busy {got['seventy'] / wall:.3f} while thirty idles")
+        # the audit saw both pods' processes as their claims' (no ForeignGPUProcess Event)
+        foreign = bed.kubectl("get", "events", "-A", "--field-selector",
+                              "reason=ForeignGPUProcess", "-o", "name")
+        assert foreign.returncode == 0 and foreign.stdout.strip() == "", foreign.stdout
+    finally:
+        for name in ("thirty", "seventy"):
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+            bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")

@@ -57,6 +57,12 @@ class AuditedContainer:
     """Why its ledger is not the one the daemon made (gone, replaced, truncated, garbage)."""
     accounted: Mapping[str, int] | None = None
     """Per UUID, the bytes its ledger's live processes say they hold (None: no ledger read)."""
+    other_pod_uids: frozenset[str] = frozenset()
+    """Other pods whose processes are its own (a DRA claim's budget is shared by every pod
+    that uses the claim)."""
+
+    def of_pod(self, pod_uid: str) -> bool:
+        return pod_uid == self.pod_uid or pod_uid in self.other_pod_uids
 
 
 @dataclass(frozen=True)
@@ -146,13 +152,14 @@ class AuditResult:
 def attribute(p: GPUProcess, containers: Sequence[AuditedContainer]) -> AuditedContainer | None:
     """The tessera container a process belongs to, or None (foreign).
 
-    Its pod comes from its cgroup only. Within the pod: the container whose runtime ID its
+    Its pod comes from its cgroup only (a DRA claim is any of the pods that use it). Within
+    the pod: the container whose runtime ID its
     cgroup names; where the registry knows no IDs, the one whose ledger lists the process
     (PID and start time), else the pod's only tessera container. A process in a pod tessera
     set up nothing in, in another container of the pod, or outside any pod is foreign."""
     if p.owner is None:
         return None
-    cands = [c for c in containers if c.pod_uid == p.owner.pod_uid]
+    cands = [c for c in containers if c.of_pod(p.owner.pod_uid)]
     if p.owner.container_id is not None:
         for c in cands:
             if c.container_id == p.owner.container_id:

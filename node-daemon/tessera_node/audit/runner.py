@@ -111,7 +111,8 @@ def read_container(c: SetUpContainer) -> ContainerState:
         accounted = {u: sum(s.bytes[e] for s in ledger.slots if s.alive)
                      for u, e in entry_of.items() if e < len(ledger.devices)}
     view = AuditedContainer(ContainerKey(c.namespace, c.pod, c.container), c.pod_uid,
-                            c.container_id, limits, ids, files, tampered, accounted)
+                            c.container_id, limits, ids, files, tampered, accounted,
+                            frozenset(c.other_pod_uids))
     return ContainerState(c, view, cores, entry_of, ledger)
 
 

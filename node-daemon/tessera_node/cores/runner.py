@@ -133,6 +133,10 @@ class CoreControl:
                 t = Tenant(name=name, budget=BudgetFile(s.budget_file), ledger=Path(s.ledger),
                            entry=s.entry)
                 metrics.core_series(unit, name, s.owner)  # its series from the start
+            elif t.owner is not None and t.owner != s.owner:
+                # a claim's pod seen only after the claim was prepared: its series move
+                metrics.forget_core_container(unit, t.owner)
+                metrics.core_series(unit, name, s.owner)
             t.weight, t.lend, t.owner = s.weight, s.lend, s.owner
             tenants.append(t)
         ctl.tenants = tenants

@@ -1,5 +1,7 @@
 """The containers tessera set up on this node: one entry per allocation its device plugin
-confirmed for a container (pod UID, container, budget, budget file and ledger, units).
+confirmed for a container (pod UID, container, budget, budget file and ledger, units). The
+DRA plugin's prepared claims take the same shape (:mod:`tessera_node.dra.containers`) and
+are read beside it.
 
 The device plugin's manager writes it (``put`` when a container's budget file is written
 ready or refused, ``drop`` when its files are removed); the rest of the daemon (the audit and
@@ -49,6 +51,12 @@ class SetUpContainer:
     """The runtime's ID of the container now (the pod's status, written by the kubelet;
     ``containerd://`` stripped), once it has started: the audit holds each process of a pod
     with several GPU containers to the budget of the container its cgroup names."""
+    claim: str | None = None
+    """``namespace/name`` of the DRA ResourceClaim this entry is (the DRA plugin's entries:
+    one per prepared claim, its budget shared by every container that uses it); None for a
+    container the device plugin set up."""
+    other_pod_uids: tuple[str, ...] = ()
+    """A claim's other pods (beside ``pod_uid``) whose processes are the claim's."""
 
     @property
     def ledger(self) -> Path:

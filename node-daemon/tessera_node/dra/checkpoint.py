@@ -34,13 +34,20 @@ class PreparedClaim:
     name: str
     results: tuple[Result, ...]
     units: tuple[UnitBudget, ...]
+    quota: str | None = None
+    """Its namespace's GPUQuota (``namespace/name``) when it was prepared, if any."""
+    weight: int = 1
+    """That GPUQuota's fair-share weight for idle core time."""
+    lending: bool = True
+    """False: that GPUQuota's hard caps (no lending or borrowing of core time)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "name": self.name,
                 "results": [{"request": r.request, "pool": r.pool, "device": r.device,
                              "shareID": r.share_id} for r in self.results],
                 "units": [{"uuid": u.uuid, "memory": u.memory, "cores": u.cores}
-                          for u in self.units]}
+                          for u in self.units],
+                "quota": self.quota, "weight": self.weight, "lending": self.lending}
 
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
@@ -48,7 +55,9 @@ class PreparedClaim:
                    tuple(Result(str(r["request"]), str(r["pool"]), str(r["device"]),
                                 r.get("shareID")) for r in data["results"]),
                    tuple(UnitBudget(str(u["uuid"]), u["memory"], u["cores"])
-                         for u in data["units"]))
+                         for u in data["units"]),
+                   data.get("quota"), int(data.get("weight", 1)),
+                   bool(data.get("lending", True)))
 
 
 class Checkpoint:

@@ -8,7 +8,8 @@ checkpoint lost it (a daemon killed between writing the files and the checkpoint
   budget is the allocated capacity, no pod to wait for) and the ledger (``run/ledger``),
   beside tessera's marker ``<state dir>/claims/managed`` (:mod:`tessera_node.budget.writer`);
 * ``<CDI dir>/gpu.tessera.dev-claim-<uid>.json``: the CDI spec (:mod:`.cdi`);
-* the claim in the checkpoint (:mod:`.checkpoint`), written first.
+* the claim in the checkpoint (:mod:`.checkpoint`), written first, with its namespace's
+  GPUQuota's weight and lending as they were then (read once, as a pod's at admission).
 
 Prepare again (the kubelet asks after its own restart, or a new pod sandbox after a reboot)
 answers from the checkpoint, writes the budget file's entries again in place (a container
@@ -42,6 +43,7 @@ from tessera_node.container.sim_files import SimDeviceFiles
 from tessera_node.dra import cdi
 from tessera_node.dra.checkpoint import Checkpoint, PreparedClaim
 from tessera_node.dra.claims import ClaimError, allocation, entries
+from tessera_node.dra.containers import ClaimPolicy
 from tessera_node.dra.files import write_atomically
 
 log = logging.getLogger("tessera_node.dra")
@@ -84,6 +86,10 @@ ReadClaim = Callable[[str, str], dict[str, Any]]
 """(namespace, name) -> the ResourceClaim; ClaimError when it is not there, OSError when the
 API server cannot be asked now."""
 
+ReadPolicy = Callable[[str], ClaimPolicy]
+"""namespace -> what its GPUQuota says of core time; ClaimError when a GPUQuota cannot be
+read, OSError when the API server cannot be asked now."""
+
 
 class NodeView:
     """What the plugin knows of the node: its GPUs with the units they offer (the inventory
@@ -97,11 +103,13 @@ class NodeView:
 
 class ClaimPreparer:
     def __init__(self, config: DraConfig, writer: BudgetWriter, checkpoint: Checkpoint,
-                 read_claim: ReadClaim, node: NodeView) -> None:
+                 read_claim: ReadClaim, node: NodeView,
+                 read_policy: ReadPolicy = lambda namespace: ClaimPolicy()) -> None:
         self.config = config
         self.writer = writer
         self.checkpoint = checkpoint
         self.read_claim = read_claim
+        self.read_policy = read_policy
         self.node = node
         self.sim_files = SimDeviceFiles(config.visibility, config.sim)
         self._lock = threading.Lock()
@@ -142,7 +150,9 @@ class ClaimPreparer:
             raise ClaimError(f"node {self.config.node}: its GPUs are not read yet; "
                              "the kubelet tries again")
         alloc = allocation(claim, self.config.node, gpus)
-        return PreparedClaim(ref.uid, ref.namespace, ref.name, alloc.results, alloc.units)
+        policy = self.read_policy(ref.namespace)
+        return PreparedClaim(ref.uid, ref.namespace, ref.name, alloc.results, alloc.units,
+                             policy.quota, policy.weight, policy.lending)
 
     def _write(self, record: PreparedClaim) -> ContainerResponse:
         uid = record.uid

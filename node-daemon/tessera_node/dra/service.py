@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tessera.api.inventory import GPUInventory
+from tessera.api.names import GPUQUOTAS, GROUP, VERSION
 from tessera.kube.client import ApiError, Kube, path
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.container import library
-from tessera_node.container.device_files import Unit
 from tessera_node.container.response import SimPaths
+from tessera_node.deviceplugin.devices import Unit
+from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_node.dra.checkpoint import Checkpoint
 from tessera_node.dra.claims import ClaimError
+from tessera_node.dra.containers import ClaimPolicy, claim_containers, claim_policy, users_by_claim
 from tessera_node.dra.prepare import ClaimPreparer, DraConfig, NodeView
 from tessera_node.dra.server import DraServer
 from tessera_node.layout.holders import Holders
@@ -40,15 +43,20 @@ CHECK_SOCKETS_S = 1.0
 class DraPlugin:
     def __init__(self, kube: Kube, opts: Options,
                  gpus: Callable[[], Sequence[GPUInventory] | None],
-                 units: Callable[[], Sequence[Unit]]) -> None:
+                 units: Callable[[], Sequence[Unit]],
+                 pods: Callable[[], Iterable[Mapping[str, Any]]] = lambda: ()) -> None:
         """``gpus``: the node's GPUs with the units they offer, as the daemon publishes them
-        (None: not known yet); ``units``: the units' device numbers (``sim`` visibility)."""
+        (None: not known yet); ``units``: the units' device numbers (``sim`` visibility);
+        ``pods``: the pods bound to the node, as a watch has them (who uses which claim)."""
         self.kube = kube
         self.opts = opts
         self.node = NodeView(gpus, units)
+        self.units = units
+        self.pods = pods
         self.server: DraServer | None = None
         self.checkpoint: Checkpoint | None = None
         """The claims prepared here, read first when the plugin starts."""
+        self.writer: BudgetWriter | None = None
         self.error: str | None = "not started yet"
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -71,6 +79,35 @@ class DraPlugin:
             for u in c.units:
                 out.setdefault(u.uuid, []).append(f"{c.namespace}/{c.name} (ResourceClaim)")
         return out
+
+    def containers(self) -> list[SetUpContainer]:
+        """The claims prepared here, as the core controllers and the audit read containers
+        (:mod:`tessera_node.dra.containers`); none before the plugin read its checkpoint."""
+        checkpoint, writer = self.checkpoint, self.writer
+        if checkpoint is None or writer is None:
+            return []
+        gpu_of = {u.uuid: u.gpu_uuid for u in self.units()}
+        return claim_containers(checkpoint.claims(), users_by_claim(self.pods()), gpu_of,
+                                lambda uid: (str(writer.budget_path(uid)),
+                                             str(writer.ledger_dir(uid))))
+
+    def unit_indexes(self) -> dict[str, int]:
+        """The units the node has now (GPU or MIG UUID) -> their GPU's NVML index."""
+        return {u.uuid: u.gpu_index for u in self.units()}
+
+    def read_policy(self, namespace: str) -> ClaimPolicy:
+        """The namespace's GPUQuotas' weight and lending, read on the daemon's loop."""
+        assert self._loop is not None
+        url = path(GROUP, VERSION, GPUQUOTAS, namespace)
+        try:
+            body = asyncio.run_coroutine_threadsafe(self.kube.list(url), self._loop).result(
+                CLAIM_READ_TIMEOUT_S)
+        except ApiError as exc:
+            raise OSError(f"reading the GPUQuotas of {namespace}: {exc}") from None
+        except TimeoutError:
+            raise OSError(f"reading the GPUQuotas of {namespace}: no answer in "
+                          f"{CLAIM_READ_TIMEOUT_S:.0f} s") from None
+        return claim_policy(namespace, body.get("items") or [])
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim, read on the daemon's loop (called from a gRPC thread)."""
@@ -101,7 +138,9 @@ class DraPlugin:
                            cdi_dir=self.opts.cdi_dir, sim=sim)
         writer = BudgetWriter(state / CLAIMS_DIR, int(self.opts.budget_wait_s * 1000))
         writer.empty_trash()
-        preparer = ClaimPreparer(config, writer, checkpoint, self.read_claim, self.node)
+        self.writer = writer
+        preparer = ClaimPreparer(config, writer, checkpoint, self.read_claim, self.node,
+                                 self.read_policy)
         server = DraServer(preparer, self.opts.kubelet_root)
         server.start()
         log.info("DRA plugin prepared", extra={"libtessera": str(lib_dir),

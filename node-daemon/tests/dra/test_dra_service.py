@@ -29,7 +29,8 @@ U1 = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
 
 class FakeKube:
-    """Answers GETs of ResourceClaims from a dict (an ApiError where a test put one)."""
+    """Answers GETs of ResourceClaims and LISTs of GPUQuotas from a dict (an ApiError where a
+    test put one)."""
 
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {}
@@ -42,6 +43,9 @@ class FakeKube:
             raise found
         await asyncio.sleep(0)
         return found
+
+    async def list(self, url: str) -> Any:
+        return await self.get(url)
 
 
 def test_the_daemon_serves_claims_read_on_its_event_loop() -> None:
@@ -60,6 +64,8 @@ def test_the_daemon_serves_claims_read_on_its_event_loop() -> None:
         obj["metadata"] = {"namespace": "team", "name": "ok", "uid": U1}
         kube.objects[url + "ok"] = obj
         kube.objects[url + "down"] = ApiError(503, "unavailable", f"GET {url}down")
+        kube.objects["/apis/tessera.dev/v1alpha1/namespaces/team/gpuquotas"] = {"items": [
+            {"metadata": {"name": "team"}, "spec": {"weight": 3, "lending": False}}]}
         plugin = DraPlugin(kube, opts, gpus, lambda: ())  # type: ignore[arg-type]
         assert plugin.not_ready() == ["DRA plugin: not started yet"]
         with pytest.raises(OSError, match="not read its prepared claims yet"):
@@ -95,5 +101,10 @@ def test_the_daemon_serves_claims_read_on_its_event_loop() -> None:
         assert plugin.server is None  # stopped with the task
         # the prepared claim holds its unit against a MIG change; the refused ones hold none
         assert plugin.holders() == {G0: ["team/ok (ResourceClaim)"]}
+        # and is a container to the core controllers and the audit, with its quota's policy
+        (c,) = plugin.containers()
+        assert (c.key, c.claim, c.units, c.quota, c.weight, c.lending) == (
+            U1, "team/ok", (G0,), "team/team", 3, False)
+        assert c.budget_file == str(root / "state" / "claims" / U1 / "budget")
     finally:
         shutil.rmtree(root)
