@@ -23,7 +23,7 @@ from tessera_node.deviceplugin.node_pods import NodePods
 from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.dra.publisher import SlicePublisher
-from tessera_node.dra.service import DraPlugin
+from tessera_node.dra.service import AllocatedClaims, DraPlugin
 from tessera_node.dra.state import DraDevices
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.layout.holders import DeviceHolders, NoHolders
@@ -65,13 +65,16 @@ async def run(opts: Options) -> None:
     # of the DRA plugin's own where there is no device plugin
     pods = (plugin.pods if plugin is not None
             else NodePods(kube, opts.node_name, health) if opts.dra else None)
-    dra = (DraPlugin(kube, opts, offer.gpus, lambda: snapshot_units(reconciler.snapshot),
+    dra = (DraPlugin(kube, opts, offer.present, lambda: snapshot_units(reconciler.snapshot),
                      lambda: list(pods.objects.values()) if pods is not None else [])
            if opts.dra else None)
     holders: DeviceHolders = (plugin.held if plugin is not None
                               else dra if dra is not None else NoHolders())
+    # a MIG change on a DRA node also waits for claims allocated here but not prepared yet
+    enacting: DeviceHolders = (AllocatedClaims(dra) if plugin is None and dra is not None
+                               else holders)
     advertiser = plugin.devices if plugin is not None else publisher
-    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), holders,
+    enactor = SmiEnactor(smi, reader, GPULocks(opts.state_dir), enacting,
                          advertiser=advertiser,
                          recheck_s=opts.retry_interval_s, allow_reset=opts.allow_gpu_reset)
     await asyncio.to_thread(enactor.prepare)

@@ -227,3 +227,23 @@ def entries(units: Sequence[UnitBudget], context_bytes: Mapping[str, int] | None
 def _claim_name(claim: Mapping[str, Any]) -> str:
     meta = claim.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def allocated_units(claims: Iterable[Mapping[str, Any]], node: str,
+                    gpus: Sequence[GPUInventory]) -> dict[str, list[str]]:
+    """Unit UUID -> the claims (``namespace/name (ResourceClaim)``) the scheduler allocated a
+    device of this node's pool on, prepared or not: what a MIG change must wait for. A device
+    name the node does not know (a layout gone already) holds nothing."""
+    by_name = node_units(gpus)
+    out: dict[str, list[str]] = {}
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for r in ((allocation.get("devices") or {}).get("results") or []):
+            if r.get("driver") != DRA_DRIVER or r.get("pool") != node:
+                continue
+            unit = by_name.get(str(r.get("device", "")))
+            if unit is not None:
+                who = f"{_claim_name(claim)} (ResourceClaim)"
+                if who not in out.setdefault(unit.uuid, []):
+                    out[unit.uuid].append(who)
+    return out

@@ -21,7 +21,7 @@ from tessera_node.container.response import SimPaths
 from tessera_node.deviceplugin.devices import Unit
 from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_node.dra.checkpoint import Checkpoint
-from tessera_node.dra.claims import ClaimError
+from tessera_node.dra.claims import ClaimError, allocated_units
 from tessera_node.dra.containers import ClaimPolicy, claim_containers, claim_policy, users_by_claim
 from tessera_node.dra.prepare import ClaimPreparer, DraConfig, NodeView
 from tessera_node.dra.server import DraServer
@@ -38,6 +38,17 @@ log = logging.getLogger("tessera_node.dra")
 
 CHECK_SOCKETS_S = 1.0
 """How often the plugin looks whether its sockets are still there."""
+
+
+class AllocatedClaims:
+    """The MIG enactor's view of a DRA node's holders: claims allocated here, prepared or
+    not (:meth:`DraPlugin.holders_allocated`)."""
+
+    def __init__(self, plugin: DraPlugin) -> None:
+        self.plugin = plugin
+
+    def holders(self) -> Holders:
+        return self.plugin.holders_allocated()
 
 
 class DraPlugin:
@@ -78,6 +89,31 @@ class DraPlugin:
         for c in checkpoint.claims():
             for u in c.units:
                 out.setdefault(u.uuid, []).append(f"{c.namespace}/{c.name} (ResourceClaim)")
+        return out
+
+    def holders_allocated(self) -> Holders:
+        """What a MIG change waits for: the prepared claims' units (:meth:`holders`) and the
+        units of every claim the scheduler allocated on this node's pool and the kubelet
+        has not prepared yet (its pod is starting). Read from a list of the cluster's
+        ResourceClaims, made only when the MIG enactor asks (after it withdrew the devices
+        from the node's slices, so no new claim is allocated them); raises OSError when
+        the list cannot be made (the change waits: fail closed)."""
+        out = {u: list(h) for u, h in self.holders().items()}
+        if self._loop is None:
+            raise OSError("the DRA plugin has not started")
+        url = path("resource.k8s.io", "v1", "resourceclaims")
+        try:
+            body = asyncio.run_coroutine_threadsafe(self.kube.list(url), self._loop).result(
+                CLAIM_READ_TIMEOUT_S)
+        except ApiError as exc:
+            raise OSError(f"listing ResourceClaims: {exc}") from None
+        except TimeoutError:
+            raise OSError(f"listing ResourceClaims: no answer in "
+                          f"{CLAIM_READ_TIMEOUT_S:.0f} s") from None
+        gpus = self.node.gpus() or ()
+        for unit, who in allocated_units(body.get("items") or [], self.opts.node_name,
+                                         gpus).items():
+            out.setdefault(unit, []).extend(w for w in who if w not in out[unit])
         return out
 
     def containers(self) -> list[SetUpContainer]:

@@ -68,6 +68,15 @@ class DraDevices:
             return offered(self._snapshot, self._readable, self._withdrawn,
                            self.shares_per_unit, self._sharing)
 
+    def present(self) -> tuple[GPUInventory, ...] | None:
+        """The GPUs with every unit NVML shows, withdrawn ones included: a claim allocated
+        before its device was withdrawn is still prepared (the MIG change waits for it)."""
+        with self._lock:
+            if self._snapshot is None:
+                return None
+            return offered(self._snapshot, self._readable, {}, self.shares_per_unit,
+                           self._sharing)
+
     def withdraw(self, gpu_uuid: str, devices: Sequence[str]) -> None:
         with self._lock:
             self._withdrawn.setdefault(gpu_uuid, set()).update(devices)

@@ -19,6 +19,7 @@ from tessera_node.dra.claims import (
     ClaimError,
     Result,
     UnitBudget,
+    allocated_units,
     allocation,
     entries,
     node_units,
@@ -226,3 +227,21 @@ def test_consumed_capacity_is_the_budget_exactly(shares: list[tuple[int, int]]) 
     (entry,) = entries(got.units)
     assert entry.uuid == G0 and entry.memory == memory
     assert entry.cores == (cores if cores < 100 else None)
+
+
+def test_claims_allocated_on_this_node_hold_their_units_prepared_or_not() -> None:
+    """What a MIG change waits for: every claim with a device of this node's pool, whoever
+    prepared it; another node's pool, another driver and unallocated claims hold nothing, a
+    device the node no longer has holds nothing, and a claim is named once per unit."""
+    a = claim(result("gpu1-mig0-1g10gb"), result("gpu0", request="b", share="s1"))
+    twice = claim(result("gpu0", request="x", share="s2"), result("gpu0", request="y",
+                                                                  share="s3"))
+    twice["metadata"]["name"] = "twice"
+    other_node = claim(result("gpu1-mig0-1g10gb", pool="node-b"))
+    other_node["metadata"]["name"] = "elsewhere"
+    other_driver = claim(result("gpu1-mig4-3g40gb", driver="gpu.nvidia.com"))
+    gone = claim(result("gpu7"))
+    pending = {"metadata": {"namespace": "team", "name": "pending"}, "status": {}}
+    got = allocated_units([a, twice, other_node, other_driver, gone, pending], NODE, gpus())
+    assert got == {M10: ["team/c (ResourceClaim)"],
+                   G0: ["team/c (ResourceClaim)", "team/twice (ResourceClaim)"]}

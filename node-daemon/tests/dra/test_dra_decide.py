@@ -207,6 +207,10 @@ def test_withdrawn_devices_stay_withdrawn_until_nvml_shows_the_change() -> None:
     state.update(snapshot(), 99.0, SHARING)
     state.withdraw("GPU-2", ["MIG-2-0"])
     assert "gpu2-mig0-1g10gb" not in names(state.devices() or [])
+    # withdrawn from the slices, not from the node: a claim allocated on it before the
+    # withdrawal is still prepared (the MIG change waits for it)
+    assert "MIG-2-0" not in {u.uuid for g in state.gpus() or () for u in g.units or ()}
+    assert "MIG-2-0" in {u.uuid for g in state.present() or () for u in g.units or ()}
     now[0] = 105.0
     state.changed("GPU-2")  # the enactor's commands are done
     state.update(snapshot(), 104.0, SHARING)  # read before that: still the old instance
