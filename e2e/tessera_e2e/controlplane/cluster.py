@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import os
 import socket
@@ -248,6 +249,11 @@ class LocalCluster:
             input=input, capture_output=True, text=True, timeout=timeout, check=False,
         )
 
+    def server_minor(self) -> int:
+        """The API server's minor version (``37`` for 1.37.2): what a test expects of the
+        release it runs on."""
+        return server_minor(self.kubectl)
+
     def wait_for_service_account(self, namespace: str, timeout_s: float = 30.0) -> None:
         """Pods need the namespace's `default` ServiceAccount, made by the controller manager."""
         deadline = time.monotonic() + timeout_s
@@ -479,3 +485,15 @@ def kubectl_json(cluster: LocalCluster, *args: str) -> Any:
     out = cluster.kubectl(*args, "-o", "json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def server_minor(kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> int:
+    """The minor version of the API server ``kubectl`` talks to."""
+    out = kubectl("version", "-o", "json")
+    if out.returncode != 0:
+        raise ControlPlaneError(f"kubectl version: {out.stderr.strip()}")
+    minor = str(json.loads(out.stdout)["serverVersion"]["minor"])
+    digits = "".join(itertools.takewhile(str.isdigit, minor))
+    if not digits:
+        raise ControlPlaneError(f"the API server's minor version {minor!r} is not a number")
+    return int(digits)

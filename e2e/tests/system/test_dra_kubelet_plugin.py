@@ -216,3 +216,53 @@ def test_two_claims_split_one_gpu_by_their_cores_and_idle_time_is_lent(
         for name in ("thirty", "seventy"):
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
             bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
+
+
+def seen_memory_mib(bed: Bed[KubeletNodeDaemon], namespace: str, pod: str) -> int:
+    """The total GPU memory the pod's container sees (cuda-info's line for device 0)."""
+    logs = wait_until(f"{pod}'s cuda-info", lambda: (
+        out if "devices 1" in (out := bed.logs(namespace, pod)) else None), 60)
+    return int(next(line for line in logs.splitlines() if line.startswith("0 ")).split()[-2])
+
+
+@pytest.mark.oldest_kubernetes
+def test_two_claims_get_what_the_release_can_allocate_and_nothing_more(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """Two claims of 4 GiB/30 % for node-0's one GPU. From 1.36 (consumable capacity on by
+    default) both run on it, each container held to 4 GiB. On 1.34 (off) the API server
+    drops the claim's capacity request and the device's allowMultipleAllocations: the first
+    claim gets the GPU exclusively, and its container the whole GPU's memory; the second
+    stays Pending with the scheduler's reason. Neither release overcommits the GPU."""
+    ns = node_namespace
+    bed.cluster.wait_for_service_account(ns)
+    wait_until(f"{NODE}'s slice", lambda: node_slice(bed), 60)
+    minor = bed.cluster.server_minor()
+    try:
+        bed.apply(ns, share_claim("first", "4Gi", 30))
+        bed.apply(ns, claim_pod("first", "first", "cuda-info; sleep 3600"))
+        bed.wait_phase(ns, "first", {"Running"}, 120)
+        bed.apply(ns, share_claim("second", "4Gi", 30))
+        bed.apply(ns, claim_pod("second", "second", "cuda-info; sleep 3600"))
+        if minor >= 36:
+            bed.wait_phase(ns, "second", {"Running"}, 120)
+            assert [seen_memory_mib(bed, ns, p) for p in ("first", "second")] == [4096, 4096]
+            print(f"[figures] 1.{minor}: two 4 GiB claims share gpu0, each sees 4096 MiB")
+            return
+        stored = bed.get("resourceclaim", "-n", ns, "first")
+        assert "capacity" not in stored["spec"]["devices"]["requests"][0]["exactly"], stored
+        (result,) = stored["status"]["allocation"]["devices"]["results"]
+        assert "consumedCapacity" not in result, result  # allocated exclusively
+        whole = int(node_slice(bed)["spec"]["devices"][0]["attributes"]["memoryMiB"]["int"])
+        assert seen_memory_mib(bed, ns, "first") == whole
+        reason = wait_until("the second pod's scheduling failure", lambda: next((
+            c["message"] for c in (bed.get("pod", "-n", ns, "second").get("status") or {})
+            .get("conditions") or [] if c["type"] == "PodScheduled"
+            and c["status"] == "False" and c.get("message")), None), 60)
+        assert "claim" in reason.lower(), reason
+        assert bed.get("pod", "-n", ns, "second")["status"]["phase"] == "Pending"
+        print(f"[figures] 1.{minor}: the first claim takes gpu0 whole ({whole} MiB seen), "
+              f"the second Pending: {reason}")
+    finally:
+        for name in ("first", "second"):
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+            bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")

@@ -6,7 +6,6 @@ where it is off (1.34, alpha), and republishing what was read back writes nothin
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from tessera.mig.catalog import profile
 from tessera_e2e.chart import helm
 from tessera_e2e.controlplane.build import ensure_helm
 from tessera_e2e.controlplane.cluster import LocalCluster
+from tessera_e2e.controlplane.cluster import server_minor as cluster_server_minor
 from tessera_e2e.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
@@ -54,9 +54,7 @@ def node() -> list[GPUInventory]:
 
 
 def server_minor(cluster: LocalCluster) -> int:
-    out = cluster.kubectl("version", "-o", "json")
-    assert out.returncode == 0, out.stderr
-    return int(re.match(r"\d+", json.loads(out.stdout)["serverVersion"]["minor"]).group())
+    return cluster_server_minor(cluster.kubectl)
 
 
 def published(cluster: LocalCluster) -> list[dict[str, Any]]:

@@ -186,6 +186,8 @@ def idle_samples(states: Sequence[ContainerState], result: AuditResult,
     out = []
     for s in states:
         c = s.spec
+        if not c.pod_uid:
+            continue  # a claim no pod of this node uses (yet): no pod to act on
         pod = PodKey(c.namespace, c.pod, c.pod_uid)
         launches = s.ledger.launches if s.ledger is not None else None
         for unit in c.units:

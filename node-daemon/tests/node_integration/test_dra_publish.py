@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tessera.api.names import ANNOTATION_NODE_FINDINGS, DRA_DRIVER
+from tessera_e2e.controlplane.cluster import server_minor as cluster_server_minor
 from tessera_e2e.gpubed.daemons import DAEMON_SA, NodeDaemonProcess, bound_token, create_node
 from tessera_e2e.operator.replicas import OPERATOR_NS, render_chart, token_kubeconfig, wait_until
 from tessera_sim.node import NvLink, Topology
@@ -94,9 +95,7 @@ def writes(d: NodeDaemonProcess) -> float:
 
 
 def server_minor(cluster: Any) -> int:
-    out = cluster.kubectl("version", "-o", "json")
-    assert out.returncode == 0, out.stderr
-    return int(re.match(r"\d+", json.loads(out.stdout)["serverVersion"]["minor"]).group())
+    return cluster_server_minor(cluster.kubectl)
 
 
 def smi_uuids(d: NodeDaemonProcess) -> set[str]:
@@ -183,11 +182,14 @@ def test_mig_instances_are_withdrawn_from_the_slices_before_they_are_destroyed(
     part = f"{pool}-p"
     published(dra_chart, d, {"gpu0"})
     try:
+        wait_until("the first pass counted", lambda: writes(d) > 0, 10)
+        w0 = writes(d)
         t_seven = time.time()
         apply_partition(dra_chart, part, pool, {"1g.10gb": 7})
         entry(dra_chart, d, part, "Ready")
         seven = {f"gpu0-mig{s}-1g10gb" for s in range(7)}
         got = published(dra_chart, d, seven)
+        w_seven = writes(d) - w0
         assert {dev["attributes"]["uuid"]["string"] for dev in got.values()} == {
             u for u in smi_uuids(d) if u.startswith("MIG-")}
         # the whole GPU left the slice before MIG mode was switched on
@@ -201,6 +203,13 @@ def test_mig_instances_are_withdrawn_from_the_slices_before_they_are_destroyed(
             and any(n.endswith("3g40gb") for n in got) else None), 40, 0.2))
         destroyed = seven - after
         assert len(destroyed) == 4 and "gpu0-mig0-3g40gb" in after
+        w_change = writes(d) - w0 - w_seven
+        print(f"\n[figures] dra: ResourceSlice writes per MIG change: whole GPU -> 7x 1g.10gb "
+              f"{w_seven:.0f}; 7x 1g.10gb -> 3g.40gb + 3x 1g.10gb {w_change:.0f} "
+              f"(4 instances destroyed, 1 made)")
+        # one write to withdraw what a command destroys (at most one per instance), one to
+        # publish what NVML shows after: never a write per resync or per command
+        assert 1 <= w_seven <= 2 and 1 <= w_change <= len(destroyed) + 1, (w_seven, w_change)
         for flag in ("-dci", "-dgi"):
             cmds = smi_starts(d, t_change, flag)
             assert cmds, f"no {flag}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from tessera.api.names import DRA_DEVICE_CLASS, DRA_DEVICE_CLASS_MIG, LABEL_CLAIM_OF
 from tessera.kube.client import ApiError, Kube, load_credentials, path
+from tessera_e2e.controlplane.cluster import server_minor as cluster_server_minor
 from tessera_e2e.operator.quotas import managed_rq, wait_admitting
 from tessera_e2e.operator.tenants import tenant_kubeconfig
 
@@ -29,9 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 
 def server_minor(cluster: Any) -> int:
-    out = cluster.kubectl("version", "-o", "json")
-    assert out.returncode == 0, out.stderr
-    return int(re.match(r"\d+", json.loads(out.stdout)["serverVersion"]["minor"]).group())
+    return cluster_server_minor(cluster.kubectl)
 
 
 def claim(ns: str, name: str, *requests: dict[str, Any]) -> str:

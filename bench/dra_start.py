@@ -1,0 +1,179 @@
+"""Pod start through tessera's DRA driver vs its device plugin, on the test bed's real nodes:
+one command, figures from one run.
+
+    python bench/dra_start.py [--pods N] [--wave K]
+
+A local cluster with two real nodes (kubelet, containerd, runc over simulated GPUs), the
+operator (two replicas) and ``tessera-node`` on each node, as in the end-to-end tests; one
+namespace under a GPUQuota. Two phases, one after the other, on node-0's H100:
+
+* **device plugin** (the daemons' default): each pod asks ``tessera.dev/vgpu`` with 1 GiB
+  and 1 % cores (the pod webhook writes its budget; the device plugin allocates a share and
+  writes its budget file);
+* **DRA** (the daemons with ``--dra true --device-plugin false``, the chart's DeviceClass):
+  each pod names a ResourceClaimTemplate asking 1 GiB and 1 % of a ``gpu.tessera.dev``
+  device (the claims webhooks fill and hold it against the quota; kube-controller-manager
+  makes the claim, the scheduler allocates its capacity, tessera-node prepares it: budget
+  file and CDI spec).
+
+Pods are made ``--wave`` at a time (the device plugin offers 10 shares per GPU); each is
+timed from its create call returning to the API showing its container running (polled
+every 20 ms with one list of the namespace's pods), and the wave is deleted before the
+next. The same container, command and node in both phases: the difference is the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "core"),
+                str(REPO / "operator"), str(REPO / "node-daemon")]
+
+from tessera.api.names import DRA_DEVICE_CLASS, DRA_DRIVER  # noqa: E402
+from tessera.kube.client import Kube, load_credentials, path  # noqa: E402
+from tessera_e2e.controlplane.build import ensure_built, ensure_containerd  # noqa: E402
+from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
+from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu  # noqa: E402
+from tessera_e2e.nodes.images import WORKLOAD  # noqa: E402
+from tessera_e2e.operator.replicas import render_chart, wait_until  # noqa: E402
+
+NS = "bench-dra"
+NODE = "node-0"
+TEMPLATE = "gpu-1gi"
+COMMAND = "sleep 3600"
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def dra_pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "nodeSelector": {"kubernetes.io/hostname": NODE},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
+                     "containers": [{"name": "main", "image": WORKLOAD,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", COMMAND],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def template() -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRA_DEVICE_CLASS,
+                "capacity": {"requests": {"memory": "1Gi", "cores": "1"}}}}]}}}}
+
+
+def running(pod: dict[str, Any]) -> bool:
+    return any("running" in (c.get("state") or {})
+               for c in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+async def phase(bed: Bed[Any], kind: str, pods: int, wave: int) -> list[float]:
+    """Seconds from each pod's create call to its container shown running."""
+    kube = Kube(load_credentials(str(bed.cluster.kubeconfig)))
+    url = path("", "v1", "pods", NS)
+    out: list[float] = []
+    try:
+        for w in range(0, pods, wave):
+            names = [f"{kind}-{i}" for i in range(w, min(pods, w + wave))]
+            created: dict[str, float] = {}
+            for name in names:
+                body = dra_pod(name) if kind == "dra" else gpu_pod(
+                    name, COMMAND, vgpu(1024, cores=1), NODE)
+                await kube.create(url, body)
+                created[name] = time.monotonic()
+            seen: dict[str, float] = {}
+            deadline = time.monotonic() + 120
+            while len(seen) < len(names):
+                items = (await kube.list(url)).get("items") or []
+                now = time.monotonic()
+                for p in items:
+                    n = p["metadata"]["name"]
+                    if n in created and n not in seen:
+                        if running(p):
+                            seen[n] = now
+                        elif (p.get("status") or {}).get("phase") == "Failed":
+                            raise RuntimeError(f"pod {n} failed: {json.dumps(p['status'])}")
+                if now > deadline:
+                    raise RuntimeError(f"{kind}: pods not running after 120 s: "
+                                       f"{sorted(set(names) - set(seen))}")
+                await asyncio.sleep(0.02)
+            out += [seen[n] - created[n] for n in names]
+            for name in names:
+                await kube.delete(f"{url}/{name}")
+            deadline = time.monotonic() + 120
+            while any(p["metadata"]["name"] in created
+                      for p in (await kube.list(url)).get("items") or []):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{kind}: wave {w // wave} not gone after 120 s")
+                await asyncio.sleep(0.2)
+    finally:
+        await kube.close()
+    return out
+
+
+def setup_namespace(bed: Bed[Any]) -> None:
+    out = bed.cluster.kubectl("create", "namespace", NS)
+    if out.returncode != 0 and "AlreadyExists" not in out.stderr:
+        raise RuntimeError(out.stderr)
+    bed.cluster.wait_for_service_account(NS)
+    bed.quota(NS)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pods", type=int, default=50)
+    ap.add_argument("--wave", type=int, default=5)
+    args = ap.parse_args()
+    ensure_containerd()
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(ensure_built(), nodes=2) as cluster:
+        with gpu_bed(cluster, Path(tmp) / "dp") as bed:
+            setup_namespace(bed)
+            results["device plugin"] = asyncio.run(phase(bed, "dp", args.pods, args.wave))
+        with gpu_bed(cluster, Path(tmp) / "dra",
+                     daemon_args=("--dra", "true", "--device-plugin", "false")) as bed:
+            text = render_chart(values={"nodeDaemon": {"dra": {"nodeLabels": {"pool": "dra"}}}})
+            out = cluster.kubectl("apply", "-f", "-", input=text)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr)
+            out = cluster.kubectl("apply", "-f", "-", input=json.dumps({  # as the chart's
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": DRA_DEVICE_CLASS},
+                "spec": {"selectors": [{"cel": {"expression":
+                                                f'device.driver == "{DRA_DRIVER}"'}}]}}))
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr)
+            wait_until(f"{NODE}'s ResourceSlice", lambda: [
+                s for s in bed.get("resourceslices", "--field-selector",
+                                   f"spec.nodeName={NODE}")["items"]
+                if s["spec"]["driver"] == DRA_DRIVER and s["spec"].get("devices")], 60)
+            bed.apply(NS, template())
+            results["DRA"] = asyncio.run(phase(bed, "dra", args.pods, args.wave))
+    print(f"pod created -> container running on {NODE} (a shared H100), {args.pods} pods per "
+          f"path, {args.wave} at a time, one run:")
+    base = statistics.median(results["device plugin"])
+    for what, xs in results.items():
+        ms = [1000 * x for x in xs]
+        print(f"  {what:<14} p50 {statistics.median(ms):6.0f} ms  p99 {pct(ms, 99):6.0f} ms  "
+              f"max {max(ms):6.0f} ms  (x{statistics.median(xs) / base:.2f} of the device "
+              f"plugin's p50)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
