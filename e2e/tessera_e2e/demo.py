@@ -26,9 +26,13 @@ from tessera_e2e.nodes.node import GPUs, NodeGPUs, node_gpus
 from tessera_e2e.paths import REPO as REPO_ROOT
 
 DEMO_GPUS: tuple[GPUs, ...] = (NodeGPUs(("H100-80GB", "H100-80GB"), nvlink="0-1"),
-                               ("A100-40GB",))
+                               ("A100-40GB",), ("H100-80GB",))
 """The demo's nodes' simulated GPUs: node-0 (two H100s joined by NVLink, both on NUMA node
-0), node-1."""
+0), node-1, and node-2 (one H100, tessera's DRA driver instead of its device plugin)."""
+DRA_NODE = "node-2"
+DRA_TEMPLATE = "h100-4gi-30pct"
+"""examples/dra/h100-4gi-30pct.yaml: 4 GiB and 30 % of any H100, shared (consumable
+capacity)."""
 NODE_LABELS = {"node-0": {"node-role.example.com/inference": "true"},
                "node-1": {"node-pool.example.com/name": "experiments"}}
 """What the example partitions select (examples/h100-inference-pool.yaml: seven shared
@@ -132,7 +136,7 @@ class Story:
 def step_cluster(s: Story) -> None:
     nodes = ", ".join(f"{n.name} ({len(g)}x {g[0]})" for n, g in zip(
         s.cluster.nodes, (node_gpus(d).models for d in DEMO_GPUS), strict=False))
-    s.say(f"1. Control plane and two real nodes (kubelet, containerd) ready in "
+    s.say(f"1. Control plane and three real nodes (kubelet, containerd) ready in "
           f"{time.monotonic() - s.started:.0f}s: {nodes}")
     s.show("get", "nodes", "-o", "wide")  # the Kubernetes and containerd versions
 
@@ -148,11 +152,22 @@ def step_crds_and_examples(s: Story) -> None:
 
 
 def step_tessera(s: Story, logdir: Path, stack: Any) -> None:
+    from tessera.api.names import DRA_DEVICE_CLASS, DRA_DRIVER
     from tessera_e2e.gpubed.bed import gpu_bed
+    from tessera_e2e.operator.replicas import render_chart
 
-    s.bed = stack.enter_context(gpu_bed(s.cluster, logdir, operators=("operator",)))
-    s.say("3. tessera operator (leader, admission webhooks) and tessera-node on each node "
-          "running")
+    s.bed = stack.enter_context(gpu_bed(
+        s.cluster, logdir, operators=("operator",),
+        node_args={DRA_NODE: ("--dra", "true", "--device-plugin", "false")}))
+    # the chart's permissions for a DRA pool (the node's ResourceSlices) and its DeviceClass
+    s.kubectl("apply", "-f", "-", input=render_chart(values={"nodeDaemon": {"dra": {
+        "nodeLabels": {"kubernetes.io/hostname": DRA_NODE}}}}))
+    s.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DRA_DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]}}))
+    s.say(f"3. tessera operator (leader, admission webhooks) and tessera-node on each node "
+          f"running ({DRA_NODE}: as a DRA driver, its GPU in a ResourceSlice)")
 
 
 def partitions_ready(s: Story) -> list[dict[str, Any]] | None:
@@ -201,6 +216,9 @@ def step_workloads(s: Story) -> None:
                    f"cuda-spin 0 1000 {len(name)} {PAUSE}" if hold else
                    "cuda-info && sleep 86400")
         s.bed.apply(TEAM, gpu_pod(name, command, limits, node=node))
+    s.kubectl("apply", "-n", TEAM, "-f", str(s.repo / "examples" / "dra" /
+                                               f"{DRA_TEMPLATE}.yaml"))
+    s.bed.apply(TEAM, dra_pod(DRA_POD, "cuda-info && sleep 86400"))
     for name, node, mib, cores, hold, mig in WORKLOADS:
         s.bed.wait_phase(TEAM, name, {"Running"}, 120)
         if name == WORKLOADS[0][0]:
@@ -211,7 +229,30 @@ def step_workloads(s: Story) -> None:
         what = f"MIG {mig}, whole" if mig else f"budget {mib} MiB / {cores}% cores"
         held = f", holds {hold} MiB" if hold else ""
         s.say(f"   {name} on {node} ({what}): cuMemGetInfo shows {gpu[-2]} MiB{held}")
+    s.bed.wait_phase(TEAM, DRA_POD, {"Running"}, 120)
+    logs = _wait_logs(s, DRA_POD, "devices 1")
+    gpu = next(line for line in logs.splitlines() if line.startswith("0 ")).split()
+    s.say(f"   {DRA_POD} on {DRA_NODE} (DRA: claim from ResourceClaimTemplate {DRA_TEMPLATE}, "
+          f"4 GiB / 30% cores of the shared H100): cuMemGetInfo shows {gpu[-2]} MiB")
     s.show("get", "gq", "-n", TEAM)
+
+
+DRA_POD = "infer-dra"
+
+
+def dra_pod(name: str, command: str) -> dict[str, Any]:
+    """A pod on the DRA node whose container uses a claim made from the demo's template."""
+    from tessera_e2e.nodes.images import WORKLOAD
+
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
+                     "resourceClaims": [{"name": "gpu",
+                                         "resourceClaimTemplateName": DRA_TEMPLATE}],
+                     "containers": [{"name": "main", "image": WORKLOAD,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", command],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
 def _wait_logs(s: Story, pod: str, needle: str) -> str:

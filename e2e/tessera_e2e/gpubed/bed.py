@@ -225,11 +225,13 @@ def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
 @contextlib.contextmanager
 def gpu_bed(cluster: LocalCluster, logdir: Path,
             operators: tuple[str, ...] = ("op-a", "op-b"),
-            daemon_args: tuple[str, ...] = (), operator_args: tuple[str, ...] = ()
+            daemon_args: tuple[str, ...] = (), operator_args: tuple[str, ...] = (),
+            node_args: Mapping[str, tuple[str, ...]] | None = None
             ) -> Iterator[Bed[KubeletNodeDaemon]]:
     """The operator (replicas named ``operators``, with ``operator_args`` besides the test
-    bed's) and one ready ``tessera-node`` per real node (with ``daemon_args``); all stopped
-    on exit."""
+    bed's) and one ready ``tessera-node`` per real node (with ``daemon_args``, and a node's
+    own ``node_args`` after them: e.g. one node of DRA beside device-plugin ones); all
+    stopped on exit."""
     assert cluster.pki is not None
     ops = LocalOperators(cluster.kubectl, cluster.kubeconfig, logdir, names=operators,
                          webhook_client_ca=cluster.pki.webhook_client_ca).setup()
@@ -240,8 +242,9 @@ def gpu_bed(cluster: LocalCluster, logdir: Path,
         for node in cluster.nodes:
             kc = daemon_kubeconfig(cluster.kubectl, cluster.kubeconfig, logdir,
                                    node.name, container=ANCHOR)
-            d = KubeletNodeDaemon(node, kc, logdir, ["--budget-wait", str(BUDGET_WAIT_S),
-                                                     "--audit-interval", "2", *daemon_args])
+            d = KubeletNodeDaemon(node, kc, logdir, [
+                "--budget-wait", str(BUDGET_WAIT_S), "--audit-interval", "2", *daemon_args,
+                *(node_args or {}).get(node.name, ())])
             daemons[node.name] = d
             d.start()
         for d in daemons.values():

@@ -1,4 +1,4 @@
-"""`make demo` tells the story (two GPU nodes, partitions Ready, a quota, pods under budgets,
+"""`make demo` tells the story (three GPU nodes, one of them DRA, partitions Ready, a quota, pods under budgets,
 their core split, lending and a live resize, a refused allocation, the final resources), its
 instructions work, Ctrl-C stops it clean with status 0."""
 
@@ -25,15 +25,15 @@ DEMO = [sys.executable, "-m", "tessera_e2e", "demo"]
 
 
 def _assert_tells_the_story(out: str) -> None:
-    assert "1. Control plane and two real nodes" in out
-    assert "node-0 (2x H100-80GB), node-1 (1x A100-40GB)" in out
+    assert "1. Control plane and three real nodes" in out
+    assert "node-0 (2x H100-80GB), node-1 (1x A100-40GB), node-2 (1x H100-80GB)" in out
     # kubectl get nodes -o wide: each node Ready with the release's kubelet and containerd
     nodes = out.split("$ kubectl get nodes -o wide", 1)[1].split("\n2. ", 1)[0]
     version = build_inputs().pins.kubernetes
     runtime = "containerd://" + load_containerd_version().lstrip("v")
     assert all(" Ready " in row and version in row and runtime in row
                for row in nodes.splitlines() if row.strip().startswith("node-")), nodes
-    assert nodes.count(version) == 2, nodes
+    assert nodes.count(version) == 3, nodes
     # the example partitions that select the demo's nodes, enacted and Ready with their layout
     assert "4. Partitions a100-experiments, h100-inference enacted" in out
     gpart = out.split("$ kubectl get gpart", 1)[1]
@@ -48,8 +48,13 @@ def _assert_tells_the_story(out: str) -> None:
     assert "infer-b on node-0 (budget 2048 MiB / 70% cores): cuMemGetInfo shows 2048 MiB" in out
     mig = profile("A100-40GB", "3g.20gb").memory_mib
     assert f"train on node-1 (MIG 3g.20gb, whole): cuMemGetInfo shows {mig} MiB" in out
+    # beside them a pod of tessera's DRA driver: its claim's capacity is its budget
+    assert "3. tessera operator (leader, admission webhooks) and tessera-node on each node " \
+        "running (node-2: as a DRA driver, its GPU in a ResourceSlice)" in out
+    assert "infer-dra on node-2 (DRA: claim from ResourceClaimTemplate h100-4gi-30pct, " \
+        "4 GiB / 30% cores of the shared H100): cuMemGetInfo shows 4096 MiB" in out
     quota = out.split("$ kubectl get gq -n demo-team", 1)[1].splitlines()[2].split()
-    assert quota[1:4] == ["100/200", "6Gi/16Gi", "3/6"], quota
+    assert quota[1:4] == ["130/200", "10Gi/16Gi", "3/6"], quota
     # the core controller on the shared 1g.10gb instance: the split by budget (the accuracy
     # stated for MIG instances: 3 points), lending and reclaim, a live resize obeyed
     split = re.search(r"core budgets 30 % / 70 %, achieved over 10 s: infer-a ([\d.]+) % / "
