@@ -246,6 +246,10 @@ def test_each_claim_is_one_gpu_pod_in_hard_pods_and_a_pod_using_claims_is_not_an
     assert rq["status"]["used"]["requests.tessera.dev/pod"] == "2"
     wait_until("the claims' pods in GPUQuota status.used", lambda: (
         used(cluster, ns).get("pods"), used(cluster, ns).get("memory")) == (2, "6Gi"), 20, 0.5)
+    out = create(cluster, claim(ns, "c3", request()))  # now tessera's count sees them first
+    assert out.returncode != 0 and ('exceeded GPUQuota "team": pods requested 1, used 2, hard 2 '
+                                    "(a claim for tessera devices counts as one GPU pod in "
+                                    "hard.pods)") in out.stderr, out.stderr
     # a pod that uses a claim is counted through its claim, not again as a GPU pod
     user = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user", "namespace": ns},
             "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c0"}],
@@ -304,3 +308,8 @@ def test_a_mig_class_claim_counts_the_instances_of_the_profile_it_pins(
     wait_until("the claims' pods and instances in GPUQuota status.used", lambda: (
         used(cluster, ns).get("pods"), used(cluster, ns).get("migInstances")) == (
             2, {"1g.10gb": 1}), 20, 0.5)
+    out = create(cluster, claim(ns, "m2", request(DRA_DEVICE_CLASS_MIG, selectors=pin)))
+    assert out.returncode != 0 and (
+        'exceeded GPUQuota "team": tessera.dev/mig-1g.10gb requested 1, used 1, hard 1 (each '
+        "device a request through mig.gpu.tessera.dev takes counts as one instance of the "
+        "profile it pins in hard.migInstances)") in out.stderr, out.stderr

@@ -4,9 +4,11 @@ GPUQuota's default, refused with the field and what to write."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -323,3 +325,13 @@ def test_a_pin_is_read_however_it_is_spelled_and_whatever_it_is_anded_with(
 ])
 def test_what_is_not_the_one_pin_pins_nothing(expr: str) -> None:
     assert pinned_profile({"selectors": [{"cel": {"expression": expr}}]}) is None
+
+
+def test_the_shipped_mig_example_pins_its_profile() -> None:
+    example = Path(__file__).resolve().parents[3] / "examples" / "dra" / "whole-3g40gb.yaml"
+    template = yaml.safe_load(example.read_text())
+    [req] = template["spec"]["spec"]["devices"]["requests"]
+    assert pinned_profile(req["exactly"]) == "3g.40gb"
+    limit = MigLimit("team", ("3g.40gb",))
+    filled = filled_spec(template["spec"]["spec"], POLICY)
+    assert claim_ask(filled, mig=limit).mig == {"3g.40gb": 1}
