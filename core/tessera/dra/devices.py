@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tessera.api.inventory import AdvertisedUnit, GPUInventory
-from tessera.api.names import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY
+from tessera.api.names import DRA_ATTRIBUTE_MIG_PROFILE, DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY
 from tessera.mig.catalog import UnknownProfileError, profile
 from tessera.models import UnknownModelError, get_model
 
@@ -107,7 +107,7 @@ def attributes(gpu: GPUInventory, unit: AdvertisedUnit,
     if sm is not None:
         out["smCount"] = _int(sm)
     if unit.profile is not None:
-        out["migProfile"] = _string(unit.profile)
+        out[DRA_ATTRIBUTE_MIG_PROFILE] = _string(unit.profile)
     if gpu.numa_node is not None:
         out["numaNode"] = _int(gpu.numa_node)
     if gpu.pci_bus_id:

@@ -14,7 +14,15 @@ What a claim counts (:func:`claim_ask`):
   takes every matching device, a number nobody can count at admission);
 * a ``firstAvailable`` request: the most any of its tessera subrequests would take (the
   scheduler picks one; which is not known at admission);
-* ``adminAccess`` is refused: it reaches devices other claims hold, beyond any quota.
+* ``adminAccess`` is refused: it reaches devices other claims hold, beyond any quota;
+* the claim is one GPU pod (``hard.pods``), whatever its requests: a claim made from a
+  ResourceClaimTemplate is one pod's, and a shared claim is one budget its pods share;
+* a request through the MIG class (``mig.gpu.tessera.dev``) takes ``count`` whole instances
+  of the profile its selectors pin (:func:`pinned_profile`), for ``hard.migInstances``.
+  Under a GPUQuota that limits MIG instances, a MIG-class request that pins no single
+  profile is refused (its instances could be of any profile); under one that does not, an
+  unpinned request counts no instance, as a pod's ``tessera.dev/mig-*`` of a profile the
+  GPUQuota does not list is not limited.
 
 Kubernetes' own ResourceQuota counts a claim's devices, never their capacity (1.34-1.37), so
 the capacity count is tessera's.
@@ -23,13 +31,24 @@ the capacity count is tessera's.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.api.names import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY, DRA_DEVICE_CLASSES
+from tessera.api.names import (
+    DRA_ATTRIBUTE_MIG_PROFILE,
+    DRA_CAPACITY_CORES,
+    DRA_CAPACITY_MEMORY,
+    DRA_DEVICE_CLASS_MIG,
+    DRA_DEVICE_CLASSES,
+    DRA_DRIVER,
+    GPU_POD,
+    MIG_PREFIX,
+)
+from tessera.api.profile import PROFILE_NAME_PATTERN
 from tessera.dra.requests import stated_capacity
-from tessera_operator.quota.arith import QuotaPolicy, Usage
+from tessera_operator.quota.arith import RES_PODS, QuotaPolicy, QuotaView, Usage
 from tessera_operator.quota.units import count, memory_mib
 
 MAX_COUNT = 64
@@ -96,10 +115,179 @@ def _count(ask: DeviceAsk) -> int:
     return n
 
 
-def device_usage(ask: DeviceAsk) -> Usage:
-    """What one request takes: ``count`` x (memory, cores) as stated.  Raises
-    :class:`ClaimRequestError` for what cannot be counted (a value missing or unreadable,
-    ``All``, ``adminAccess``)."""
+# -- MIG instances: the profile a request's selectors pin ---------------------------------
+
+_STR = r"""(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""
+_ATTRIBUTE = (rf"device\s*\.\s*attributes\s*\[\s*(?P<domain>{_STR})\s*\]\s*"
+              rf"(?:\.\s*(?P<field>[A-Za-z_][A-Za-z0-9_]*)|\[\s*(?P<key>{_STR})\s*\])")
+_PIN = (re.compile(rf"{_ATTRIBUTE}\s*==\s*(?P<value>{_STR})", re.S),
+        re.compile(rf"(?P<value>{_STR})\s*==\s*{_ATTRIBUTE}", re.S))
+_PROFILE = re.compile(PROFILE_NAME_PATTERN)
+
+
+def _unquote(literal: str) -> str:
+    """A CEL string literal's text (an escaped character stands for itself)."""
+    return re.sub(r"\\(.)", r"\1", literal[1:-1], flags=re.S)
+
+
+def _strip_parens(expr: str) -> str:
+    """``expr`` without parentheses that enclose all of it."""
+    expr = expr.strip()
+    while expr.startswith("(") and expr.endswith(")") and _closing(expr, 0) == len(expr) - 1:
+        expr = expr[1:-1].strip()
+    return expr
+
+
+def _closing(expr: str, at: int) -> int:
+    """Where the bracket opened at ``at`` closes (-1: never), skipping string literals."""
+    depth, quote, i = 0, "", at
+    while i < len(expr):
+        ch = expr[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def conjuncts(expr: str) -> list[str]:
+    """The parts of CEL ``expr`` that must all hold: split at its top-level ``&&``; the
+    whole expression when it has a top-level ``||`` or ``?:`` (``&&`` binds tighter, so a
+    part of it need not hold) or cannot be scanned."""
+    parts: list[str] = []
+    depth, quote, start, i = 0, "", 0, 0
+    while i < len(expr):
+        ch = expr[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and (expr.startswith("||", i) or ch == "?"):
+            return [_strip_parens(expr)]
+        elif depth == 0 and expr.startswith("&&", i):
+            parts.append(expr[start:i])
+            start = i + 2
+            i += 1
+        i += 1
+    if quote or depth:
+        return [_strip_parens(expr)]
+    parts.append(expr[start:])
+    out: list[str] = []
+    for p in parts:
+        inner = _strip_parens(p)
+        out.extend(conjuncts(inner) if inner != p.strip() else [inner])
+    return out
+
+
+def pinned_by(expr: str) -> str | None:
+    """The MIG profile CEL ``expr`` pins, if it is exactly
+    ``device.attributes["gpu.tessera.dev"].migProfile == "<profile>"`` (either quote, any
+    spacing, either side of ``==``, ``["migProfile"]`` for ``.migProfile``, in
+    parentheses)."""
+    expr = _strip_parens(expr)
+    for pattern in _PIN:
+        m = pattern.fullmatch(expr)
+        if m is None:
+            continue
+        attr = m["field"] or _unquote(m["key"] or "''")
+        if _unquote(m["domain"]) == DRA_DRIVER and attr == DRA_ATTRIBUTE_MIG_PROFILE:
+            return _unquote(m["value"])
+    return None
+
+
+def pins(body: Mapping[str, Any]) -> set[str]:
+    """The MIG profiles a request's (or subrequest's) CEL selectors pin, each selector's
+    top-level ``&&`` parts read on their own (all of them must hold)."""
+    out: set[str] = set()
+    selectors = body.get("selectors")
+    for sel in selectors if isinstance(selectors, list) else []:
+        cel = sel.get("cel") if isinstance(sel, Mapping) else None
+        expr = cel.get("expression") if isinstance(cel, Mapping) else None
+        if not isinstance(expr, str):
+            continue
+        for part in conjuncts(expr):
+            pinned = pinned_by(part)
+            if pinned is not None:
+                out.add(pinned)
+    return out
+
+
+def pinned_profile(body: Mapping[str, Any]) -> str | None:
+    """The one MIG profile a request pins (a valid profile name), or None: it pins none, or
+    more than one (then no device matches them all)."""
+    found = pins(body)
+    if len(found) != 1:
+        return None
+    (only,) = found
+    return only if _PROFILE.fullmatch(only) else None
+
+
+def pin_example(profile: str) -> str:
+    """A selector that pins ``profile``, as a claim writes it."""
+    return (f'selectors: [{{cel: {{expression: \'device.attributes["{DRA_DRIVER}"].'
+            f'{DRA_ATTRIBUTE_MIG_PROFILE} == "{profile}"\'}}}}]')
+
+
+@dataclass(frozen=True)
+class MigLimit:
+    """The GPUQuota of the namespace that limits MIG instances (``hard.migInstances``)."""
+
+    quota: str
+    profiles: tuple[str, ...]
+
+
+def mig_limit_of(views: Iterable[QuotaView]) -> MigLimit | None:
+    """The first GPUQuota (by name) that lists any profile in ``hard.migInstances``."""
+    for v in sorted(views, key=lambda v: v.name):
+        if v.hard.mig:
+            return MigLimit(v.name, tuple(sorted(v.hard.mig)))
+    return None
+
+
+def _instances(ask: DeviceAsk, n: int, mig: MigLimit | None) -> dict[str, int]:
+    """The MIG instances a request takes: ``n`` of the profile it pins, through the MIG
+    class only (the class of any device counts memory and cores, as a pod's
+    ``tessera.dev/vgpu`` does)."""
+    if ask.body.get("deviceClassName") != DRA_DEVICE_CLASS_MIG:
+        return {}
+    profile = pinned_profile(ask.body)
+    if profile is not None:
+        return {profile: n}
+    if mig is None:
+        return {}
+    found = sorted(pins(ask.body))
+    says = (f"it pins {' and '.join(found)}, and no instance is of more than one profile"
+            if len(found) > 1 else f"it pins {found[0]!r}, not a MIG profile name"
+            if found else "it pins none")
+    raise ClaimRequestError(
+        f"{ask.where}.selectors: GPUQuota \"{mig.quota}\" limits MIG instances "
+        f"(hard.migInstances: {', '.join(mig.profiles)}), and a request through "
+        f"{DRA_DEVICE_CLASS_MIG} counts instances of the one profile its selectors pin; "
+        f"{says}. Pin one profile, e.g. {pin_example(mig.profiles[0])}")
+
+
+def device_usage(ask: DeviceAsk, mig: MigLimit | None = None) -> Usage:
+    """What one request takes: ``count`` x (memory, cores) as stated, and through the MIG
+    class ``count`` instances of the profile it pins.  Raises :class:`ClaimRequestError`
+    for what cannot be counted (a value missing or unreadable, ``All``, ``adminAccess``,
+    under ``mig`` a MIG-class request that pins no one profile)."""
     if ask.body.get("adminAccess") is True:
         raise ClaimRequestError(
             f"{ask.where}.adminAccess: admin access reaches tessera devices that other claims "
@@ -128,24 +316,39 @@ def device_usage(ask: DeviceAsk) -> Usage:
     if not 1 <= cores <= 100:
         raise ClaimRequestError(f"{ask.where}.capacity.requests.cores: {cores} is not a "
                                 f"percentage of a device's SM time between 1 and 100")
-    return Usage(memory_mib=mem * n, cores=cores * n)
+    return Usage(memory_mib=mem * n, cores=cores * n, mig=_instances(ask, n, mig))
 
 
-def claim_ask(spec: Mapping[str, Any], where: str = "spec") -> Usage:
-    """What claim spec ``spec`` takes of tessera's devices at most (module docstring)."""
+def claim_ask(spec: Mapping[str, Any], where: str = "spec", mig: MigLimit | None = None
+              ) -> Usage:
+    """What claim spec ``spec`` takes of tessera's devices at most (module docstring): one
+    GPU pod when it asks any, and its requests' memory, cores and MIG instances."""
     total = Usage()
     alternatives: dict[int, Usage] = {}
-    for ask in device_asks(spec, where):
-        u = device_usage(ask)
+    asks = device_asks(spec, where)
+    for ask in asks:
+        u = device_usage(ask, mig)
         if ask.alternative_of is None:
             total = total + u
             continue
-        best = alternatives.get(ask.alternative_of, Usage())
-        alternatives[ask.alternative_of] = Usage(max(best.memory_mib, u.memory_mib),
-                                                 max(best.cores, u.cores))
+        alternatives[ask.alternative_of] = alternatives.get(ask.alternative_of, Usage()).peak(u)
     for u in alternatives.values():
         total = total + u
-    return total
+    return total + Usage(pods=1) if asks else total
+
+
+def claim_note(resources: Iterable[str]) -> str:
+    """What a refusal of a claim over ``resources`` (a GPUQuota's names, ``pods`` or
+    ``tessera.dev/mig-<profile>``, or the managed ResourceQuota's) should add: how a claim
+    counts in them ("" when none is pods or MIG instances)."""
+    names = {r.removeprefix("requests.") for r in resources}
+    notes = []
+    if names & {RES_PODS, GPU_POD}:
+        notes.append("a claim for tessera devices counts as one GPU pod in hard.pods")
+    if any(r.startswith(MIG_PREFIX) for r in names):
+        notes.append(f"each device a request through {DRA_DEVICE_CLASS_MIG} takes counts as "
+                     f"one instance of the profile it pins in hard.migInstances")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def fill_capacity(spec: Mapping[str, Any], policy: QuotaPolicy, where: str = "spec",

@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from tessera.api.names import (
+    GPU_POD,
     GROWTH_HOLDER_PREFIX,
     LABEL_CLAIM_OF,
     LABEL_GROWTH_OF,
@@ -39,6 +40,7 @@ from tessera.api.names import (
     VGPU_CORES,
     VGPU_MEMORY,
 )
+from tessera.api.resources import mig_resource_name, profile_from_resource
 from tessera_operator.quota.arith import Usage
 from tessera_operator.quota.units import count
 
@@ -155,13 +157,18 @@ def is_holder(pod: Mapping[str, Any]) -> bool:
 
 
 def holds(pod: Mapping[str, Any]) -> Usage:
-    """What a holder pod holds: its requests (an unreadable value counts as nothing held)."""
+    """What a holder pod holds: its requests (an unreadable value counts as nothing held).
+    A growth holder holds memory and cores; a claim holder also one GPU pod and the MIG
+    instances its claim takes."""
     out = Usage()
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
         try:
-            out = out + Usage(count(asked.get(VGPU_MEMORY, 0)), count(asked.get(VGPU_CORES, 0)))
+            mig = {p: count(v) for k, v in asked.items()
+                   if (p := profile_from_resource(str(k))) is not None}
+            out = out + Usage(count(asked.get(VGPU_MEMORY, 0)), count(asked.get(VGPU_CORES, 0)),
+                              count(asked.get(GPU_POD, 0)), mig)
         except (ValueError, TypeError):
             continue
     return out
@@ -173,7 +180,9 @@ def owner_of(pod: Mapping[str, Any]) -> str:
 
 def claim_holder_pod(namespace: str, claim_uid: str, amount: Usage, image: str
                      ) -> dict[str, Any]:
-    """A *claim holder*: a growth holder of a DRA claim's capacity, named after the claim's
+    """A *claim holder*: a growth holder of what a DRA claim takes (``amount``: its
+    capacity, one GPU pod, its MIG instances, as
+    :func:`tessera_operator.quota.claims.claim_ask` counts them), named after the claim's
     UID (a repeated create finds it), labelled with it twice (``growth-of``: every holder
     protection covers it; ``claim-of``: the growth settle leaves it alone).  It has no owner
     reference: it is made while the claim is being admitted, before the claim exists, and
@@ -200,6 +209,11 @@ def holder_pod(namespace: str, owner_name: str, owner_uid: str, amount: Usage, n
         limits[VGPU_MEMORY] = str(amount.memory_mib)
     if amount.cores:
         limits[VGPU_CORES] = str(amount.cores)
+    if amount.pods:  # a claim holder: its claim is a GPU pod (hard.pods)
+        limits[GPU_POD] = str(amount.pods)
+    for profile, n in sorted(amount.mig.items()):  # a claim holder's MIG instances
+        if n:
+            limits[mig_resource_name(profile)] = str(n)
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from tessera.api.names import (
     LABEL_GPU_PRODUCT,
     LABEL_GROWTH_OF,
     PREFIX,
+    QUOTA_REQUESTS_PREFIX,
     VERSION,
     VGPU_MEMORY,
 )
@@ -67,9 +69,11 @@ from tessera_operator.quota.claims import (
     CapacityNotStated,
     ClaimRequestError,
     claim_ask,
+    claim_note,
     device_asks,
     fill_capacity,
     filled_spec,
+    mig_limit_of,
     over_max,
 )
 from tessera_operator.quota.holders import claim_holder_pod, is_holder
@@ -345,7 +349,8 @@ class Admission:
         try:
             policy = policy_of(views)
             ops = fill_capacity(spec, policy, where, pointer) if mutating else []
-            asked = claim_ask(filled_spec(spec, policy, where) if mutating else spec, where)
+            asked = claim_ask(filled_spec(spec, policy, where) if mutating else spec, where,
+                              mig_limit_of(views))
         except CapacityNotStated as exc:
             if mutating:
                 return deny(uid, str(exc))
@@ -365,7 +370,8 @@ class Admission:
             return allow(uid, ops)  # a template uses nothing until a claim is made from it
         violations = check_fit(asked, views)
         if violations:
-            return deny(uid, deny_message(violations))
+            return deny(uid, deny_message(violations)
+                        + claim_note(v.resource for v in violations))
         if mutating:
             return allow(uid, ops)
         unenforced = await self._unenforced(_namespace(req), quotas,
@@ -396,16 +402,18 @@ class Admission:
                 return None
             if exc.status in (403, 422):
                 metrics.CLAIM_HOLDER_WRITES.labels("refused").inc()
+                note = claim_note(_QUOTA_RESOURCE.findall(exc.message))
                 return (f"no room for the claim in the namespace's GPUQuota count now (the "
-                        f"API server: {exc.message[:400]}); delete claims or pods, or create "
-                        f"it again when some have finished")
+                        f"API server: {exc.message[:400]}){note}; delete claims or pods, or "
+                        f"create it again when some have finished")
             return f"the claim's capacity could not be held now ({exc.message[:300]}); retry"
         except (OSError, TimeoutError) as exc:
             return f"the claim's capacity could not be held now ({exc}); retry"
         metrics.CLAIM_HOLDER_WRITES.labels("created").inc()
         log.info("claim holder created", extra={
             "namespace": ns, "claim": meta.get("name"), "claimUID": claim_uid,
-            "memoryMiB": asked.memory_mib, "cores": asked.cores})
+            "memoryMiB": asked.memory_mib, "cores": asked.cores, "pods": asked.pods,
+            "migInstances": dict(asked.mig)})
         return None
 
     # -- GPUPartition ---------------------------------------------------------------------
@@ -480,6 +488,11 @@ class Admission:
             warnings.append(f"spec.hard.{res} {limit} is below what admitted pods use now "
                             f"({u}): they keep running, new pods are refused")
         return allow(uid, warnings=warnings)
+
+
+_QUOTA_RESOURCE = re.compile(re.escape(QUOTA_REQUESTS_PREFIX + PREFIX) + r"[A-Za-z0-9.+-]+")
+"""A managed ResourceQuota's resource in the API server's refusal (``requests.tessera.dev/
+pod=1``)."""
 
 
 def _namespace(req: Mapping[str, Any]) -> str:

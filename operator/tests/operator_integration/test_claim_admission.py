@@ -204,3 +204,110 @@ def test_a_burst_of_claims_is_held_race_free_and_a_deleted_claim_frees_its_room(
     wait_until("room for a new claim", lambda: create(
         cluster, claim(ns, "again", two_gib)).returncode == 0, 30, 1)
     assert len(claim_holders(cluster, ns)) == 5
+
+
+def _holder_limits(cluster: Any, ns: str, claim_name: str) -> dict[str, str]:
+    uid = kubectl_json(cluster, "get", "resourceclaim", claim_name, "-n", ns)["metadata"]["uid"]
+    [holder] = [h for h in claim_holders(cluster, ns)
+                if h["metadata"]["labels"][LABEL_CLAIM_OF] == uid]
+    return dict(holder["spec"]["containers"][0]["resources"]["limits"])
+
+
+def test_each_claim_is_one_gpu_pod_in_hard_pods_and_a_pod_using_claims_is_not_another(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """hard.pods 2: two claims are admitted, the third is refused saying a claim counts as
+    a GPU pod; a pod that only uses a claim adds no GPU pod (it is admitted at hard.pods)."""
+    if server_minor(cluster) < 36:
+        pytest.skip("the API server drops capacity: every claim is refused for that "
+                    "(test_a_claim_for_tessera_devices_is_stated_counted_and_refused_...)")
+    ns = namespace
+    cluster.wait_for_service_account(ns)
+    out = cluster.kubectl("apply", "-f", "-", input=quota(
+        ns, hard={"memory": "10Gi", "cores": 1000, "pods": 2},
+        default={"memory": "1Gi", "cores": 10}))
+    assert out.returncode == 0, out.stderr
+    wait_admitting(cluster, ns)
+    for name in ("c0", "c1"):
+        out = create(cluster, claim(ns, name, request(), request(name="two", count=2)))
+        assert out.returncode == 0, out.stderr
+    assert _holder_limits(cluster, ns, "c0") == {
+        "tessera.dev/vgpu-memory": "3072", "tessera.dev/vgpu-cores": "30",
+        "tessera.dev/pod": "1"}
+    out = create(cluster, claim(ns, "c2", request()))
+    assert out.returncode != 0, "a third claim admitted under hard.pods 2"
+    # tessera's count refuses it, or the API server's when the leader's status lags
+    assert ('exceeded GPUQuota "team": pods requested 1, used 2, hard 2' in out.stderr
+            or "requests.tessera.dev/pod=2" in out.stderr), out.stderr
+    assert "(a claim for tessera devices counts as one GPU pod in hard.pods)" in out.stderr, \
+        out.stderr
+    rq = managed_rq(cluster, ns) or {}
+    assert rq["status"]["used"]["requests.tessera.dev/pod"] == "2"
+    wait_until("the claims' pods in GPUQuota status.used", lambda: (
+        used(cluster, ns).get("pods"), used(cluster, ns).get("memory")) == (2, "6Gi"), 20, 0.5)
+    out = create(cluster, claim(ns, "c3", request()))  # now tessera's count sees them first
+    assert out.returncode != 0 and ('exceeded GPUQuota "team": pods requested 1, used 2, hard 2 '
+                                    "(a claim for tessera devices counts as one GPU pod in "
+                                    "hard.pods)") in out.stderr, out.stderr
+    # a pod that uses a claim is counted through its claim, not again as a GPU pod
+    user = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user", "namespace": ns},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c0"}],
+                     "containers": [{"name": "main", "image": "busybox",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+    out = create(cluster, json.dumps(user))
+    assert out.returncode == 0, out.stderr
+    got = kubectl_json(cluster, "get", "pod", "user", "-n", ns)
+    assert "tessera.dev/pod" not in json.dumps(got["spec"]["containers"])
+    assert (managed_rq(cluster, ns) or {})["status"]["used"]["requests.tessera.dev/pod"] == "2"
+
+
+def test_a_mig_class_claim_counts_the_instances_of_the_profile_it_pins(
+        cluster: Any, namespace: str, ops: Operators) -> None:
+    """migInstances {1g.10gb: 1} (an H100's): one MIG-class claim pinning 1g.10gb is
+    admitted, a second is refused, and one that pins no profile is refused with what to
+    write; status.used shows the claim's pod and instance."""
+    if server_minor(cluster) < 36:
+        pytest.skip("the API server drops capacity: every claim is refused for that "
+                    "(test_a_claim_for_tessera_devices_is_stated_counted_and_refused_...)")
+    ns = namespace
+    cluster.wait_for_service_account(ns)
+    out = cluster.kubectl("apply", "-f", "-", input=quota(
+        ns, hard={"memory": "100Gi", "cores": 1000, "pods": 10,
+                  "migInstances": {"1g.10gb": 1}},
+        default={"memory": "9984Mi", "cores": 100}))
+    assert out.returncode == 0, out.stderr
+    wait_admitting(cluster, ns)
+    pin = [{"cel": {"expression":
+                    "device.attributes['gpu.tessera.dev'].migProfile  ==  '1g.10gb'"}}]
+    out = create(cluster, claim(ns, "m0", request(DRA_DEVICE_CLASS_MIG, selectors=pin)))
+    assert out.returncode == 0, out.stderr
+    assert _holder_limits(cluster, ns, "m0") == {
+        "tessera.dev/vgpu-memory": "9984", "tessera.dev/vgpu-cores": "100",
+        "tessera.dev/pod": "1", "tessera.dev/mig-1g.10gb": "1"}
+    out = create(cluster, claim(ns, "m1", request(DRA_DEVICE_CLASS_MIG, selectors=pin)))
+    assert out.returncode != 0, "a second 1g.10gb claim admitted under migInstances 1"
+    assert ('exceeded GPUQuota "team": tessera.dev/mig-1g.10gb requested 1, used 1, hard 1'
+            in out.stderr or "requests.tessera.dev/mig-1g.10gb=1" in out.stderr), out.stderr
+    assert ("(each device a request through mig.gpu.tessera.dev takes counts as one instance "
+            "of the profile it pins in hard.migInstances)") in out.stderr, out.stderr
+    out = create(cluster, claim(ns, "any", request(DRA_DEVICE_CLASS_MIG)))
+    assert out.returncode != 0, "a MIG-class claim that pins no profile admitted"
+    assert ('spec.devices.requests[0].exactly.selectors: GPUQuota "team" limits MIG instances '
+            "(hard.migInstances: 1g.10gb)") in out.stderr, out.stderr
+    assert ("it pins none. Pin one profile, e.g. selectors: [{cel: {expression: "
+            "'device.attributes[\"gpu.tessera.dev\"].migProfile == \"1g.10gb\"'}}]"
+            ) in out.stderr, out.stderr
+    # the class of any device is counted by memory and cores, as before
+    out = create(cluster, claim(ns, "shared", request(
+        capacity={"requests": {"memory": "1Gi", "cores": "10"}})))
+    assert out.returncode == 0, out.stderr
+    rq = managed_rq(cluster, ns) or {}
+    assert rq["status"]["used"]["requests.tessera.dev/mig-1g.10gb"] == "1"
+    assert rq["status"]["used"]["requests.tessera.dev/pod"] == "2"
+    wait_until("the claims' pods and instances in GPUQuota status.used", lambda: (
+        used(cluster, ns).get("pods"), used(cluster, ns).get("migInstances")) == (
+            2, {"1g.10gb": 1}), 20, 0.5)
+    out = create(cluster, claim(ns, "m2", request(DRA_DEVICE_CLASS_MIG, selectors=pin)))
+    assert out.returncode != 0 and (
+        'exceeded GPUQuota "team": tessera.dev/mig-1g.10gb requested 1, used 1, hard 1 (each '
+        "device a request through mig.gpu.tessera.dev takes counts as one instance of the "
+        "profile it pins in hard.migInstances)") in out.stderr, out.stderr

@@ -131,6 +131,21 @@ def test_a_claim_holder_is_a_growth_holder_named_and_labelled_by_its_claim() -> 
     assert claim_of(holder_pod("team", "p", "pod-uid", Usage(1, 0), "h", "pause")) == ""
 
 
+@given(st.integers(0, 4096), st.integers(0, 200), st.integers(0, 1),
+       st.dictionaries(st.sampled_from(["1g.18gb", "3g.71gb", "1g.10gb+me"]),
+                       st.integers(1, 8), max_size=3))
+def test_a_claim_holder_holds_its_pod_and_instances_in_the_api_server_s_names(
+        memory: int, cores: int, pods: int, mig: dict[str, int]) -> None:
+    amount = Usage(memory, cores, pods, mig)
+    h = claim_holder_pod("team", "uid-1", amount, "pause")
+    limits = h["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == h["spec"]["containers"][0]["resources"]["requests"]
+    assert (limits.get("tessera.dev/pod") == "1") == bool(pods)
+    assert {k for k in limits if k.startswith("tessera.dev/mig-")} == {
+        "tessera.dev/mig-" + p.replace("+", ".") for p in mig}
+    assert holds(h) == amount  # what the leader totals into status.used
+
+
 def test_only_holders_whose_claim_is_gone_past_the_grace_are_collected() -> None:
     now = datetime(2026, 11, 28, 6, 0, 0, tzinfo=UTC)
     holders = [_claim_holder("alive", "2026-11-28T05:00:00Z"),
