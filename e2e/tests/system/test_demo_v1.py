@@ -1,6 +1,7 @@
-"""`make demo` tells the story (three GPU nodes, one of them DRA, partitions Ready, a quota, pods under budgets,
-their core split, lending and a live resize, a refused allocation, the final resources), its
-instructions work, Ctrl-C stops it clean with status 0."""
+"""`make demo` tells the story (three GPU nodes, one of them DRA, partitions Ready, a quota,
+pods under budgets and a DRA pod under its claim, their core split, lending and a live
+resize, a refused allocation, the final resources), its instructions work, Ctrl-C stops it
+clean with status 0."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _assert_tells_the_story(out: str) -> None:
     assert "infer-dra on node-2 (DRA: claim from ResourceClaimTemplate h100-4gi-30pct, " \
         "4 GiB / 30% cores of the shared H100): cuMemGetInfo shows 4096 MiB" in out
     quota = out.split("$ kubectl get gq -n demo-team", 1)[1].splitlines()[2].split()
-    assert quota[1:4] == ["130/200", "10Gi/16Gi", "3/6"], quota
+    assert quota[1:4] == ["130/200", "10Gi/16Gi", "4/6"], quota
     # the core controller on the shared 1g.10gb instance: the split by budget (the accuracy
     # stated for MIG instances: 3 points), lending and reclaim, a live resize obeyed
     split = re.search(r"core budgets 30 % / 70 %, achieved over 10 s: infer-a ([\d.]+) % / "
