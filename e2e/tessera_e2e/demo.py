@@ -209,6 +209,7 @@ WORKLOADS = (  # name, node, budget MiB, cores, what it holds, MIG resource
 def step_workloads(s: Story) -> None:
     from tessera.api.resources import mig_resource_name
     from tessera_e2e.gpubed.bed import gpu_pod, vgpu
+    from tessera_e2e.operator.replicas import wait_until
 
     for name, node, mib, cores, hold, mig in WORKLOADS:
         limits = {mig_resource_name(mig): "1"} if mig else vgpu(mib, cores)
@@ -234,6 +235,11 @@ def step_workloads(s: Story) -> None:
     gpu = next(line for line in logs.splitlines() if line.startswith("0 ")).split()
     s.say(f"   {DRA_POD} on {DRA_NODE} (DRA: claim from ResourceClaimTemplate {DRA_TEMPLATE}, "
           f"4 GiB / 30% cores of the shared H100): cuMemGetInfo shows {gpu[-2]} MiB")
+    # the claim is counted at admission; the GPUQuota's status shows it at the operator's
+    # next recount of claim holders (every 5 s)
+    wait_until("the claim in the GPUQuota's status", lambda: json.loads(s.kubectl(
+        "get", "gq", "team", "-n", TEAM, "-o", "json")).get("status", {}).get("used", {}).get(
+        "pods") == len(WORKLOADS) + 1, 30, 0.5)
     s.show("get", "gq", "-n", TEAM)
 
 
