@@ -19,6 +19,12 @@ What a claim counts (:func:`claim_ask`):
   ResourceClaimTemplate is one pod's, and a shared claim is one budget its pods share;
 * a request through the MIG class (``mig.gpu.tessera.dev``) takes ``count`` whole instances
   of the profile its selectors pin (:func:`pinned_profile`), for ``hard.migInstances``.
+  One that pins a profile and states no capacity at all asks for **whole instances**, as a
+  pod's ``tessera.dev/mig-<profile>`` does: nothing is filled in, it counts its instances
+  (and its pod) but no memory or cores, and the node gives each instance whole (an
+  exclusive device has no limit; a shared one is allocated all of its capacity). One that
+  states some capacity asks for a share of an instance: completed from ``default`` and
+  counted in memory and cores as well.
   Under a GPUQuota that limits MIG instances, a MIG-class request that pins no single
   profile is refused (its instances could be of any profile); under one that does not, an
   unpinned request counts no instance, as a pod's ``tessera.dev/mig-*`` of a profile the
@@ -293,6 +299,9 @@ def device_usage(ask: DeviceAsk, mig: MigLimit | None = None) -> Usage:
             f"{ask.where}.adminAccess: admin access reaches tessera devices that other claims "
             f"hold, beyond any GPUQuota; it is refused in a namespace with a GPUQuota")
     n = _count(ask)
+    whole = whole_instances(ask)
+    if whole is not None:
+        return Usage(mig={whole: n})
     cap = stated_capacity(ask.body)
     missing = [k for k in (DRA_CAPACITY_MEMORY, DRA_CAPACITY_CORES) if k not in cap]
     if missing:
@@ -379,9 +388,18 @@ def filled_spec(spec: Mapping[str, Any], policy: QuotaPolicy, where: str = "spec
     return out
 
 
+def whole_instances(ask: DeviceAsk) -> str | None:
+    """The profile of a request for whole MIG instances (module docstring), or None."""
+    if ask.body.get("deviceClassName") != DRA_DEVICE_CLASS_MIG or stated_capacity(ask.body):
+        return None
+    return pinned_profile(ask.body)
+
+
 def _filled_values(ask: DeviceAsk, policy: QuotaPolicy) -> dict[str, str]:
     cap = stated_capacity(ask.body)
     add: dict[str, str] = {}
+    if whole_instances(ask) is not None:
+        return add  # whole instances: nothing to state
     if DRA_CAPACITY_MEMORY not in cap:
         if not policy.default_memory_mib:
             quota = f'GPUQuota "{policy.quota}"' if policy.quota else "the GPUQuota"

@@ -335,3 +335,33 @@ def test_the_shipped_mig_example_pins_its_profile() -> None:
     limit = MigLimit("team", ("3g.40gb",))
     filled = filled_spec(template["spec"]["spec"], POLICY)
     assert claim_ask(filled, mig=limit).mig == {"3g.40gb": 1}
+
+
+def test_pinned_whole_instances_state_nothing_and_count_instances_not_memory() -> None:
+    """A MIG-class request that pins a profile and states no capacity asks for whole
+    instances, as a pod's tessera.dev/mig-<profile> does: nothing is filled in (the node
+    gives each instance whole), and it counts its instances and its pod, no memory or cores.
+    Stating any capacity makes it a share of an instance: completed and counted in full."""
+    whole = spec(exactly(DRA_DEVICE_CLASS_MIG, count=2,
+                         selectors=[{"cel": {"expression": PIN.format("3g.71gb")}}]))
+    assert fill_capacity(whole, POLICY) == []
+    assert claim_ask(filled_spec(whole, POLICY)) == Usage(0, 0, 1, {"3g.71gb": 2})
+    share = spec(exactly(DRA_DEVICE_CLASS_MIG, capacity={"requests": {"memory": "4Gi"}},
+                         selectors=[{"cel": {"expression": PIN.format("3g.71gb")}}]))
+    assert claim_ask(apply({"spec": share}, fill_capacity(share, POLICY))["spec"]) == Usage(
+        4096, 25, 1, {"3g.71gb": 1})
+    # not pinned: no profile to count it by, so it is a share and gets the default
+    unpinned = spec(exactly(DRA_DEVICE_CLASS_MIG))
+    filled = apply({"spec": unpinned}, fill_capacity(unpinned, POLICY))["spec"]
+    assert claim_ask(filled) == Usage(2048, 25, 1)
+    # the class of any device: always a share, whatever it pins
+    any_class = spec(exactly(selectors=[{"cel": {"expression": PIN.format("3g.71gb")}}]))
+    assert claim_ask(apply({"spec": any_class}, fill_capacity(any_class, POLICY))[
+        "spec"]) == Usage(2048, 25, 1)
+
+
+def test_the_shipped_whole_instance_example_takes_its_instance_whole() -> None:
+    example = Path(__file__).resolve().parents[3] / "examples" / "dra" / "whole-3g40gb.yaml"
+    claim_spec = yaml.safe_load(example.read_text())["spec"]["spec"]
+    assert fill_capacity(claim_spec, POLICY) == []
+    assert claim_ask(claim_spec) == Usage(0, 0, 1, {"3g.40gb": 1})
