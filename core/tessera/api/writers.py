@@ -75,8 +75,8 @@ KEYS: tuple[Key, ...] = (
     _k(n.LABEL_GROWTH_OF, "label", "Pod", {OPERATOR},
        "on a growth holder, the UID of the resized pod whose growth it holds"),
     _k(n.LABEL_CLAIM_OF, "label", "Pod", {OPERATOR},
-       "on a claim holder, which holds a DRA claim's capacity as a growth holder does: the "
-       "claim's UID"),
+       "on a claim holder, which holds what a DRA claim counts in its GPUQuota (capacity, "
+       "one GPU pod, MIG instances) as a growth holder does: the claim's UID"),
     _k(n.SCHEDULING_GATE_GROWTH, "scheduling gate", "Pod", {OPERATOR},
        "keeps a growth holder from ever being scheduled"),
     _k(n.ANNOTATION_PLACEMENT, "annotation", "Pod", {OPERATOR},
