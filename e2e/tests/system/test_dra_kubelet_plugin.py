@@ -266,3 +266,97 @@ def test_two_claims_get_what_the_release_can_allocate_and_nothing_more(
         for name in ("first", "second"):
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
             bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
+
+
+def template(name: str, memory: str, cores: int, cel: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": DRA_DRIVER,
+                            "capacity": {"requests": {"memory": memory, "cores": str(cores)}}}
+    if cel:
+        body["selectors"] = [{"cel": {"expression": cel}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}}}}
+
+
+def template_pod(name: str, tpl: str, command: str = "cuda-info; sleep 3600"
+                 ) -> dict[str, Any]:
+    pod = claim_pod(name, "", command)
+    del pod["spec"]["nodeSelector"]  # wherever the scheduler finds room
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": tpl}]
+    return pod
+
+
+def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_restart(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """Ten claims of 6000 MiB made at once (one per pod, from templates; one selects the
+    A100 by CEL): all run, none refused, and no GPU's claims add up to more than it has.
+    A claim for more than any GPU has left stays Pending with the scheduler's reason, though
+    the GPUs together have room for it. node-0's tessera-node is stopped and started again
+    under its running claims: they stay prepared with the same budget files, their
+    containers keep their budgets, and the restarted daemon prepares a new claim."""
+    from tessera.api.quantity import to_bytes
+
+    ns = node_namespace
+    bed.cluster.wait_for_service_account(ns)
+    wait_until(f"{NODE}'s slice", lambda: node_slice(bed), 60)
+    bed.apply(ns, template("six-gi", "6000Mi", 10))
+    bed.apply(ns, template("six-gi-a100", "6000Mi", 10,
+                           f'device.attributes["{DRA_DRIVER}"].model == "A100-40GB"'))
+    names = [f"w{i}" for i in range(10)]
+    for i, name in enumerate(names):  # all at once: nothing waits for the one before
+        bed.apply(ns, template_pod(name, "six-gi-a100" if i == 0 else "six-gi"))
+    try:
+        for name in names:
+            bed.wait_phase(ns, name, {"Running"}, 180)
+        slices = [s for s in bed.get("resourceslices")["items"]
+                  if s["spec"]["driver"] == DRA_DRIVER]
+        capacity = {(s["spec"]["pool"]["name"], d["name"]):
+                    to_bytes(d["capacity"]["memory"]["value"])
+                    for s in slices for d in s["spec"]["devices"]}
+        taken: dict[tuple[str, str], int] = {}
+        by_pod: dict[str, tuple[str, str]] = {}
+        for c in bed.get("resourceclaims", "-n", ns)["items"]:
+            (r,) = c["status"]["allocation"]["devices"]["results"]
+            where = (r["pool"], r["device"])
+            taken[where] = taken.get(where, 0) + to_bytes(r["consumedCapacity"]["memory"])
+            by_pod[c["status"]["reservedFor"][0]["name"]] = where
+        assert sorted(by_pod) == names
+        assert by_pod["w0"][0] == "node-1"  # the A100, chosen by its model
+        assert all(taken[w] <= capacity[w] for w in taken), (taken, capacity)
+        free = {w: capacity[w] - taken.get(w, 0) for w in capacity}
+        print(f"[figures] ten 6000 MiB claims: {sorted(taken.items())}; free "
+              f"{ {w: f // (1 << 20) for w, f in free.items()} } MiB")
+        # more than any GPU has left, less than they have together: no unit holds it
+        big = (max(free.values()) >> 20) + 1000
+        assert big << 20 <= sum(free.values())
+        bed.apply(ns, template("big", f"{big}Mi", 10))
+        bed.apply(ns, template_pod("big", "big"))
+        reason = wait_until("the big pod's scheduling failure", lambda: next((
+            c["message"] for c in (bed.get("pod", "-n", ns, "big").get("status") or {})
+            .get("conditions") or [] if c["type"] == "PodScheduled"
+            and c["status"] == "False" and c.get("message")), None), 60)
+        assert "claim" in reason.lower(), reason
+        print(f"[figures] a {big} MiB claim: Pending: {reason}")
+        bed.kubectl("delete", "pod", "-n", ns, "big", "--wait=true")
+
+        daemon = bed.daemons[NODE]
+        mine = [n for n, w in by_pod.items() if w[0] == NODE]
+        state = daemon.state_dir / "claims"
+        before = {p.parent.name: p.stat().st_ino for p in state.glob("*/budget")}
+        assert len(before) == len(mine), (before, mine)
+        daemon.restart()
+        assert {p.parent.name: p.stat().st_ino for p in state.glob("*/budget")} == before
+        checkpoint = json.loads((daemon.state_dir / "dra" / "checkpoint.json").read_text())
+        assert set(checkpoint["claims"]) == set(before)
+        for name in mine:  # the container's budget, read again after the restart
+            out = bed.kubectl("exec", "-n", ns, name, "--", "cuda-info")
+            assert out.returncode == 0 and any(
+                line.startswith("0 ") and line.split()[-2] == "6000"
+                for line in out.stdout.splitlines()), out.stdout
+        bed.apply(ns, template_pod("after", "six-gi"))
+        bed.wait_phase(ns, "after", {"Running"}, 120)
+    finally:
+        for name in [*names, "big", "after"]:
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
+        for name in [*names, "big", "after"]:
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
