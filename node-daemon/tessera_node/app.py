@@ -82,8 +82,11 @@ async def run(opts: Options) -> None:
                                 publisher)
 
     def not_ready() -> list[str]:
+        # a DRA node's own pod watch: before it listed, a claim's processes have no pod
+        pods_unlisted = (["pods: not listed yet (who uses which claim)"]
+                         if plugin is None and pods is not None and not pods.listed() else [])
         return (reconciler.not_ready() + (plugin.not_ready() if plugin is not None else [])
-                + (dra.not_ready() if dra is not None else []))
+                + (dra.not_ready() if dra is not None else []) + pods_unlisted)
 
     runner = await serve.start(serve.health_app(health, not_ready=not_ready),
                                opts.metrics_host, opts.metrics_port)
