@@ -227,6 +227,21 @@ def test_the_uninstall_hook_runs_before_delete_with_its_own_rbac(helm_binary: Pa
                      "ServiceAccount"]
     job = next(d for d in hooks if d["kind"] == "Job")["spec"]["template"]["spec"]
     assert job["containers"][0]["args"][0] == "uninstall"
+    # with placement on (the default) the hook also stops tessera-scheduler and deletes its
+    # leader Lease, which its Role may do for that name only; off, neither
+    for values, scheduler in (({}, True), ({"placement": {"enabled": False}}, False)):
+        docs = helm.template(helm_binary, "ts", values)
+        hook = [d for d in docs if (d["metadata"].get("annotations") or {}).get(
+            "helm.sh/hook") == "pre-delete"]
+        args = next(d for d in hook if d["kind"] == "Job")["spec"]["template"]["spec"][
+            "containers"][0]["args"]
+        assert ("--deployment=tessera-scheduler" in args) is scheduler, args
+        assert ("--lease=tessera-scheduler" in args) is scheduler, args
+        assert "--lease=tessera-operator" in args
+        rules = next(d for d in hook if d["kind"] == "Role")["rules"]
+        named = {(r["resources"][0], n) for r in rules for n in r.get("resourceNames", ())}
+        assert {("deployments", "tessera-scheduler"), ("leases", "tessera-scheduler")} <= \
+            named if scheduler else named.isdisjoint({("leases", "tessera-scheduler")})
     assert not [d for d in helm.template(helm_binary, "ts", {"uninstallHook": {"enabled": False}})
                 if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
 

@@ -320,6 +320,7 @@ def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:
     for kind, name in (("lease", "tessera-operator"), ("secret", "tessera-webhook-tls"),
                        ("secret", "tessera-seal-key"),
                        ("deployment", "tessera-operator"), ("daemonset", "tessera-node"),
+                       ("deployment", "tessera-scheduler"), ("lease", "tessera-scheduler"),
                        ("job", "tessera-uninstall")):
         got = cluster.kubectl("get", kind, name, "-n", NS)
         assert got.returncode != 0 and "NotFound" in got.stderr, (kind, name, got.stdout)

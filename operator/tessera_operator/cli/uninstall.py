@@ -18,8 +18,8 @@ def _run(args: argparse.Namespace) -> int:
         kube = Kube(load_credentials(args.kubeconfig), user_agent="tessera-uninstall")
         try:
             return await uninstall(kube, Targets(
-                namespace=args.namespace, deployment=args.deployment,
-                daemonsets=tuple(args.daemonset), lease=D.lease_name,
+                namespace=args.namespace, deployments=tuple(args.deployment),
+                daemonsets=tuple(args.daemonset), leases=tuple(args.lease or (D.lease_name,)),
                 secrets=tuple(args.secret or (D.secret_name,)),
                 resource_slices=args.dra_resource_slices,
                 certificates=tuple(args.cert_manager_certificate or ())),
@@ -35,11 +35,17 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "uninstall", help="remove what tessera created at run time (Helm pre-delete hook)",
         description="Delete the webhook configurations, stop the operator and the node "
-        "daemons, then delete tessera's ResourceSlices, the leader Lease, the serving Secret "
+        "daemons (and the scheduler), then delete tessera's ResourceSlices, the leader Leases, "
+        "the serving Secret "
         "and every tessera label and annotation on Nodes. GPUs are left as they are.")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--namespace", default=D.namespace, help="the operator's namespace")
-    p.add_argument("--deployment", required=True, help="the operator Deployment's name")
+    p.add_argument("--deployment", required=True, action="append", metavar="NAME",
+                   help="a Deployment to stop (repeatable: the operator's, and "
+                        "tessera-scheduler with placement on)")
+    p.add_argument("--lease", action="append", metavar="NAME",
+                   help=f"a leader Lease to delete once they are stopped (repeatable; default "
+                        f"{D.lease_name})")
     p.add_argument("--daemonset", required=True, action="append", metavar="NAME",
                    help="a node daemon DaemonSet's name (repeatable: tessera-node, and "
                         "tessera-node-dra with DRA pools)")

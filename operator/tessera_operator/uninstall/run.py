@@ -2,8 +2,9 @@
 
 Order matters: the webhook configurations go first (a ``failurePolicy: Fail`` pod webhook
 without its server would block every GPU pod create), then the operator Deployment and the
-node daemon DaemonSet (waiting until their pods are gone, so that nobody writes the Lease,
-the Secret or a Node label again), then the leader Lease, the serving Secret (with
+node daemon DaemonSets and, with placement on, the tessera-scheduler Deployment (waiting
+until their pods are gone, so that nobody writes a Lease, the Secret or a Node label again),
+then the leader Leases, the serving Secret (with
 cert-manager: its Certificates first, then their Secrets), tessera's finalizer on every
 managed ResourceQuota (the GPUQuotas' counts stay; deleting them no longer waits for tessera)
 and the tessera labels and annotations on every Node. GPUs are not touched: a MIG layout stays as
@@ -33,10 +34,13 @@ CERT_MANAGER = "cert-manager.io"
 @dataclass(frozen=True)
 class Targets:
     namespace: str
-    deployment: str
+    deployments: tuple[str, ...]
+    """The operator Deployment and, with placement on, ``tessera-scheduler``."""
     daemonsets: tuple[str, ...]
     """The node daemon's DaemonSets: ``tessera-node`` and, with DRA pools, ``tessera-node-dra``."""
-    lease: str
+    leases: tuple[str, ...]
+    """Their leader Leases (``tessera-operator``; ``tessera-scheduler``), deleted once they
+    are stopped: a running one would write its Lease again."""
     secrets: tuple[str, ...]
     resource_slices: bool = False
     """Delete the ResourceSlices of tessera's DRA driver (installs with DRA pools)."""
@@ -84,7 +88,8 @@ async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[st
     for name in t.certificates:
         done["runtimeObjects"] += await _delete(kube, path(
             CERT_MANAGER, "v1", "certificates", t.namespace, name))
-    for url in (path("coordination.k8s.io", "v1", "leases", t.namespace, t.lease),
+    for url in (*(path("coordination.k8s.io", "v1", "leases", t.namespace, lease)
+                  for lease in t.leases),
                 *(path("", "v1", "secrets", t.namespace, s) for s in t.secrets)):
         done["runtimeObjects"] += await _delete(kube, url)
     done["resourceQuotas"] = await _release_managed_quotas(kube)
@@ -95,9 +100,9 @@ async def uninstall(kube: Kube, t: Targets, timeout_s: float = 120.0) -> dict[st
 
 
 async def stop_workloads(kube: Kube, t: Targets, timeout_s: float) -> int:
-    """Delete the operator Deployment and the node daemon DaemonSets (foreground), and wait
-    until they and their pods are gone; how many there were."""
-    workloads = [path("apps", "v1", "deployments", t.namespace, t.deployment),
+    """Delete the Deployments (the operator, the scheduler) and the node daemon DaemonSets
+    (foreground), and wait until they and their pods are gone; how many there were."""
+    workloads = [*(path("apps", "v1", "deployments", t.namespace, d) for d in t.deployments),
                  *(path("apps", "v1", "daemonsets", t.namespace, d) for d in t.daemonsets)]
     stopped = 0
     for url in workloads:

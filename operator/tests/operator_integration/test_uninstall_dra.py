@@ -33,6 +33,12 @@ def daemonset(ns: str, name: str) -> dict[str, Any]:
                          "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}
 
 
+def deployment(ns: str, name: str) -> dict[str, Any]:
+    body = daemonset(ns, name)
+    body["kind"] = "Deployment"
+    return body
+
+
 def resource_slice(name: str, driver: str, node: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": name},
@@ -45,6 +51,7 @@ def test_uninstall_stops_every_daemonset_and_deletes_only_tessera_s_slices(
         cluster: Any, namespace: str) -> None:
     ns = namespace
     made = [daemonset(ns, "tessera-node"), daemonset(ns, "tessera-node-dra"),
+            deployment(ns, "tessera-scheduler"),
             resource_slice("uninstall-a", DRA_DRIVER, "uninstall-node-a"),
             resource_slice("uninstall-b", DRA_DRIVER, "uninstall-node-b"),
             resource_slice("uninstall-nic", OTHER, "uninstall-node-a")]
@@ -56,15 +63,17 @@ def test_uninstall_stops_every_daemonset_and_deletes_only_tessera_s_slices(
         kube = Kube(load_credentials(str(cluster.kubeconfig)))
         try:
             stopped = await stop_workloads(kube, Targets(
-                namespace=ns, deployment="tessera-operator",  # not there: nothing to stop
-                daemonsets=("tessera-node", "tessera-node-dra"), lease="-", secrets=()), 60)
+                namespace=ns,  # the operator's is not there: nothing to stop
+                deployments=("tessera-operator", "tessera-scheduler"),
+                daemonsets=("tessera-node", "tessera-node-dra"), leases=(), secrets=()), 60)
             return stopped, await delete_resource_slices(kube)
         finally:
             await kube.close()
     try:
         stopped, slices = asyncio.run(run())
-        assert (stopped, slices) == (2, 2)
+        assert (stopped, slices) == (3, 2)
         assert kubectl_json(cluster, "get", "daemonsets", "-n", ns)["items"] == []
+        assert kubectl_json(cluster, "get", "deployments", "-n", ns)["items"] == []
         left = {s["metadata"]["name"] for s in kubectl_json(
             cluster, "get", "resourceslices")["items"]
             if s["metadata"]["name"].startswith("uninstall-")}
