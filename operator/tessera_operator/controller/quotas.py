@@ -36,6 +36,10 @@ def _key(obj: Obj) -> tuple[str, str]:
     return str(meta.get("namespace")), str(meta.get("name"))
 
 
+MAX_GONE = 4096
+"""Deleted managed ResourceQuotas remembered at most (their deletes raced a write)."""
+
+
 @dataclass
 class QuotaController:
     kube: Kube
@@ -50,6 +54,9 @@ class QuotaController:
     managed: dict[tuple[str, str], Obj] = field(default_factory=dict)
     """The managed ResourceQuotas by (namespace, ResourceQuota name), from their watch."""
     _managed_synced: bool = False
+    _managed_gone: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Managed ResourceQuotas the watch saw deleted, with their last resourceVersion: a
+    write's answer that arrives after the delete event is not the object now."""
     _dirty: set[tuple[str, str]] = field(default_factory=set)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _by_namespace: dict[str, list[str]] | None = None
@@ -74,6 +81,7 @@ class QuotaController:
         """A managed ResourceQuota changed (a user's edit or delete is set back)."""
         if typ == "SYNC":
             self.managed = {_key(item): item for item in rq.get("items") or []}
+            self._managed_gone.clear()
             self._managed_synced = True
             self._dirty.update(self.quotas)
             self._dirty.update((ns, q) for (ns, _), item in self.managed.items()
@@ -82,8 +90,12 @@ class QuotaController:
             key = _key(rq)
             if typ == "DELETED":
                 self.managed.pop(key, None)
+                if len(self._managed_gone) >= MAX_GONE:  # the race it guards lasts seconds
+                    self._managed_gone.clear()
+                self._managed_gone[key] = rv_of(rq)
             elif rv_of(rq) >= rv_of(self.managed.get(key) or {}):
                 self.managed[key] = rq  # never older than what this replica wrote itself
+                self._managed_gone.pop(key, None)
             self._dirty.update((key[0], q) for q in self._quotas_in(key[0])
                                if managed.managed_name(q) == key[1])
             owner = managed.quota_of(rq)
@@ -106,6 +118,7 @@ class QuotaController:
         self._by_namespace = None
         self.quotas.clear()
         self.managed.clear()
+        self._managed_gone.clear()
         self._managed_synced = False
 
     def _quotas_in(self, ns: str) -> list[str]:
@@ -141,8 +154,8 @@ class QuotaController:
         if patch is None:
             return
         try:
-            self.managed[(ns, rq_name)] = await self.kube.merge_patch(
-                path("", "v1", "resourcequotas", ns, rq_name), patch)
+            self._remember((ns, rq_name), await self.kube.merge_patch(
+                path("", "v1", "resourcequotas", ns, rq_name), patch))
         except ApiError as exc:
             if exc.status not in (404, 409):  # gone, or a newer version: its event comes
                 raise
@@ -193,6 +206,15 @@ class QuotaController:
             return  # a newer version is on its way as an event
         await post_transitions(self.kube, q, "GPUQuota", old, conds, self.component)
 
+    def _remember(self, key: tuple[str, str], rq: Obj) -> None:
+        """A write's answer, unless the watch has seen the object deleted since (the answer
+        of a write that raced its delete would otherwise stay, and every later pass would
+        patch an object that is gone instead of creating it)."""
+        if rv_of(rq) <= self._managed_gone.get(key, -1):
+            return
+        if rv_of(rq) >= rv_of(self.managed.get(key) or {}):
+            self.managed[key] = rq
+
     async def _reconcile_managed(self, q: Obj) -> tuple[str, str] | None:
         """Create the quota's ResourceQuota, or set it back to what it must say; why it does
         not count for the quota now, if it does not (:func:`managed.enforcement`)."""
@@ -219,12 +241,17 @@ class QuotaController:
                 have = await self.kube.get(path("", "v1", "resourcequotas", ns, rq_name))
                 if not managed.owned_by(have, str(meta.get("uid") or "")):
                     return managed.enforcement(q, limits, have)
-            self.managed[(ns, rq_name)] = have
+            self._remember((ns, rq_name), have)
         patch = managed.drift(have, want)
         if patch is not None:
-            have = await self.kube.merge_patch(
-                path("", "v1", "resourcequotas", ns, rq_name), patch)
-            self.managed[(ns, rq_name)] = have
+            try:
+                have = await self.kube.merge_patch(
+                    path("", "v1", "resourcequotas", ns, rq_name), patch)
+            except ApiError as exc:
+                if exc.status == 404:  # deleted meanwhile: the next pass creates it again
+                    self.managed.pop((ns, rq_name), None)
+                raise
+            self._remember((ns, rq_name), have)
             metrics.MANAGED_QUOTA_WRITES.labels("set-back").inc()
             log.info("managed ResourceQuota set back", extra={"namespace": ns, "quota": name,
                                                               "patch": patch})
