@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +99,8 @@ class DraPlugin:
         from the node's slices, so no new claim is allocated them); raises OSError when
         the list cannot be made (the change waits: fail closed)."""
         out = {u: list(h) for u, h in self.holders().items()}
-        if self._loop is None:
-            raise OSError("the DRA plugin has not started")
         url = path("resource.k8s.io", "v1", "resourceclaims")
-        try:
-            body = asyncio.run_coroutine_threadsafe(self.kube.list(url), self._loop).result(
-                CLAIM_READ_TIMEOUT_S)
-        except ApiError as exc:
-            raise OSError(f"listing ResourceClaims: {exc}") from None
-        except TimeoutError:
-            raise OSError(f"listing ResourceClaims: no answer in "
-                          f"{CLAIM_READ_TIMEOUT_S:.0f} s") from None
+        body = self._ask("listing ResourceClaims", lambda: self.kube.list(url))
         gpus = self.node.gpus() or ()
         for unit, who in allocated_units(body.get("items") or [], self.opts.node_name,
                                          gpus).items():
@@ -133,32 +124,33 @@ class DraPlugin:
 
     def read_policy(self, namespace: str) -> ClaimPolicy:
         """The namespace's GPUQuotas' weight and lending, read on the daemon's loop."""
-        assert self._loop is not None
         url = path(GROUP, VERSION, GPUQUOTAS, namespace)
-        try:
-            body = asyncio.run_coroutine_threadsafe(self.kube.list(url), self._loop).result(
-                CLAIM_READ_TIMEOUT_S)
-        except ApiError as exc:
-            raise OSError(f"reading the GPUQuotas of {namespace}: {exc}") from None
-        except TimeoutError:
-            raise OSError(f"reading the GPUQuotas of {namespace}: no answer in "
-                          f"{CLAIM_READ_TIMEOUT_S:.0f} s") from None
+        body = self._ask(f"reading the GPUQuotas of {namespace}", lambda: self.kube.list(url))
         return claim_policy(namespace, body.get("items") or [])
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim, read on the daemon's loop (called from a gRPC thread)."""
-        assert self._loop is not None
         url = path("resource.k8s.io", "v1", "resourceclaims", namespace, name)
+        return self._ask(f"reading ResourceClaim {namespace}/{name}",
+                         lambda: self.kube.get(url),
+                         missing=f"ResourceClaim {namespace}/{name} does not exist")
+
+    def _ask(self, what: str, call: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+             missing: str | None = None) -> dict[str, Any]:
+        """``call()`` run on the daemon's loop, from a worker or gRPC thread: its answer;
+        OSError when the API server cannot answer now (the caller fails or waits: nothing
+        is guessed); with ``missing``, a 404 is a ClaimError saying so."""
+        if self._loop is None:
+            raise OSError("the DRA plugin has not started")
         try:
-            return asyncio.run_coroutine_threadsafe(self.kube.get(url), self._loop).result(
+            return asyncio.run_coroutine_threadsafe(call(), self._loop).result(
                 CLAIM_READ_TIMEOUT_S)
         except ApiError as exc:
-            if exc.status == 404:
-                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
-            raise OSError(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
+            if missing is not None and exc.status == 404:
+                raise ClaimError(missing) from None
+            raise OSError(f"{what}: {exc}") from None
         except TimeoutError:
-            raise OSError(f"reading ResourceClaim {namespace}/{name}: no answer in "
-                          f"{CLAIM_READ_TIMEOUT_S:.0f} s") from None
+            raise OSError(f"{what}: no answer in {CLAIM_READ_TIMEOUT_S:.0f} s") from None
 
     def _prepare(self) -> DraServer:
         state = Path(self.opts.state_dir)
