@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,8 +144,9 @@ def _strip_parens(expr: str) -> str:
     return expr
 
 
-def _closing(expr: str, at: int) -> int:
-    """Where the bracket opened at ``at`` closes (-1: never), skipping string literals."""
+def _code(expr: str, at: int = 0) -> Iterator[tuple[int, int]]:
+    """(index, bracket depth after it) of each character of CEL ``expr`` from ``at`` that is
+    outside string literals; a literal left open ends it with ``(len(expr), -1)``."""
     depth, quote, i = 0, "", at
     while i < len(expr):
         ch = expr[i]
@@ -156,13 +157,19 @@ def _closing(expr: str, at: int) -> int:
                 quote = ""
         elif ch in "\"'":
             quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            depth += (ch in "([{") - (ch in ")]}")
+            yield i, depth
         i += 1
+    if quote:
+        yield len(expr), -1
+
+
+def _closing(expr: str, at: int) -> int:
+    """Where the bracket opened at ``at`` closes (-1: never), skipping string literals."""
+    for i, depth in _code(expr, at):
+        if depth == 0 and i < len(expr) and expr[i] in ")]}":
+            return i
     return -1
 
 
@@ -171,28 +178,16 @@ def conjuncts(expr: str) -> list[str]:
     whole expression when it has a top-level ``||`` or ``?:`` (``&&`` binds tighter, so a
     part of it need not hold) or cannot be scanned."""
     parts: list[str] = []
-    depth, quote, start, i = 0, "", 0, 0
-    while i < len(expr):
-        ch = expr[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and (expr.startswith("||", i) or ch == "?"):
+    start, skip, depth = 0, -1, 0
+    for i, depth in _code(expr):
+        if i == len(expr) or i <= skip:
+            continue  # a literal left open (depth -1), or the second "&" of "&&"
+        if depth == 0 and (expr.startswith("||", i) or expr[i] == "?"):
             return [_strip_parens(expr)]
-        elif depth == 0 and expr.startswith("&&", i):
+        if depth == 0 and expr.startswith("&&", i):
             parts.append(expr[start:i])
-            start = i + 2
-            i += 1
-        i += 1
-    if quote or depth:
+            start, skip = i + 2, i + 1
+    if depth:
         return [_strip_parens(expr)]
     parts.append(expr[start:])
     out: list[str] = []
