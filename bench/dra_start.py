@@ -42,8 +42,7 @@ from tessera.api.names import DRA_DEVICE_CLASS, DRA_DRIVER  # noqa: E402
 from tessera.kube.client import Kube, load_credentials, path  # noqa: E402
 from tessera_e2e.controlplane.build import ensure_built, ensure_containerd  # noqa: E402
 from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
-from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod, vgpu  # noqa: E402
-from tessera_e2e.nodes.images import WORKLOAD  # noqa: E402
+from tessera_e2e.gpubed.bed import Bed, claim_pod, gpu_bed, gpu_pod, vgpu  # noqa: E402
 from tessera_e2e.operator.replicas import render_chart, wait_until  # noqa: E402
 
 NS = "bench-dra"
@@ -55,17 +54,6 @@ COMMAND = "sleep 3600"
 def pct(xs: list[float], p: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(p / 100 * len(s)))]
-
-
-def dra_pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "nodeSelector": {"kubernetes.io/hostname": NODE},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
-                     "containers": [{"name": "main", "image": WORKLOAD,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", COMMAND],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
 def template() -> dict[str, Any]:
@@ -91,8 +79,8 @@ async def phase(bed: Bed[Any], kind: str, pods: int, wave: int) -> list[float]:
             names = [f"{kind}-{i}" for i in range(w, min(pods, w + wave))]
             created: dict[str, float] = {}
             for name in names:
-                body = dra_pod(name) if kind == "dra" else gpu_pod(
-                    name, COMMAND, vgpu(1024, cores=1), NODE)
+                body = (claim_pod(name, COMMAND, template=TEMPLATE, node=NODE) if kind == "dra"
+                        else gpu_pod(name, COMMAND, vgpu(1024, cores=1), NODE))
                 await kube.create(url, body)
                 created[name] = time.monotonic()
             seen: dict[str, float] = {}

@@ -208,7 +208,7 @@ WORKLOADS = (  # name, node, budget MiB, cores, what it holds, MIG resource
 
 def step_workloads(s: Story) -> None:
     from tessera.api.resources import mig_resource_name
-    from tessera_e2e.gpubed.bed import gpu_pod, vgpu
+    from tessera_e2e.gpubed.bed import claim_pod, gpu_pod, vgpu
     from tessera_e2e.operator.replicas import wait_until
 
     for name, node, mib, cores, hold, mig in WORKLOADS:
@@ -219,7 +219,8 @@ def step_workloads(s: Story) -> None:
         s.bed.apply(TEAM, gpu_pod(name, command, limits, node=node))
     s.kubectl("apply", "-n", TEAM, "-f", str(s.repo / "examples" / "dra" /
                                                f"{DRA_TEMPLATE}.yaml"))
-    s.bed.apply(TEAM, dra_pod(DRA_POD, "cuda-info && sleep 86400"))
+    s.bed.apply(TEAM, claim_pod(DRA_POD, "cuda-info && sleep 86400", template=DRA_TEMPLATE,
+                                 node=DRA_NODE))
     for name, node, mib, cores, hold, mig in WORKLOADS:
         s.bed.wait_phase(TEAM, name, {"Running"}, 120)
         if name == WORKLOADS[0][0]:
@@ -244,21 +245,6 @@ def step_workloads(s: Story) -> None:
 
 
 DRA_POD = "infer-dra"
-
-
-def dra_pod(name: str, command: str) -> dict[str, Any]:
-    """A pod on the DRA node whose container uses a claim made from the demo's template."""
-    from tessera_e2e.nodes.images import WORKLOAD
-
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
-                     "resourceClaims": [{"name": "gpu",
-                                         "resourceClaimTemplateName": DRA_TEMPLATE}],
-                     "containers": [{"name": "main", "image": WORKLOAD,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", command],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
 def _wait_logs(s: Story, pod: str, needle: str) -> str:

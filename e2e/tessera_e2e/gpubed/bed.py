@@ -218,6 +218,24 @@ def gpu_pod(name: str, command: str, limits: dict[str, str], node: str | None = 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
+def claim_pod(name: str, command: str, *, claim: str | None = None,
+              template: str | None = None, node: str | None = "node-0") -> dict[str, Any]:
+    """A pod whose container ``main`` runs ``command`` and uses one DRA claim, named
+    (``claim``) or made from a ResourceClaimTemplate (``template``); ``node``: None for
+    wherever the scheduler finds room."""
+    ref = ({"resourceClaimName": claim} if claim is not None
+           else {"resourceClaimTemplateName": template})
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+        "resourceClaims": [{"name": "gpu", **ref}],
+        "containers": [{"name": "main", "image": WORKLOAD, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", command],
+                        "resources": {"claims": [{"name": "gpu"}]}}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
 def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:
     return {VGPU: str(shares), VGPU_MEMORY: str(memory_mib), VGPU_CORES: str(cores)}
 

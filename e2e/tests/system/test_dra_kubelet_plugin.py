@@ -21,7 +21,7 @@ import pytest
 
 from tessera.api.names import DRA_DRIVER
 from tessera_e2e.controlplane.cluster import LocalCluster
-from tessera_e2e.gpubed.bed import Bed, gpu_bed
+from tessera_e2e.gpubed.bed import Bed, claim_pod, gpu_bed
 from tessera_e2e.gpubed.daemons import KubeletNodeDaemon
 from tessera_e2e.nodes.images import WORKLOAD
 from tessera_e2e.operator.replicas import render_chart, wait_until
@@ -153,17 +153,6 @@ def test_a_restarted_kubelet_registers_the_plugin_again(
     run_claim(bed, node_namespace)
 
 
-def claim_pod(name: str, claim: str, command: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "nodeSelector": {"kubernetes.io/hostname": NODE},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                     "containers": [{"name": "main", "image": WORKLOAD,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", command],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
-
-
 def share_claim(name: str, memory: str, cores: int) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
@@ -184,7 +173,7 @@ def test_two_claims_split_one_gpu_by_their_cores_and_idle_time_is_lent(
     pause = "/tmp/pause"
     for name, memory, cores, seed in (("thirty", "4Gi", 30, 1), ("seventy", "6Gi", 70, 2)):
         bed.apply(ns, share_claim(name, memory, cores))
-        bed.apply(ns, claim_pod(name, name, f"cuda-spin 0 1000 {seed} {pause}"))
+        bed.apply(ns, claim_pod(name, claim=name, command=f"cuda-spin 0 1000 {seed} {pause}"))
     try:
         for name in ("thirty", "seventy"):
             bed.wait_phase(ns, name, {"Running"}, 120)
@@ -239,10 +228,10 @@ def test_two_claims_get_what_the_release_can_allocate_and_nothing_more(
     minor = bed.cluster.server_minor()
     try:
         bed.apply(ns, share_claim("first", "4Gi", 30))
-        bed.apply(ns, claim_pod("first", "first", "cuda-info; sleep 3600"))
+        bed.apply(ns, claim_pod("first", claim="first", command="cuda-info; sleep 3600"))
         bed.wait_phase(ns, "first", {"Running"}, 120)
         bed.apply(ns, share_claim("second", "4Gi", 30))
-        bed.apply(ns, claim_pod("second", "second", "cuda-info; sleep 3600"))
+        bed.apply(ns, claim_pod("second", claim="second", command="cuda-info; sleep 3600"))
         if minor >= 36:
             bed.wait_phase(ns, "second", {"Running"}, 120)
             assert [seen_memory_mib(bed, ns, p) for p in ("first", "second")] == [4096, 4096]
@@ -278,14 +267,6 @@ def template(name: str, memory: str, cores: int, cel: str | None = None) -> dict
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}}}}
 
 
-def template_pod(name: str, tpl: str, command: str = "cuda-info; sleep 3600"
-                 ) -> dict[str, Any]:
-    pod = claim_pod(name, "", command)
-    del pod["spec"]["nodeSelector"]  # wherever the scheduler finds room
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": tpl}]
-    return pod
-
-
 def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_restart(
         bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
     """Ten claims of 6000 MiB made at once (one per pod, from templates; one selects the
@@ -304,7 +285,8 @@ def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_resta
                            f'device.attributes["{DRA_DRIVER}"].model == "A100-40GB"'))
     names = [f"w{i}" for i in range(10)]
     for i, name in enumerate(names):  # all at once: nothing waits for the one before
-        bed.apply(ns, template_pod(name, "six-gi-a100" if i == 0 else "six-gi"))
+        bed.apply(ns, claim_pod(name, "cuda-info; sleep 3600", node=None,
+                                  template="six-gi-a100" if i == 0 else "six-gi"))
     try:
         for name in names:
             bed.wait_phase(ns, name, {"Running"}, 180)
@@ -330,7 +312,7 @@ def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_resta
         big = (max(free.values()) >> 20) + 1000
         assert big << 20 <= sum(free.values())
         bed.apply(ns, template("big", f"{big}Mi", 10))
-        bed.apply(ns, template_pod("big", "big"))
+        bed.apply(ns, claim_pod("big", "cuda-info; sleep 3600", template="big", node=None))
         reason = wait_until("the big pod's scheduling failure", lambda: next((
             c["message"] for c in (bed.get("pod", "-n", ns, "big").get("status") or {})
             .get("conditions") or [] if c["type"] == "PodScheduled"
@@ -353,7 +335,7 @@ def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_resta
             assert out.returncode == 0 and any(
                 line.startswith("0 ") and line.split()[-2] == "6000"
                 for line in out.stdout.splitlines()), out.stdout
-        bed.apply(ns, template_pod("after", "six-gi"))
+        bed.apply(ns, claim_pod("after", "cuda-info; sleep 3600", template="six-gi", node=None))
         bed.wait_phase(ns, "after", {"Running"}, 120)
     finally:
         for name in [*names, "big", "after"]:
