@@ -23,6 +23,7 @@ from tessera_node.deviceplugin.node_pods import NodePods
 from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.service import DevicePlugin
 from tessera_node.dra.publisher import SlicePublisher
+from tessera_node.dra.resizer import ClaimResizer
 from tessera_node.dra.service import AllocatedClaims, DraPlugin
 from tessera_node.dra.state import DraDevices
 from tessera_node.layout.enact import SmiEnactor
@@ -58,16 +59,28 @@ async def run(opts: Options) -> None:
     # -- DRA (--dra; docs/dra.md): the node's ResourceSlices (withdrawn from before a MIG
     # change) and the kubelet plugin, which maps a claim's devices back to the units
     # published and counts its prepared claims as holders of their units
-    offer = DraDevices(opts.shares_per_unit)
+    offer = DraDevices(opts.shares_per_unit, reserved_known=not opts.dra)
     publisher = (SlicePublisher(kube, opts.node_name, health, offer, opts.resync_interval_s,
                                 on_finding=changed.set) if opts.dra else None)
     # the pods bound to the node (who uses which claim): the device plugin's watch, or one
     # of the DRA plugin's own where there is no device plugin
+    pods_changed = asyncio.Event()  # a DRA node's pods changed: live resizes to answer
     pods = (plugin.pods if plugin is not None
-            else NodePods(kube, opts.node_name, health) if opts.dra else None)
+            else NodePods(kube, opts.node_name, health, lambda views: pods_changed.set())
+            if opts.dra else None)
+    resizer: ClaimResizer | None = None
+
+    def claims_changed() -> None:  # the prepared claims were read, resized or unprepared
+        if resizer is not None:
+            resizer.republish()
+
     dra = (DraPlugin(kube, opts, offer.present, lambda: snapshot_units(reconciler.snapshot),
-                     lambda: list(pods.objects.values()) if pods is not None else [])
+                     lambda: list(pods.objects.values()) if pods is not None else [],
+                     claims_changed)
            if opts.dra else None)
+    if dra is not None and publisher is not None and pods is not None:
+        resizer = ClaimResizer(kube, pods, dra, publisher, offer, pods_changed,
+                               opts.poll_interval_s)
     holders: DeviceHolders = (plugin.held if plugin is not None
                               else dra if dra is not None else NoHolders())
     # a MIG change on a DRA node also waits for claims allocated here but not prepared yet
@@ -115,6 +128,8 @@ async def run(opts: Options) -> None:
     if publisher is not None and dra is not None:  # DRA
         parts |= {"dra-slice-watch": publisher.watch, "dra-publish": publisher.run,
                   "dra-plugin": dra.run}
+    if resizer is not None:
+        parts |= {"dra-resize": resizer.run}
     tasks = []
     for name, work in parts.items():
         task = asyncio.create_task(supervise(name, work, health), name=name)

@@ -39,7 +39,14 @@ node advertises as many as it may run pods."""
 ANNOTATION_BUDGET = f"{GROUP}/budget"
 """JSON, per container: the budget admission granted; the node daemon reads only this."""
 LABEL_BUDGETED = f"{GROUP}/budgeted"
-"""Set by the webhook on every admitted GPU pod: the operator's pod watch selects on it."""
+"""Set by the webhook on every admitted GPU pod (value ``true``), and by the operator's leader
+on every pod a claim of tessera's is reserved for (value :data:`BUDGETED_CLAIMS`): the
+operator's pod watch selects on it (the placement service only on ``true``)."""
+BUDGETED_CLAIMS = "claims"
+"""The :data:`LABEL_BUDGETED` value of a pod whose budgets are DRA claims."""
+ANNOTATION_CLAIM_BUDGET = f"{GROUP}/claim-budget"
+"""JSON, written by the operator on a pod using DRA claims once a live resize changed one: per
+claim UID, its budget now and what its allocation took (:mod:`tessera.api.claim_budget`)."""
 ANNOTATION_BUDGET_REQUEST = f"{GROUP}/budget-request"
 """JSON, set by the pod's user: a live resize (new memory/cores totals per container)."""
 ANNOTATION_BUDGET_RESIZE = f"{GROUP}/budget-resize"

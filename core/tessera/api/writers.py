@@ -67,8 +67,13 @@ KEYS: tuple[Key, ...] = (
        at_admission=True, instead=f"ask for a resize with {n.ANNOTATION_BUDGET_REQUEST}, or "
        f"create the pod again with other {n.PREFIX} limits"),
     _k(n.LABEL_BUDGETED, "label", "Pod", {OPERATOR},
-       "marks an admitted GPU pod, which the operator's pod watch and count select on",
+       "marks an admitted GPU pod (true), or a pod a claim of tessera's is reserved for "
+       "(claims), which the operator's pod watch and count select on",
        at_admission=True, instead="GPUQuota usage is counted through it"),
+    _k(n.ANNOTATION_CLAIM_BUDGET, "annotation", "Pod", {OPERATOR},
+       "the live budget of the DRA claims the pod owns, once a resize changed one, which "
+       "the node daemon enforces",
+       instead=f"ask for a resize with {n.ANNOTATION_BUDGET_REQUEST}"),
     _k(n.ANNOTATION_BUDGET_RESIZE, "annotation", "Pod", {OPERATOR, NODE},
        "the outcome of the last resize request, whose sealed part the operator acts on",
        instead=f"ask for a resize with {n.ANNOTATION_BUDGET_REQUEST}"),

@@ -117,16 +117,22 @@ def attributes(gpu: GPUInventory, unit: AdvertisedUnit,
     return out
 
 
-def capacity(unit: AdvertisedUnit) -> dict[str, dict[str, Any]]:
-    """``memory`` (bytes) and ``cores`` (percent); with request policies on a shared unit."""
-    memory = str(unit.memory_mib * MIB)
+def capacity(unit: AdvertisedUnit, reserved: tuple[int, int] = (0, 0)
+             ) -> dict[str, dict[str, Any]]:
+    """``memory`` (bytes) and ``cores`` (percent); with request policies on a shared unit.
+    ``reserved``: (bytes, cores) of the shared unit that live resizes took beyond their
+    claims' allocations: published as that much less capacity, so the scheduler, which
+    subtracts the allocated claims from it, places no new claim into it."""
     if not shared(unit):
-        return {DRA_CAPACITY_MEMORY: {"value": memory}, DRA_CAPACITY_CORES: {"value": str(CORES)}}
+        return {DRA_CAPACITY_MEMORY: {"value": str(unit.memory_mib * MIB)},
+                DRA_CAPACITY_CORES: {"value": str(CORES)}}
+    memory = str(max(MIB, unit.memory_mib * MIB - reserved[0]))
+    cores = str(max(1, CORES - reserved[1]))
     return {
         DRA_CAPACITY_MEMORY: {"value": memory, "requestPolicy": {
             "default": memory, "validRange": {"min": "1Mi", "step": "1Mi"}}},
-        DRA_CAPACITY_CORES: {"value": str(CORES), "requestPolicy": {
-            "default": str(CORES), "validRange": {"min": "1", "max": str(CORES), "step": "1"}}},
+        DRA_CAPACITY_CORES: {"value": cores, "requestPolicy": {
+            "default": cores, "validRange": {"min": "1", "max": cores, "step": "1"}}},
     }
 
 
@@ -136,10 +142,13 @@ def shared(unit: AdvertisedUnit) -> bool:
     return unit.shares > 0
 
 
-def node_devices(gpus: Iterable[GPUInventory]) -> list[dict[str, Any]]:
+def node_devices(gpus: Iterable[GPUInventory],
+                 reserved: Mapping[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """The node's DRA devices, in GPU index then placement order; healthy units only (an
     unhealthy unit is withdrawn, as the device plugin reports it unhealthy). A GPU whose
-    units the daemon does not know yet publishes nothing."""
+    units the daemon does not know yet publishes nothing. ``reserved``: unit UUID ->
+    (bytes, cores) live resizes took there (:func:`capacity`)."""
+    reserved = reserved or {}
     gpus = sorted(gpus, key=lambda g: g.index)
     cliques = nvlink_cliques(gpus)
     out: list[dict[str, Any]] = []
@@ -151,7 +160,7 @@ def node_devices(gpus: Iterable[GPUInventory]) -> list[dict[str, Any]]:
             device: dict[str, Any] = {
                 "name": device_name(gpu, unit),
                 "attributes": attributes(gpu, unit, cliques),
-                "capacity": capacity(unit),
+                "capacity": capacity(unit, reserved.get(unit.uuid, (0, 0))),
             }
             if shared(unit):
                 device["allowMultipleAllocations"] = True

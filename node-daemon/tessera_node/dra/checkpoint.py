@@ -40,14 +40,21 @@ class PreparedClaim:
     """That GPUQuota's fair-share weight for idle core time."""
     lending: bool = True
     """False: that GPUQuota's hard caps (no lending or borrowing of core time)."""
+    allocated: tuple[UnitBudget, ...] | None = None
+    """What its allocation gave, once a live resize made ``units`` differ (None: ``units``
+    are the allocation's)."""
+
+    @property
+    def allocation(self) -> tuple[UnitBudget, ...]:
+        return self.units if self.allocated is None else self.allocated
 
     def to_json(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "name": self.name,
                 "results": [{"request": r.request, "pool": r.pool, "device": r.device,
                              "shareID": r.share_id} for r in self.results],
-                "units": [{"uuid": u.uuid, "memory": u.memory, "cores": u.cores}
-                          for u in self.units],
-                "quota": self.quota, "weight": self.weight, "lending": self.lending}
+                "units": _units(self.units),
+                "quota": self.quota, "weight": self.weight, "lending": self.lending,
+                **({} if self.allocated is None else {"allocated": _units(self.allocated)})}
 
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
@@ -57,7 +64,14 @@ class PreparedClaim:
                    tuple(UnitBudget(str(u["uuid"]), u["memory"], u["cores"])
                          for u in data["units"]),
                    data.get("quota"), int(data.get("weight", 1)),
-                   bool(data.get("lending", True)))
+                   bool(data.get("lending", True)),
+                   None if data.get("allocated") is None else tuple(
+                       UnitBudget(str(u["uuid"]), u["memory"], u["cores"])
+                       for u in data["allocated"]))
+
+
+def _units(units: tuple[UnitBudget, ...]) -> list[dict[str, Any]]:
+    return [{"uuid": u.uuid, "memory": u.memory, "cores": u.cores} for u in units]
 
 
 class Checkpoint:

@@ -40,9 +40,12 @@ def offered(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Co
 
 
 def wanted(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Collection[str]],
-           shares_per_unit: int, sharing: Mapping[str, Sharing]) -> list[Obj]:
-    """The node's DRA devices now (:func:`offered`, as ResourceSlice devices)."""
-    return node_devices(offered(snapshot, readable, withdrawn, shares_per_unit, sharing))
+           shares_per_unit: int, sharing: Mapping[str, Sharing],
+           reserved: Mapping[str, tuple[int, int]] | None = None) -> list[Obj]:
+    """The node's DRA devices now (:func:`offered`, as ResourceSlice devices), each shared
+    one with the capacity live resizes took (``reserved``) left out."""
+    return node_devices(offered(snapshot, readable, withdrawn, shares_per_unit, sharing),
+                        reserved)
 
 
 def mine(node: str, slices: Iterable[Obj]) -> list[Obj]:

@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,10 @@ from tessera_node.container.response import (
 from tessera_node.container.sim_files import SimDeviceFiles
 from tessera_node.dra import cdi
 from tessera_node.dra.checkpoint import Checkpoint, PreparedClaim
-from tessera_node.dra.claims import ClaimError, allocation, entries
+from tessera_node.dra.claims import ClaimError, UnitBudget, allocation, entries
 from tessera_node.dra.containers import ClaimPolicy
 from tessera_node.dra.files import write_atomically
+from tessera_node.dra.resize import beside_prepared, resized_entries
 
 log = logging.getLogger("tessera_node.dra")
 
@@ -104,8 +105,11 @@ class NodeView:
 class ClaimPreparer:
     def __init__(self, config: DraConfig, writer: BudgetWriter, checkpoint: Checkpoint,
                  read_claim: ReadClaim, node: NodeView,
-                 read_policy: ReadPolicy = lambda namespace: ClaimPolicy()) -> None:
+                 read_policy: ReadPolicy = lambda namespace: ClaimPolicy(),
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        """``on_change``: told after a claim was unprepared or resized (its thread)."""
         self.config = config
+        self.on_change = on_change
         self.writer = writer
         self.checkpoint = checkpoint
         self.read_claim = read_claim
@@ -150,6 +154,10 @@ class ClaimPreparer:
             raise ClaimError(f"node {self.config.node}: its GPUs are not read yet; "
                              "the kubelet tries again")
         alloc = allocation(claim, self.config.node, gpus)
+        why = beside_prepared(gpus, alloc.units, self.checkpoint.claims())
+        if why is not None:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; the kubelet "
+                             "tries again")
         policy = self.read_policy(ref.namespace)
         return PreparedClaim(ref.uid, ref.namespace, ref.name, alloc.results, alloc.units,
                              policy.quota, policy.weight, policy.lending)
@@ -169,6 +177,27 @@ class ClaimPreparer:
                                           "uid": uid, "units": uuids})
         return response
 
+    def rebudget(self, uid: str, units: tuple[UnitBudget, ...]) -> bool:
+        """A live resize's new budget for a prepared claim: kept in the checkpoint first (a
+        restarted daemon keeps it, and the capacity it takes stays unpublished), then written
+        into its budget file in place (its containers obey from their next GPU call).
+        Idempotent; False when the claim is not prepared (any more)."""
+        _check_uid(uid)
+        with self._lock:
+            record = self.checkpoint.get(uid)
+            if record is None:
+                return False
+            if units != record.units:
+                allocated = record.allocation
+                self.checkpoint.put(replace(record, units=units,
+                                            allocated=None if units == allocated else allocated))
+            self.writer.ready(uid, resized_entries(units, self.writer.read(uid).entries))
+            self.on_change()
+            log.info("claim budget resized", extra={
+                "claim": f"{record.namespace}/{record.name}", "uid": uid,
+                "units": [(u.uuid, u.memory, u.cores) for u in units]})
+            return True
+
     def _device_files(self, uuids: Sequence[str]) -> tuple[str, ...]:
         try:
             return self.sim_files.of(uuids, self.node.units())
@@ -183,6 +212,7 @@ class ClaimPreparer:
         with self._lock:
             self._remove(uid)
             log.info("claim unprepared", extra={"uid": uid})
+        self.on_change()
 
     def _remove(self, uid: str) -> None:
         self.spec_path(uid).unlink(missing_ok=True)

@@ -247,6 +247,36 @@ class SlicePublisher:
                     return
             await asyncio.sleep(DRA_RETRY_S)
 
+    # -- live resizes (the kubelet plugin's resizer, on the loop) ------------------------------
+
+    def refresh(self) -> None:
+        """What the node offers changed (a reservation dropped): publish soon (any thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._dirty.set)
+
+    async def settled(self) -> None:
+        """Returns once the API server holds the node's devices as they are now (a pass has
+        nothing left to write); raises :class:`WithdrawError` when it cannot within
+        ``DRA_WITHDRAW_TIMEOUT_S``."""
+        async def until_written() -> None:
+            while True:
+                try:
+                    p = await self.publish()
+                except (ApiError, OSError, TimeoutError) as exc:
+                    log.warning("publishing a reservation: write failed; retrying",
+                                extra={"error": str(exc)[:300]})
+                else:
+                    if p is not None and p.writes == 0:
+                        return
+                    if p is not None:
+                        continue  # written: the next pass confirms what the server kept
+                await asyncio.sleep(DRA_RETRY_S)
+        try:
+            await asyncio.wait_for(until_written(), DRA_WITHDRAW_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise WithdrawError(f"the node's ResourceSlices could not be written within "
+                                f"{DRA_WITHDRAW_TIMEOUT_S:.0f}s") from exc
+
     def changed(self, gpu_uuid: str) -> None:
         self.state.changed(gpu_uuid)
         if self._loop is not None:

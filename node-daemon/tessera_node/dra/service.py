@@ -55,10 +55,13 @@ class DraPlugin:
     def __init__(self, kube: Kube, opts: Options,
                  gpus: Callable[[], Sequence[GPUInventory] | None],
                  units: Callable[[], Sequence[Unit]],
-                 pods: Callable[[], Iterable[Mapping[str, Any]]] = lambda: ()) -> None:
+                 pods: Callable[[], Iterable[Mapping[str, Any]]] = lambda: (),
+                 on_claims: Callable[[], None] = lambda: None) -> None:
         """``gpus``: the node's GPUs with the units they offer, as the daemon publishes them
         (None: not known yet); ``units``: the units' device numbers (``sim`` visibility);
-        ``pods``: the pods bound to the node, as a watch has them (who uses which claim)."""
+        ``pods``: the pods bound to the node, as a watch has them (who uses which claim);
+        ``on_claims``: told (any thread) once the prepared claims are read and whenever one
+        is unprepared or resized (what the node publishes follows them)."""
         self.kube = kube
         self.opts = opts
         self.node = NodeView(gpus, units)
@@ -68,6 +71,8 @@ class DraPlugin:
         self.checkpoint: Checkpoint | None = None
         """The claims prepared here, read first when the plugin starts."""
         self.writer: BudgetWriter | None = None
+        self.preparer: ClaimPreparer | None = None
+        self.on_claims = on_claims
         self.error: str | None = "not started yet"
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -157,6 +162,7 @@ class DraPlugin:
         # the prepared claims first: they hold their units even while the rest cannot start
         checkpoint = self.checkpoint or Checkpoint(state / DRA_CHECKPOINT)
         self.checkpoint = checkpoint
+        self.on_claims()  # the capacity live resizes hold, before anything is published
         lib_dir = library.install(self.opts.libtessera, state / LIB_DIR)
         sim = None
         if self.opts.device_visibility == "sim":
@@ -168,7 +174,8 @@ class DraPlugin:
         writer.empty_trash()
         self.writer = writer
         preparer = ClaimPreparer(config, writer, checkpoint, self.read_claim, self.node,
-                                 self.read_policy)
+                                 self.read_policy, on_change=self.on_claims)
+        self.preparer = preparer
         server = DraServer(preparer, self.opts.kubelet_root)
         server.start()
         log.info("DRA plugin prepared", extra={"libtessera": str(lib_dir),

@@ -23,10 +23,16 @@ from tessera_node.dra.decide import offered, wanted
 
 class DraDevices:
     def __init__(self, shares_per_unit: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 reserved_known: bool = True) -> None:
+        """``reserved_known``: False where the kubelet plugin's live resizes may have taken
+        capacity (a daemon with ``--dra``): nothing is published until :meth:`reserve` says
+        how much, so a restarted daemon never offers capacity a resize holds."""
         self.shares_per_unit = shares_per_unit
         self.clock = clock
         self._lock = threading.Lock()
+        self._reserved: dict[str, tuple[int, int]] | None = {} if reserved_known else None
+        """Unit UUID -> (bytes, cores) live resizes took beyond their claims' allocations."""
         self._snapshot: DeviceSnapshot | None = None
         self._readable = False
         self._sharing: Mapping[str, Sharing] = {}
@@ -51,13 +57,21 @@ class DraDevices:
             self._sharing = dict(sharing)
 
     def devices(self) -> list[dict[str, Any]] | None:
-        """The devices to publish now; None before NVML was first read (nothing is known:
-        what is published stays)."""
+        """The devices to publish now; None before NVML was first read or before the
+        reservations are known (nothing is known: what is published stays)."""
         with self._lock:
-            if self._snapshot is None:
+            if self._snapshot is None or self._reserved is None:
                 return None
             return wanted(self._snapshot, self._readable, self._withdrawn,
-                          self.shares_per_unit, self._sharing)
+                          self.shares_per_unit, self._sharing, self._reserved)
+
+    def reserve(self, reserved: Mapping[str, tuple[int, int]]) -> bool:
+        """What live resizes take now, per unit (bytes, cores); whether that changed."""
+        with self._lock:
+            new = {u: r for u, r in reserved.items() if r != (0, 0)}
+            changed = new != self._reserved
+            self._reserved = new
+            return changed
 
     def gpus(self) -> tuple[GPUInventory, ...] | None:
         """The GPUs with the units offered now (what :meth:`devices` publishes); None before

@@ -6,11 +6,15 @@ count by a *claim holder*, a growth holder that asks for the claim's capacity, m
 validating claims webhook while the claim is admitted
 (:meth:`tessera_operator.webhooks.admission.Admission._hold_claim`).  It cannot be owned by
 the claim (the claim does not exist yet when it is made), so the leader deletes it once the
-claim is gone: every ``interval_s`` it lists the claim holders and, in their namespaces, the
-claims, and deletes the holders whose claim is not there (after a grace for a claim being
+claim is gone: every ``interval_s`` it lists the claim holders and the cluster's claims, and
+deletes the holders whose claim is not there (after a grace for a claim being
 admitted now).  A claim being deleted keeps its holder until it is gone: until then its
-devices may still be allocated.  What the holders hold counts in their namespace's
-GPUQuotas' ``status.used`` (:meth:`ClaimHolders.total`, as of the last pass).
+devices may still be allocated.  The same list names the pods tessera's claims are
+reserved for: the leader labels them ``tessera.dev/budgeted=claims`` so that its pod watch,
+and a live resize, sees them
+(:meth:`tessera_operator.controller.pods.PodController.see_claim_users`).  What the holders
+hold counts in their namespace's GPUQuotas' ``status.used`` (:meth:`ClaimHolders.total`, as
+of the last pass).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +32,7 @@ from tessera.kube.client import ApiError, Kube, path
 from tessera.kube.health import Health
 from tessera_operator import metrics
 from tessera_operator.quota.arith import Usage, total
+from tessera_operator.quota.claims import PodRef, claim_users
 from tessera_operator.quota.holders import holds, orphaned_claim_holders
 
 log = logging.getLogger("tessera.claims")
@@ -41,6 +46,9 @@ class ClaimHolders:
     on_namespace: Callable[[str], None] | None = None
     """Told when what a namespace's claim holders hold changed (its GPUQuotas are counted
     soon)."""
+    on_claim_users: Callable[[list[PodRef]], Awaitable[None]] | None = None
+    """Told, every pass, the pods tessera's allocated claims are reserved for (the leader
+    labels those its pod watch does not see yet: their resizes are answered there)."""
     synced: bool = False
     """A pass has listed the claim holders (until then GPUQuotas keep their count)."""
     _totals: dict[str, Usage] = field(default_factory=dict)
@@ -62,20 +70,23 @@ class ClaimHolders:
             await asyncio.sleep(self.interval_s)
 
     async def collect(self, now: datetime | None = None) -> list[str]:
-        """Delete the claim holders whose claim is gone; their names."""
+        """Delete the claim holders whose claim is gone; their names.  Then label the pods
+        that tessera's allocated claims are reserved for, so the pod watch sees them."""
         now = now or datetime.now(UTC)
         holders = (await self.kube.list(path("", "v1", "pods"), LABEL_CLAIM_OF)).get(
+            "items") or []
+        claims = (await self.kube.list(path("resource.k8s.io", "v1", "resourceclaims"))).get(
             "items") or []
         by_ns: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for h in holders:
             by_ns[str(h["metadata"]["namespace"])].append(h)
+        uids_by_ns: dict[str, set[str]] = defaultdict(set)
+        for c in claims:
+            uids_by_ns[str(c["metadata"].get("namespace"))].add(str(c["metadata"].get("uid")))
         deleted: list[str] = []
         totals: dict[str, Usage] = {}
         for ns, mine in sorted(by_ns.items()):
-            claims = (await self.kube.list(path("resource.k8s.io", "v1", "resourceclaims",
-                                                ns))).get("items") or []
-            uids = {str(c["metadata"].get("uid")) for c in claims}
-            orphans = orphaned_claim_holders(mine, uids, now)
+            orphans = orphaned_claim_holders(mine, uids_by_ns.get(ns, set()), now)
             for name in orphans:
                 try:
                     await self.kube.delete(path("", "v1", "pods", ns, name))
@@ -88,6 +99,8 @@ class ClaimHolders:
                 deleted.append(f"{ns}/{name}")
             totals[ns] = total(holds(h) for h in mine if h["metadata"]["name"] not in orphans
                                and not h["metadata"].get("deletionTimestamp"))
+        if self.on_claim_users is not None:
+            await self.on_claim_users(claim_users(claims))
         changed = {ns for ns in {*totals, *self._totals}
                    if totals.get(ns, Usage()) != self._totals.get(ns, Usage())}
         self._totals, self.synced = totals, True

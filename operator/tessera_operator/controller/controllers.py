@@ -44,7 +44,8 @@ class Controllers:
                 quotas.on_namespace(ns)
         pods = PodController(kube, cache, counted_soon, recount_interval_s, component, health,
                              holder_image)
-        claims = ClaimHolders(kube, recount_interval_s, health, counted_soon)
+        claims = ClaimHolders(kube, recount_interval_s, health, counted_soon,
+                              on_claim_users=pods.see_claim_users)
         quotas = QuotaController(kube, cache, pods, recount_interval_s, component, claims)
         count_soon.append(quotas)
         return cls(PartitionController(kube, component, health), pods, quotas, claims)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.api.names import LABEL_BUDGETED, LABEL_CLAIM_OF, LABEL_GROWTH_OF
+from tessera.api.names import BUDGETED_CLAIMS, LABEL_BUDGETED, LABEL_CLAIM_OF, LABEL_GROWTH_OF
 from tessera.kube.client import ApiError, Kube, Obj, follow, handle_one, path
 from tessera.kube.health import Health
 from tessera.kube.loops import work_off
@@ -21,6 +21,7 @@ from tessera_operator.cache.quotas import QuotaCache
 from tessera_operator.controller.holders import Holders, Owner
 from tessera_operator.controller.resize import Resizer, pending_request, pod_need
 from tessera_operator.quota.arith import Usage, pod_counts, pod_usage, total
+from tessera_operator.quota.claims import PodRef
 from tessera_operator.quota.holders import is_zero
 
 DEBOUNCE_S = 0.1
@@ -139,11 +140,29 @@ class PodController:
                 await handle_one(self.on_pod, "ADDED", pod, "pods")
 
     async def watch_pods(self) -> None:
-        """Budgeted pods, one event at a time under :attr:`lock`; an error in one event is
-        logged and counted, and the next event is handled."""
-        await follow(self.kube.watch(path("", "v1", "pods"), f"{LABEL_BUDGETED}=true",
+        """Budgeted pods (the device plugin's, ``true``, and those of DRA claims, ``claims``),
+        one event at a time under :attr:`lock`; an error in one event is logged and counted,
+        and the next event is handled."""
+        await follow(self.kube.watch(path("", "v1", "pods"), LABEL_BUDGETED,
                                      name="pods", health=self.health),
                      self.on_watch_event, "pods")
+
+    async def see_claim_users(self, pods: list[PodRef]) -> None:
+        """Label ``tessera.dev/budgeted=claims`` the pods that tessera's claims are reserved
+        for and the pod watch does not show yet (nothing else marks them: they ask no
+        resource of tessera's, and the webhook does not see them).  The label write names
+        the pod's UID: a pod made again under the name is not labelled by mistake."""
+        if self.resizer is None or not self.synced:
+            return
+        for ref in pods:
+            if ref.uid in self._pods.get(ref.namespace, {}):
+                continue
+            try:
+                await self.kube.merge_patch(path("", "v1", "pods", ref.namespace, ref.name), {
+                    "metadata": {"uid": ref.uid, "labels": {LABEL_BUDGETED: BUDGETED_CLAIMS}}})
+            except ApiError as exc:
+                if exc.status not in (404, 409, 422):  # gone, or another pod by that name
+                    raise
 
     # -- growth holders ---------------------------------------------------------------------
 

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.budget import BudgetAnnotation, BudgetAnnotationError, parse_budget_annotation
+from tessera.api.claim_budget import ClaimBudgetError, claim_budgets_text, parse_claim_budgets
 from tessera.api.names import (
     ANNOTATION_BUDGET,
     ANNOTATION_BUDGET_REQUEST,
     ANNOTATION_BUDGET_RESIZE,
+    ANNOTATION_CLAIM_BUDGET,
     REASON_RESIZE_REFUSED,
 )
 from tessera.api.resize import ResizeStatus, digest
@@ -47,12 +49,14 @@ from tessera_operator.quota.arith import (
     annotation_usage,
     budget_from_pod,
     check_fit,
+    claims_growth,
     deny_message,
     pod_counts,
     pod_usage,
     resource_usage,
     usage_of,
 )
+from tessera_operator.quota.claim_resize import claims_by_container, plan_claims
 from tessera_operator.quota.holders import need
 from tessera_operator.quota.objects import FieldError, policy_of
 from tessera_operator.quota.resize import ResizeError, plan, usage_fields
@@ -94,10 +98,17 @@ def pod_need(pod: Mapping[str, Any], key: bytes) -> Usage:
             and status.state in ("Approved", "Refused")
             and status.seal_holds(key, str(meta.get("uid") or ""))):
         try:
-            previous = annotation_usage(status.previous, pod.get("spec") or {})
+            previous = (claims_growth(parse_claim_budgets(status.previous)) if of_claims(pod)
+                        else annotation_usage(status.previous, pod.get("spec") or {}))
         except (ValueError, TypeError, KeyError):
             previous = None
     return need(pod_usage(pod), limits, previous)
+
+
+def of_claims(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's budgets are DRA claims' (it was admitted with no
+    ``tessera.dev/budget``: it asks no device of the device plugin's)."""
+    return ANNOTATION_BUDGET not in ((pod.get("metadata") or {}).get("annotations") or {})
 
 
 @dataclass
@@ -146,6 +157,8 @@ class Resizer:
             if not status.seal_holds(self.key, uid):
                 return await self._ignore_record(pod, status)
             return await self._roll_back(pod, status)
+        if of_claims(pod):
+            return await self._answer_claims(pod)
         ns = str(meta["namespace"])
         spec = pod.get("spec") or {}
         quotas = await self.cache.quotas(ns)
@@ -181,12 +194,60 @@ class Resizer:
         log.info("budget resize approved", extra={"namespace": ns, "pod": meta["name"]})
         return written
 
+    async def _answer_claims(self, pod: Obj) -> Obj | None:
+        """:meth:`_answer` for a pod of DRA claims (:mod:`tessera_operator.quota.claim_resize`):
+        the same checks and holders, the new budgets in ``tessera.dev/claim-budget``."""
+        meta = pod["metadata"]
+        ann = meta.get("annotations") or {}
+        ns, uid = str(meta["namespace"]), str(meta.get("uid") or "")
+        quotas = await self.cache.quotas(ns)
+        req = str(ann.get(ANNOTATION_BUDGET_REQUEST) or "")
+        tag = digest(req)
+        claims = {}
+        for name in sorted({n for names in claims_by_container(pod).values() for n in names}):
+            try:
+                claims[name] = await self.kube.get(path("resource.k8s.io", "v1",
+                                                        "resourceclaims", ns, name))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        previous = str(ann.get(ANNOTATION_CLAIM_BUDGET) or "{}")
+        try:
+            current = parse_claim_budgets(previous)
+            p = plan_claims(pod, req, claims, current,
+                            policy_of([self.cache.view(q) for q in quotas]))
+        except (ResizeError, ClaimBudgetError, FieldError) as exc:
+            return await self._refuse(pod, ResizeStatus(tag, "Refused", str(exc)))
+        if p.grow.memory_mib or p.grow.cores:
+            refused = deny_message(check_fit(p.grow, [self.cache.view(q) for q in quotas]))
+            if not refused:
+                want = need(claims_growth(p.budgets), Usage(), claims_growth(current))
+                try:
+                    held = await self.holders.hold(owner_from(pod), want, tag)
+                except ApiError as exc:
+                    return await self._refuse(pod, ResizeStatus(tag, "Refused", (
+                        f"the growth could not be held now ({exc.message[:300]}); ask again")))
+                if held is not None:
+                    refused = (f"no room to grow in the namespace's GPUQuota count now (the "
+                               f"API server: {held}); ask again when pods have finished")
+            if refused:
+                return await self._refuse(pod, ResizeStatus(tag, "Refused", refused))
+        approved = ResizeStatus(tag, "Approved", previous=previous,
+                                grow=usage_fields(p.grow)).sealed(self.key, uid)
+        written = await self.kube.merge_patch(_pod_url(ns, str(meta["name"])), {"metadata": {
+            "resourceVersion": meta.get("resourceVersion"),
+            "annotations": {ANNOTATION_CLAIM_BUDGET: claim_budgets_text(p.budgets),
+                            ANNOTATION_BUDGET_RESIZE: approved.to_annotation()}}})
+        log.info("claim budget resize approved", extra={"namespace": ns, "pod": meta["name"]})
+        return written
+
     async def _roll_back(self, pod: Obj, status: ResizeStatus) -> Obj:
         meta = pod["metadata"]
         done = ResizeStatus(status.request, "Refused", status.reason)
+        budget_key = ANNOTATION_CLAIM_BUDGET if of_claims(pod) else ANNOTATION_BUDGET
         written = await self.kube.merge_patch(_pod_url(meta["namespace"], meta["name"]), {
             "metadata": {"resourceVersion": meta.get("resourceVersion"),
-                         "annotations": {ANNOTATION_BUDGET: status.previous,
+                         "annotations": {budget_key: status.previous,
                                          ANNOTATION_BUDGET_RESIZE: done.to_annotation()}}})
         log.info("budget resize rolled back", extra={
             "namespace": meta["namespace"], "pod": meta["name"], "reason": status.reason})
@@ -224,15 +285,19 @@ class Resizer:
         meta = pod["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         ann = meta.get("annotations") or {}
-        back = limits_budget(pod)
         request = ResizeStatus.parse(ann.get(ANNOTATION_BUDGET_RESIZE))
-        reason = (f"the growth beyond the pod's limits is no longer held in the GPUQuota "
-                  f"count ({why}): its budget is back to its limits")
+        if of_claims(pod):  # each claim back to what its allocation took
+            reason = (f"the growth beyond the claims' allocations is no longer held in the "
+                      f"GPUQuota count ({why}): their budgets are back to their allocations")
+            back = {ANNOTATION_CLAIM_BUDGET: claim_budgets_text({})}
+        else:
+            reason = (f"the growth beyond the pod's limits is no longer held in the GPUQuota "
+                      f"count ({why}): its budget is back to its limits")
+            back = {ANNOTATION_BUDGET: limits_budget(pod).to_annotation()}
         status = ResizeStatus(request.request if request else digest(""), "Refused", reason)
         written = await self.kube.merge_patch(_pod_url(ns, name), {"metadata": {
             "resourceVersion": meta.get("resourceVersion"),
-            "annotations": {ANNOTATION_BUDGET: back.to_annotation(),
-                            ANNOTATION_BUDGET_RESIZE: status.to_annotation()}}})
+            "annotations": {**back, ANNOTATION_BUDGET_RESIZE: status.to_annotation()}}})
         metrics.GROWTH_TAKEN_BACK.inc()
         await post_event(self.kube, pod, "v1", "Pod", REASON_GROWTH_TAKEN_BACK, reason,
                          "Warning", self.component)

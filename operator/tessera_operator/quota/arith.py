@@ -31,8 +31,10 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from tessera.api import budget as api_budget
+from tessera.api.claim_budget import ClaimBudget, ClaimBudgetError, parse_claim_budgets
 from tessera.api.names import (
     ANNOTATION_BUDGET,
+    ANNOTATION_CLAIM_BUDGET,
     GPU_POD,
     MIG_PREFIX,
     PREFIX,
@@ -427,7 +429,7 @@ def pod_counts(pod: Mapping[str, Any]) -> bool:
     """Whether a pod holds its budget: admitted with one and not finished (as Kubernetes'
     ResourceQuota counts: a pod in phase Succeeded or Failed holds nothing)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if ANNOTATION_BUDGET not in annotations:
+    if ANNOTATION_BUDGET not in annotations and ANNOTATION_CLAIM_BUDGET not in annotations:
         return False
     return (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
 
@@ -437,13 +439,25 @@ def pod_usage(pod: Mapping[str, Any]) -> Usage:
 
     Its containers are classified by name from the pod's own spec, as admission did.
     """
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_BUDGET)
-    if raw is None:
-        return Usage()
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(ANNOTATION_BUDGET)
+    if raw is None:  # a pod of DRA claims: its claims' growth (their holders hold the rest)
+        try:
+            return claims_growth(parse_claim_budgets(annotations.get(ANNOTATION_CLAIM_BUDGET)))
+        except ClaimBudgetError:
+            return Usage()
     try:
         return annotation_usage(raw, pod.get("spec") or {})
     except (ValueError, TypeError, KeyError):
         return Usage()
+
+
+def claims_growth(budgets: Mapping[str, ClaimBudget]) -> Usage:
+    """What DRA claims' live budgets hold beyond their allocations (``tessera.dev/
+    claim-budget``; the claims' holders hold the allocations): what the pod's growth holders
+    hold, and what its GPUQuotas count for it."""
+    return Usage(sum(b.growth[0] for b in budgets.values()),
+                 sum(b.growth[1] for b in budgets.values()))
 
 
 def total(usages: Iterable[Usage]) -> Usage:

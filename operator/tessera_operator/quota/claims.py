@@ -432,3 +432,27 @@ def over_max(asked: Usage, policy: QuotaPolicy) -> str | None:
         return (f"the claim asks for {asked.cores} cores in all, more than {quota} allows "
                 f"one pod (max.cores {policy.max_cores})")
     return None
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+def claim_users(claims: Iterable[Mapping[str, Any]]) -> list[PodRef]:
+    """The pods that claims allocated devices of tessera's are reserved for (the scheduler
+    reserves a claim for each pod it binds with it), each once, in order."""
+    out: dict[str, PodRef] = {}
+    for c in claims:
+        meta, status = c.get("metadata") or {}, c.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        if not any(isinstance(r, Mapping) and r.get("driver") == DRA_DRIVER for r in results):
+            continue
+        for r in status.get("reservedFor") or []:
+            if isinstance(r, Mapping) and r.get("resource") == "pods" and not r.get("apiGroup") \
+                    and r.get("uid") and r.get("name"):
+                out.setdefault(str(r["uid"]), PodRef(str(meta.get("namespace")),
+                                                     str(r["name"]), str(r["uid"])))
+    return sorted(out.values(), key=lambda p: (p.namespace, p.name, p.uid))

@@ -266,3 +266,4 @@ def orphaned_claim_holders(holders: Iterable[Mapping[str, Any]], claim_uids: set
         if (now - made).total_seconds() >= grace_s:
             out.append(str(meta.get("name")))
     return sorted(out)
+

@@ -31,7 +31,8 @@ def test_a_user_writes_only_the_resize_request_and_placement_policies_on_a_pod()
         names.ANNOTATION_GPU_MODELS_EXCLUDE, names.ANNOTATION_GPU_UUIDS_EXCLUDE,
         names.ANNOTATION_GPU_TOPOLOGY]
     assert set(writers.tessera_only_pod_keys("annotation")) == {
-        names.ANNOTATION_BUDGET, names.ANNOTATION_BUDGET_RESIZE, names.ANNOTATION_PLACEMENT}
+        names.ANNOTATION_BUDGET, names.ANNOTATION_CLAIM_BUDGET, names.ANNOTATION_BUDGET_RESIZE,
+        names.ANNOTATION_PLACEMENT}
     assert set(writers.tessera_only_pod_keys("label")) == {
         names.LABEL_BUDGETED, names.LABEL_GROWTH_OF, names.LABEL_CLAIM_OF}
 
