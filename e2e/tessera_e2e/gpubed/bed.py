@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -159,6 +161,14 @@ class Bed(Generic[D]):
         self.apply(namespace, {"apiVersion": API_VERSION, "kind": "GPUQuota",
                                "metadata": {"name": "team"}, "spec": spec})
         wait_admitting(self.cluster, namespace)  # a quota admits nothing before that
+
+    def resize(self, namespace: str, pod: str, *args: str) -> CompletedProcess[str]:
+        """``tessera resize`` of a running pod, waiting up to 30 s for the outcome (exit 0:
+        applied, 1: refused, the reason on stderr)."""
+        return subprocess.run(
+            [sys.executable, "-m", "tessera_operator.cli.main", "resize", pod, "-n", namespace,
+             "--kubeconfig", str(self.cluster.kubeconfig), "--wait", "30", *args],
+            capture_output=True, text=True, timeout=90)
 
     def events(self, namespace: str, name: str, reason: str) -> list[str]:
         """The messages of tessera-node's Events with ``reason`` on the object ``name``."""

@@ -10,8 +10,6 @@ containers), read over a window as Prometheus' ``rate()`` would."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -100,7 +98,7 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
 
     # resized live to 50/50 (the one that shrinks first, so the quota always holds both)
     for pod in ("seventy", "thirty"):
-        r = resize(bed, ns, pod, "--cores", "50")
+        r = bed.resize(ns, pod, "--cores", "50")
         assert r.returncode == 0, (r.stdout, r.stderr)
     time.sleep(1)
     got, _ = bed.busy_window("node-0", ns, 6)
@@ -109,13 +107,6 @@ def test_core_budgets_split_a_gpu_idle_time_is_lent_and_taken_back_and_resized(
     print(f"after the live resize to 50/50: {shares}")
     for name in ("thirty", "seventy"):
         bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
-
-
-def resize(bed: Bed, namespace: str, pod: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tessera_operator.cli.main", "resize", pod, "-n", namespace,
-         "--kubeconfig", str(bed.cluster.kubeconfig), "--wait", "30", *args],
-        capture_output=True, text=True, timeout=90)
 
 
 def budget_files(bed: Bed, node: str) -> list[tuple[int, float]]:
@@ -149,7 +140,7 @@ def test_a_running_pods_budget_is_resized_and_a_resize_the_gpu_cannot_hold_is_re
     wait_until("grower refused past its budget", lambda: "before 1" in bed.logs(ns, "grower"),
                60)
 
-    r = resize(bed, ns, "grower", "--memory", "2Gi", "--cores", "40")
+    r = bed.resize(ns, "grower", "--memory", "2Gi", "--cores", "40")
     assert r.returncode == 0, (r.stdout, r.stderr)
     pod = bed.pod(ns, "grower")
     ann = pod["metadata"]["annotations"]
@@ -168,7 +159,7 @@ def test_a_running_pods_budget_is_resized_and_a_resize_the_gpu_cannot_hold_is_re
 
     # the node refuses what the GPU cannot hold beside grower's 2 GiB, though the quota
     # allows it; the operator restores the previous budget
-    r = resize(bed, ns, "big", "--memory", "39000Mi")
+    r = bed.resize(ns, "big", "--memory", "39000Mi")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "on this node: memory budgets on GPU-" in r.stderr, r.stderr
     wait_until("big's previous budget restored", lambda: parse_budget(

@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-from tessera.api.names import DRA_DRIVER
+from tessera.api.names import (
+    ANNOTATION_BUDGET_RESIZE,
+    ANNOTATION_CLAIM_BUDGET,
+    BUDGETED_CLAIMS,
+    DRA_DRIVER,
+    LABEL_BUDGETED,
+)
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.gpubed.bed import Bed, claim_pod, gpu_bed
 from tessera_e2e.gpubed.daemons import KubeletNodeDaemon
@@ -342,3 +348,118 @@ def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_resta
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
         for name in [*names, "big", "after"]:
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+
+
+def device_capacity(bed: Bed[KubeletNodeDaemon], node: str) -> tuple[int, int]:
+    """(memory MiB, cores) the node's one device publishes now."""
+    from tessera.api.quantity import to_bytes
+
+    items = bed.get("resourceslices", "--field-selector", f"spec.nodeName={node}")["items"]
+    (device,) = [d for s in items if s["spec"]["driver"] == DRA_DRIVER
+                 for d in s["spec"].get("devices") or []]
+    cap = device["capacity"]
+    return to_bytes(cap["memory"]["value"]) >> 20, int(cap["cores"]["value"])
+
+
+def test_a_running_claims_budget_is_resized_and_no_claim_is_placed_into_its_growth(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """On node-1 (one A100, 40960 MiB) a pod's claim from a template takes 4 GiB and 30 %
+    cores; its process cannot allocate 6000 MiB. `tessera resize` to 30 GiB / 40 % while it
+    runs: Applied, an Event, the claim's budget file, the GPUQuota counting the growth, and
+    node-1's device publishing 26 GiB and 10 cores less, so a new claim for 12 GiB that the
+    GPU had room for before stays Pending; the same process then allocates 6000 MiB. A
+    restarted daemon keeps both the budget and the capacity withheld. Shrunk to 2 GiB: the
+    capacity comes back and the 12 GiB claim runs. Grown again past what the GPU holds
+    beside it: refused by the node, the operator restores the previous budget, the file is
+    untouched. The pod gone, the device publishes all of its capacity again."""
+    ns = node_namespace
+    node = "node-1"
+    go = "/tmp/go"
+    bed.cluster.wait_for_service_account(ns)
+    bed.quota(ns, {"memory": "64Gi", "cores": 400, "pods": 10}, {"memory": "40Gi", "cores": 100})
+    wait_until(f"{node}'s slice", lambda: device_capacity(bed, node), 60)
+    assert device_capacity(bed, node) == (40960, 100)
+    a100 = f'device.attributes["{DRA_DRIVER}"].model == "A100-40GB"'
+    bed.apply(ns, template("four", "4Gi", 30, a100))
+    bed.apply(ns, template("twelve", "12Gi", 10, a100))
+    bed.apply(ns, claim_pod("grower", f"cuda-alloc 6000; echo before $?; "
+                                      f"while [ ! -e {go} ]; do sleep 0.2; done; "
+                                      f"cuda-alloc 6000; echo after $?; sleep 3600",
+                            template="four", node=node))
+    try:
+        pod = bed.wait_phase(ns, "grower", {"Running"}, 120)
+        wait_until("grower refused past its claim", lambda: "before 1" in bed.logs(ns, "grower"),
+                   60)
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        claim = bed.get("resourceclaim", "-n", ns, status["resourceClaimName"])
+        uid = claim["metadata"]["uid"]
+        budget = bed.daemons[node].state_dir / "claims" / uid / "budget"
+        # the leader labels the claim's pod, so its pod watch answers the resize
+        wait_until("grower labelled as a pod of claims", lambda: bed.pod(ns, "grower")[
+            "metadata"].get("labels", {}).get(LABEL_BUDGETED) == BUDGETED_CLAIMS, 30, 0.5)
+
+        started = time.monotonic()
+        r = bed.resize(ns, "grower", "--memory", "30Gi", "--cores", "40")
+        took = time.monotonic() - started
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        ann = bed.pod(ns, "grower")["metadata"]["annotations"]
+        assert json.loads(ann[ANNOTATION_BUDGET_RESIZE])["state"] == "Applied", ann
+        assert json.loads(ann[ANNOTATION_CLAIM_BUDGET])[uid] == {
+            "claim": claim["metadata"]["name"], "memoryMiB": 30720, "cores": 40,
+            "allocatedMemoryMiB": 4096, "allocatedCores": 30}, ann
+        (entry,) = read_budget_file(budget).entries
+        assert (entry.memory, entry.cores) == (30 * GIB, 40), entry
+        assert any("30720 MiB, 40% cores" in m
+                   for m in bed.events(ns, "grower", "BudgetResized")), ann
+        assert device_capacity(bed, node) == (40960 - 26624, 90)
+        wait_until("the GPUQuota counting the claim and its growth", lambda: bed.get(
+            "gpuquota", "-n", ns, "team").get("status", {}).get("used", {}).get(
+            "memory") == "30Gi", 30, 0.5)
+        print(f"[figures] DRA resize 4Gi/30 -> 30Gi/40 applied in {took:.2f}s (tessera resize, "
+              f"through the operator and node-1); node-1 publishes {device_capacity(bed, node)}")
+
+        # the scheduler keeps out of the growth: 12 GiB fitted beside 4 GiB, not beside 30
+        bed.apply(ns, claim_pod("twelve", "cuda-info; sleep 3600", template="twelve", node=None))
+        reason = wait_until("the 12 GiB pod's scheduling failure", lambda: next((
+            c["message"] for c in (bed.get("pod", "-n", ns, "twelve").get("status") or {})
+            .get("conditions") or [] if c["type"] == "PodScheduled"
+            and c["status"] == "False" and c.get("message")), None), 60)
+        assert "claim" in reason.lower(), reason
+        exec_sh = bed.kubectl("exec", "-n", ns, "grower", "--", "sh", "-c", f": > {go}")
+        assert exec_sh.returncode == 0, exec_sh.stderr
+        wait_until("the same process allocating 6000 MiB", lambda: "after 0" in bed.logs(
+            ns, "grower"), 60)
+        assert bed.get("pod", "-n", ns, "twelve")["status"]["phase"] == "Pending"
+
+        bed.daemons[node].restart()  # the budget and the withheld capacity stay
+        assert device_capacity(bed, node) == (40960 - 26624, 90)
+        (entry,) = read_budget_file(budget).entries
+        assert (entry.memory, entry.cores) == (30 * GIB, 40), entry
+
+        r = bed.resize(ns, "grower", "--memory", "2Gi")  # a shrink: the capacity returns
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        (entry,) = read_budget_file(budget).entries
+        assert (entry.memory, entry.cores) == (2 * GIB, 40), entry
+        wait_until("node-1's capacity back", lambda: device_capacity(bed, node) == (40960, 90),
+                   30, 0.5)
+        bed.wait_phase(ns, "twelve", {"Running"}, 120)
+
+        # 30 GiB again does not fit beside the 12 GiB claim: the node refuses, the operator
+        # restores the previous budget, the file and the capacity stay
+        r = bed.resize(ns, "grower", "--memory", "30Gi")
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert "on this node: claims allocated on GPU-" in r.stderr, r.stderr
+        wait_until("grower's previous budget restored", lambda: json.loads(
+            bed.pod(ns, "grower")["metadata"]["annotations"][ANNOTATION_CLAIM_BUDGET]
+        )[uid]["memoryMiB"] == 2048, 30, 0.5)
+        (entry,) = read_budget_file(budget).entries
+        assert (entry.memory, entry.cores) == (2 * GIB, 40), entry
+        wait_until("node-1's capacity as before the refused resize",
+                   lambda: device_capacity(bed, node) == (40960, 90), 30, 0.5)
+        r = bed.resize(ns, "grower", "--memory", "41Gi")  # over the quota's per-pod max
+        assert r.returncode == 1 and 'max 40Gi' in r.stderr, (r.stdout, r.stderr)
+    finally:
+        for name in ("grower", "twelve"):
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+    wait_until("node-1's whole capacity published again", lambda: device_capacity(
+        bed, node) == (40960, 100), 60, 0.5)
