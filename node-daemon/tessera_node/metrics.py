@@ -178,6 +178,8 @@ class ContainerFigures:
     over_budget: bool = False
     tampered: bool = False
     """Its ledger or what its processes see at /run/tessera is not what the daemon made."""
+    claim: str = ""
+    """The DRA claim it is (its name, in ``namespace``), "" for a device plugin's container."""
 
     @property
     def labels(self) -> list[str]:
@@ -221,6 +223,14 @@ class ContainerCollector(Collector):
                 if v is not None:
                     g.add_metric(f.labels, float(v))
             yield g
+        info = GaugeMetricFamily(
+            "tessera_claim_info", "1 for each DRA claim prepared on the node, on each of its "
+            "devices: joins the per-container series of its containers (same namespace, pod, "
+            "container and gpu) to the claim.", labels=[*_CONTAINER, "claim"])
+        for f in figs:
+            if f.claim:
+                info.add_metric([*f.labels, f.claim], 1.0)
+        yield info
         h = HistogramMetricFamily("tessera_container_token_wait_seconds",
                                   "Time launches waited for core-budget tokens (the hook's "
                                   "ledger).", labels=_CONTAINER)

@@ -412,6 +412,10 @@ def test_a_running_claims_budget_is_resized_and_no_claim_is_placed_into_its_grow
         assert any("30720 MiB, 40% cores" in m
                    for m in bed.events(ns, "grower", "BudgetResized")), ann
         assert device_capacity(bed, node) == (40960 - 26624, 90)
+        # per claim: its containers' series join the claim's info series
+        wait_until("the claim's info series", lambda: bed.daemons[node].metric(
+            "tessera_claim_info", namespace=ns, pod="grower", container="main",
+            claim=claim["metadata"]["name"]) == 1, 30, 0.5)
         wait_until("the GPUQuota counting the claim and its growth", lambda: bed.get(
             "gpuquota", "-n", ns, "team").get("status", {}).get("used", {}).get(
             "memory") == "30Gi", 30, 0.5)

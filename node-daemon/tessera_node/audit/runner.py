@@ -299,7 +299,8 @@ class AuditRunner:
                 u = sum(util[unit].get(pid, 0.0) for pid in pids)
             figures.append(metrics.ContainerFigures(
                 key.namespace, key.pod, key.container, unit, used, s.view.limits.get(unit, 0),
-                s.cores.get(unit), u, hist, wait, (key, unit) in over, key in tampered))
+                s.cores.get(unit), u, hist, wait, (key, unit) in over, key in tampered,
+                (s.spec.claim or "").split("/", 1)[-1]))
         metrics.CONTAINERS.set(figures)
         metrics.AUDIT_FOREIGN.clear()
         metrics.AUDIT_FOREIGN_BYTES.clear()
