@@ -12,6 +12,7 @@ from tessera.dra.devices import (
     MAX_KEYS,
     MAX_NAME,
     MIB,
+    capacity,
     is_c_identifier,
     is_dns_label,
     node_devices,
@@ -71,6 +72,32 @@ def test_whole_instances_are_exclusive_and_shared_ones_consumable() -> None:
     shared = node_devices([mig_gpu(1, [("1g.10gb+me", 3)], whole=False)])
     assert shared[0]["name"] == "gpu1-mig3-1g10gbme"
     assert shared[0]["allowMultipleAllocations"] is True
+
+
+def test_what_live_resizes_reserve_is_published_as_less_capacity_of_a_shared_unit() -> None:
+    """The scheduler subtracts allocated claims from what is published: a growth beyond a
+    claim's allocation is left out of it, so no new claim is placed into that room."""
+    (unit,) = whole_gpu(0).units or ()
+    left = 81559 * MIB - 2 * (1 << 30)
+    got = capacity(unit, (2 * (1 << 30), 10))
+    assert got == {
+        DRA_CAPACITY_MEMORY: {"value": str(left), "requestPolicy": {
+            "default": str(left), "validRange": {"min": "1Mi", "step": "1Mi"}}},
+        DRA_CAPACITY_CORES: {"value": "90", "requestPolicy": {
+            "default": "90", "validRange": {"min": "1", "max": "90", "step": "1"}}},
+    }
+    assert capacity(unit) == capacity(unit, (0, 0))
+    assert capacity(unit)[DRA_CAPACITY_MEMORY]["value"] == str(81559 * MIB)
+    (d,) = node_devices([whole_gpu(0)], {unit.uuid: (2 * (1 << 30), 10)})
+    assert d["capacity"] == got
+    (d,) = node_devices([whole_gpu(0)], {"GPU-another": (2 * (1 << 30), 10)})
+    assert d["capacity"] == capacity(unit)
+
+
+def test_a_whole_unit_is_published_whole_whatever_is_reserved() -> None:
+    whole = mig_gpu(1, [("3g.40gb", 4)], whole=True).units or ()
+    assert capacity(whole[0], (1 << 30, 50)) == capacity(whole[0]) == {
+        DRA_CAPACITY_MEMORY: {"value": str(40448 * MIB)}, DRA_CAPACITY_CORES: {"value": "100"}}
 
 
 def test_unhealthy_units_are_withdrawn_and_unknown_units_publish_nothing() -> None:
