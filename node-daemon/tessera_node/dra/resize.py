@@ -13,8 +13,9 @@ pod (:func:`pod_targets`):
   the device, prepared or not, is counted (:func:`device_use`): the growth is applied when
   the device holds them all (:func:`overcommitted`), else the reservation is dropped and the
   resize refused;
-* a budget that **shrinks** (or goes back to the allocation: a node's refusal rolled back, a
-  growth taken back) is applied at once.
+* a budget that takes no more beyond its allocation than before (a shrink, or a budget
+  going back to its allocation: a node's refusal rolled back, a growth taken back) is
+  applied at once.
 
 Applying rewrites the claim's budget file in place (:func:`resized_entries`: the core
 controller's ``rate``/``burst`` kept) after the checkpoint, so a restarted daemon keeps the
@@ -38,7 +39,7 @@ from tessera.api.names import (
 )
 from tessera.api.quantity import QuantityError, quantity_value, to_bytes
 from tessera.dra.devices import CORES, shared
-from tessera_node.budget.formats import BudgetEntry
+from tessera_node.budget.formats import BudgetEntry, canonical_uuid
 from tessera_node.dra.checkpoint import PreparedClaim
 from tessera_node.dra.claims import UnitBudget, entries, node_units
 from tessera_node.dra.containers import users_by_claim
@@ -60,6 +61,16 @@ class ClaimTarget:
         """Whether it takes more of any device than it has now."""
         now = {u.uuid: u for u in self.claim.units}
         return any(_more(u, now.get(u.uuid)) for u in self.units)
+
+    @property
+    def reserves_more(self) -> bool:
+        """Whether it takes more of a device beyond the claim's allocation than it does now:
+        what needs capacity withheld from the scheduler, and an approval (a budget growing
+        back up to its allocation takes nothing the allocation does not hold already)."""
+        before = reserved([self.claim])
+        after = reserved([self.claim], {self.claim.uid: self.units})
+        return any(m > before.get(u, (0, 0))[0] or k > before.get(u, (0, 0))[1]
+                   for u, (m, k) in after.items())
 
 
 def _more(new: UnitBudget, old: UnitBudget | None) -> bool:
@@ -222,7 +233,8 @@ def resized_entries(units: Sequence[UnitBudget], current: Sequence[BudgetEntry]
     """The claim's budget file entries for ``units``, keeping each context charge and, where
     a core budget stays, the core controller's ``rate``/``burst``."""
     by_uuid = {e.uuid: e for e in current if e.uuid is not None}
-    new = entries(units, {u: e.context for u, e in by_uuid.items() if u is not None})
+    new = entries(units, {u.uuid: by_uuid[canonical_uuid(u.uuid)].context for u in units
+                          if canonical_uuid(u.uuid) in by_uuid})
     out = []
     for e in new:
         old = by_uuid.get(e.uuid) if e.uuid is not None else None

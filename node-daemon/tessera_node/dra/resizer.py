@@ -155,15 +155,15 @@ class ClaimResizer:
                 await self._decided(pod, replace(status, state="Refused",
                                                  reason=f"on this node: {exc}"), [])
             return
-        if status is None:  # only what takes less: a rollback, a growth taken back
+        if status is None:  # only what reserves no more: a rollback, a growth taken back
             for t in targets:
-                if not t.grows:
+                if not t.reserves_more:
                     await asyncio.to_thread(preparer.rebudget, t.claim.uid, t.units)
             self.republish()
             return
         if any(checkpoint.get(uid) is None for uid in listed):
             return  # a claim of it not prepared here yet: decided once it is
-        growing = [t for t in targets if t.grows]
+        growing = [t for t in targets if t.reserves_more]
         if growing:
             reason = await self._hold(growing)
             if reason is not None:

@@ -457,3 +457,32 @@ def test_a_checkpoint_written_before_resizes_still_loads(tmp_path: Path) -> None
     assert c is not None and c.allocated is None
     assert c.allocation == c.units == (ALLOC,)
     assert (c.weight, c.lending) == (2, False)
+
+
+@pytest.mark.parametrize(("now", "want", "reserves_more"), [
+    # 4 GiB/30 allocated: what a budget takes beyond the allocation decides, not its size
+    (UnitBudget(G0, 4 * GIB, 30), UnitBudget(G0, 12 * GIB, 30), True),
+    (UnitBudget(G0, 4 * GIB, 30), UnitBudget(G0, 4 * GIB, 40), True),
+    (UnitBudget(G0, 12 * GIB, 40), UnitBudget(G0, 8 * GIB, 40), False),  # a shrink
+    (UnitBudget(G0, 2 * GIB, 30), UnitBudget(G0, 4 * GIB, 30), False),  # back up to it
+    (UnitBudget(G0, 2 * GIB, 20), UnitBudget(G0, 5 * GIB, 20), True),  # past it
+])
+def test_only_a_budget_taking_more_beyond_its_allocation_needs_capacity_withheld(
+        now: UnitBudget, want: UnitBudget, reserves_more: bool) -> None:
+    claim = prepared((now,), allocated=(ALLOC,) if now != ALLOC else None)
+    assert ClaimTarget(claim, (want,)).reserves_more is reserves_more
+
+
+def test_a_growth_taken_back_returns_every_claim_of_the_pod_to_its_allocation() -> None:
+    """The operator takes a pod's growth back by writing ``{}``: claim A, grown, shrinks to
+    its allocation; claim B, shrunk below its allocation, comes back up to it. Neither
+    reserves capacity, so the node applies both without an approval (B stayed shrunk before,
+    and was found again at every pass)."""
+    a = prepared((UnitBudget(G0, 12 * GIB, 40),), allocated=(ALLOC,))
+    b = prepared((UnitBudget(M14, 1 * GIB, 10),), uid="0b6c77aa-0000-4000-8000-000000000003",
+                 name="other-gpu", allocated=(UnitBudget(M14, 2 * GIB, 20),))
+    targets = pod_targets(pod({}, generated={"gpu": CLAIM, "other": "other-gpu"}), [a, b])
+    assert {t.claim.name: t.units for t in targets} == {
+        CLAIM: (ALLOC,), "other-gpu": (UnitBudget(M14, 2 * GIB, 20),)}
+    assert [t.reserves_more for t in targets] == [False, False]
+    assert [t.grows for t in targets] == [False, True]  # B grows, within its allocation

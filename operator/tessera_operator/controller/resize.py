@@ -211,6 +211,8 @@ class Resizer:
             except ApiError as exc:
                 if exc.status != 404:
                     raise
+                return await self._refuse(pod, ResizeStatus(tag, "Refused", (
+                    f"ResourceClaim {name} of this pod does not exist (any more)")))
         previous = str(ann.get(ANNOTATION_CLAIM_BUDGET) or "{}")
         try:
             current = parse_claim_budgets(previous)
