@@ -157,6 +157,37 @@ def test_a_resize_outcome_forged_at_create_grants_no_budget(
         assert f"the pod template carries {key}: written only by tessera" in out.stderr
 
 
+def test_a_claim_budget_a_tenant_writes_is_removed_at_create_and_refused_after(
+        cluster: Any, namespace: str, ops: Operators, tenant: Path) -> None:
+    """``tessera.dev/claim-budget`` is what the node holds a DRA claim's containers to after
+    a live resize: a pod created with one (an 80 GiB budget for a claim of 4 GiB) and the
+    ``budgeted=claims`` label has both removed at admission, with a warning; written on a
+    running pod, it is refused, naming how to ask for a resize instead."""
+    ns = namespace
+    cluster.wait_for_service_account(ns)
+    forged = json.dumps({"00000000-0000-4000-8000-000000000001": {
+        "claim": "mine", "memoryMiB": 81920, "cores": 100, "allocatedMemoryMiB": 4096,
+        "allocatedCores": 30}})
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "claims", "namespace": ns,
+                         "annotations": {"tessera.dev/claim-budget": forged},
+                         "labels": {"tessera.dev/budgeted": "claims"}},
+            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}
+    out = cluster.kubectl("--kubeconfig", str(tenant), "create", "-f", "-",
+                          input=json.dumps(body))
+    assert out.returncode == 0, out.stderr
+    assert "metadata.annotations[tessera.dev/claim-budget] removed: it is written only by " \
+           "tessera" in out.stderr, out.stderr
+    p = kubectl_json(cluster, "get", "pod", "claims", "-n", ns)
+    assert "tessera.dev/claim-budget" not in (p["metadata"].get("annotations") or {})
+    assert "tessera.dev/budgeted" not in (p["metadata"].get("labels") or {})
+    out = cluster.kubectl("--kubeconfig", str(tenant), "annotate", "pod", "claims", "-n", ns,
+                          f"tessera.dev/claim-budget={forged}")
+    assert out.returncode != 0
+    assert "ValidatingAdmissionPolicy 'tessera-pod-budget'" in out.stderr, out.stderr
+    assert "ask for a resize with tessera.dev/budget-request" in out.stderr, out.stderr
+
+
 @pytest.fixture(scope="module")
 def node_kubeconfig(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A node daemon's credentials on NODE (a token bound to its pod there)."""
