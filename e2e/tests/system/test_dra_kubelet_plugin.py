@@ -213,6 +213,14 @@ def test_two_claims_split_one_gpu_by_their_cores_and_idle_time_is_lent(
             bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
 
 
+def unschedulable(bed: Bed[KubeletNodeDaemon], namespace: str, pod: str) -> str:
+    """The scheduler's reason for not placing the pod, once it gave one (60 s at most)."""
+    return wait_until(f"{pod}'s scheduling failure", lambda: next((
+        c["message"] for c in (bed.get("pod", "-n", namespace, pod).get("status") or {})
+        .get("conditions") or [] if c["type"] == "PodScheduled"
+        and c["status"] == "False" and c.get("message")), None), 60)
+
+
 def seen_memory_mib(bed: Bed[KubeletNodeDaemon], namespace: str, pod: str) -> int:
     """The total GPU memory the pod's container sees (cuda-info's line for device 0)."""
     logs = wait_until(f"{pod}'s cuda-info", lambda: (
@@ -249,10 +257,7 @@ def test_two_claims_get_what_the_release_can_allocate_and_nothing_more(
         assert "consumedCapacity" not in result, result  # allocated exclusively
         whole = int(node_slice(bed)["spec"]["devices"][0]["attributes"]["memoryMiB"]["int"])
         assert seen_memory_mib(bed, ns, "first") == whole
-        reason = wait_until("the second pod's scheduling failure", lambda: next((
-            c["message"] for c in (bed.get("pod", "-n", ns, "second").get("status") or {})
-            .get("conditions") or [] if c["type"] == "PodScheduled"
-            and c["status"] == "False" and c.get("message")), None), 60)
+        reason = unschedulable(bed, ns, "second")
         assert "claim" in reason.lower(), reason
         assert bed.get("pod", "-n", ns, "second")["status"]["phase"] == "Pending"
         print(f"[figures] 1.{minor}: the first claim takes gpu0 whole ({whole} MiB seen), "
@@ -319,10 +324,7 @@ def test_ten_claims_at_once_all_run_on_gpus_with_room_and_survive_a_daemon_resta
         assert big << 20 <= sum(free.values())
         bed.apply(ns, template("big", f"{big}Mi", 10))
         bed.apply(ns, claim_pod("big", "cuda-info; sleep 3600", template="big", node=None))
-        reason = wait_until("the big pod's scheduling failure", lambda: next((
-            c["message"] for c in (bed.get("pod", "-n", ns, "big").get("status") or {})
-            .get("conditions") or [] if c["type"] == "PodScheduled"
-            and c["status"] == "False" and c.get("message")), None), 60)
+        reason = unschedulable(bed, ns, "big")
         assert "claim" in reason.lower(), reason
         print(f"[figures] a {big} MiB claim: Pending: {reason}")
         bed.kubectl("delete", "pod", "-n", ns, "big", "--wait=true")
@@ -424,10 +426,7 @@ def test_a_running_claims_budget_is_resized_and_no_claim_is_placed_into_its_grow
 
         # the scheduler keeps out of the growth: 12 GiB fitted beside 4 GiB, not beside 30
         bed.apply(ns, claim_pod("twelve", "cuda-info; sleep 3600", template="twelve", node=None))
-        reason = wait_until("the 12 GiB pod's scheduling failure", lambda: next((
-            c["message"] for c in (bed.get("pod", "-n", ns, "twelve").get("status") or {})
-            .get("conditions") or [] if c["type"] == "PodScheduled"
-            and c["status"] == "False" and c.get("message")), None), 60)
+        reason = unschedulable(bed, ns, "twelve")
         assert "claim" in reason.lower(), reason
         exec_sh = bed.kubectl("exec", "-n", ns, "grower", "--", "sh", "-c", f": > {go}")
         assert exec_sh.returncode == 0, exec_sh.stderr

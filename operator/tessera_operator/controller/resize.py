@@ -24,7 +24,7 @@ them to what the pod needs, :meth:`tessera_operator.controller.holders.Holders.s
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,21 +169,10 @@ class Resizer:
             p = plan(current, req, policy_of([self.cache.view(q) for q in quotas]), spec)
         except (ResizeError, BudgetAnnotationError, FieldError) as exc:
             return await self._refuse(pod, ResizeStatus(tag, "Refused", str(exc)))
-        if p.grow.memory_mib or p.grow.cores:
-            refused = deny_message(check_fit(p.grow, [self.cache.view(q) for q in quotas]))
-            if not refused:
-                want = need(usage_of(p.budget, spec), resource_usage(pod),
-                            usage_of(current, spec))
-                try:
-                    held = await self.holders.hold(owner_from(pod), want, tag)
-                except ApiError as exc:  # no answer about the growth: the user may ask again
-                    return await self._refuse(pod, ResizeStatus(tag, "Refused", (
-                        f"the growth could not be held now ({exc.message[:300]}); ask again")))
-                if held is not None:
-                    refused = (f"no room to grow in the namespace's GPUQuota count now (the "
-                               f"API server: {held}); ask again when pods have finished")
-            if refused:
-                return await self._refuse(pod, ResizeStatus(tag, "Refused", refused))
+        refused = await self._hold_growth(pod, p.grow, quotas, tag, lambda: need(
+            usage_of(p.budget, spec), resource_usage(pod), usage_of(current, spec)))
+        if refused:
+            return await self._refuse(pod, ResizeStatus(tag, "Refused", refused))
         approved = ResizeStatus(tag, "Approved", previous=str(ann.get(ANNOTATION_BUDGET)),
                                 grow=usage_fields(p.grow)).sealed(self.key, uid)
         # changed meanwhile (409) or gone: raised; what was held is settled from the pod
@@ -220,20 +209,10 @@ class Resizer:
                             policy_of([self.cache.view(q) for q in quotas]))
         except (ResizeError, ClaimBudgetError, FieldError) as exc:
             return await self._refuse(pod, ResizeStatus(tag, "Refused", str(exc)))
-        if p.grow.memory_mib or p.grow.cores:
-            refused = deny_message(check_fit(p.grow, [self.cache.view(q) for q in quotas]))
-            if not refused:
-                want = need(claims_growth(p.budgets), Usage(), claims_growth(current))
-                try:
-                    held = await self.holders.hold(owner_from(pod), want, tag)
-                except ApiError as exc:
-                    return await self._refuse(pod, ResizeStatus(tag, "Refused", (
-                        f"the growth could not be held now ({exc.message[:300]}); ask again")))
-                if held is not None:
-                    refused = (f"no room to grow in the namespace's GPUQuota count now (the "
-                               f"API server: {held}); ask again when pods have finished")
-            if refused:
-                return await self._refuse(pod, ResizeStatus(tag, "Refused", refused))
+        refused = await self._hold_growth(pod, p.grow, quotas, tag, lambda: need(
+            claims_growth(p.budgets), Usage(), claims_growth(current)))
+        if refused:
+            return await self._refuse(pod, ResizeStatus(tag, "Refused", refused))
         approved = ResizeStatus(tag, "Approved", previous=previous,
                                 grow=usage_fields(p.grow)).sealed(self.key, uid)
         written = await self.kube.merge_patch(_pod_url(ns, str(meta["name"])), {"metadata": {
@@ -242,6 +221,24 @@ class Resizer:
                             ANNOTATION_BUDGET_RESIZE: approved.to_annotation()}}})
         log.info("claim budget resize approved", extra={"namespace": ns, "pod": meta["name"]})
         return written
+
+    async def _hold_growth(self, pod: Obj, grow: Usage, quotas: list[Obj], tag: str,
+                           want: Callable[[], Usage]) -> str | None:
+        """Check what grows against every GPUQuota's ``hard`` and ``used``, then have the pod's
+        growth holders hold ``want()`` (the API server's count decides); why not, or None."""
+        if not (grow.memory_mib or grow.cores):
+            return None
+        refused = deny_message(check_fit(grow, [self.cache.view(q) for q in quotas]))
+        if refused:
+            return refused
+        try:
+            held = await self.holders.hold(owner_from(pod), want(), tag)
+        except ApiError as exc:  # no answer about the growth: the user may ask again
+            return f"the growth could not be held now ({exc.message[:300]}); ask again"
+        if held is not None:
+            return (f"no room to grow in the namespace's GPUQuota count now (the API server: "
+                    f"{held}); ask again when pods have finished")
+        return None
 
     async def _roll_back(self, pod: Obj, status: ResizeStatus) -> Obj:
         meta = pod["metadata"]
