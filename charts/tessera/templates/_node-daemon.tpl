@@ -66,6 +66,8 @@ spec:
             - --device-plugin={{ and $nd.devicePlugin.enabled (not $dra) }}
             {{- if $dra }}
             - --dra=true
+            - --kubelet-root={{ $nd.kubeletDir }}
+            - --cdi-dir={{ $nd.dra.cdiDir }}
             {{- end }}
             - --device-visibility={{ $nd.deviceVisibility }}
             - --shares-per-unit={{ $nd.devicePlugin.sharesPerGPU }}
@@ -109,6 +111,13 @@ spec:
             - {name: state, mountPath: {{ $nd.stateDir }}}
             - {name: device-plugins, mountPath: {{ $nd.kubeletDir }}/device-plugins}
             - {name: pod-resources, mountPath: {{ $nd.kubeletDir }}/pod-resources}
+            {{- if $dra }}
+            # the kubelet plugin's sockets: registration, and the DRA service the kubelet dials
+            - {name: plugins-registry, mountPath: {{ $nd.kubeletDir }}/plugins_registry}
+            - {name: plugins, mountPath: {{ $nd.kubeletDir }}/plugins}
+            # each prepared claim's CDI spec, which the container runtime applies
+            - {name: cdi, mountPath: {{ $nd.dra.cdiDir }}}
+            {{- end }}
             - {name: tmp, mountPath: /tmp}
       volumes:
         - name: driver-root
@@ -119,6 +128,14 @@ spec:
           hostPath: {path: {{ $nd.kubeletDir }}/device-plugins, type: DirectoryOrCreate}
         - name: pod-resources
           hostPath: {path: {{ $nd.kubeletDir }}/pod-resources, type: DirectoryOrCreate}
+        {{- if $dra }}
+        - name: plugins-registry
+          hostPath: {path: {{ $nd.kubeletDir }}/plugins_registry, type: DirectoryOrCreate}
+        - name: plugins
+          hostPath: {path: {{ $nd.kubeletDir }}/plugins, type: DirectoryOrCreate}
+        - name: cdi
+          hostPath: {path: {{ $nd.dra.cdiDir }}, type: DirectoryOrCreate}
+        {{- end }}
         - name: tmp
           emptyDir: {medium: Memory, sizeLimit: 16Mi}
 {{- end }}

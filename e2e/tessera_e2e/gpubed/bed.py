@@ -163,12 +163,7 @@ class Bed(Generic[D]):
         wait_admitting(self.cluster, namespace)  # a quota admits nothing before that
 
     def resize(self, namespace: str, pod: str, *args: str) -> CompletedProcess[str]:
-        """``tessera resize`` of a running pod, waiting up to 30 s for the outcome (exit 0:
-        applied, 1: refused, the reason on stderr)."""
-        return subprocess.run(
-            [sys.executable, "-m", "tessera_operator.cli.main", "resize", pod, "-n", namespace,
-             "--kubeconfig", str(self.cluster.kubeconfig), "--wait", "30", *args],
-            capture_output=True, text=True, timeout=90)
+        return resize_pod(self.cluster.kubeconfig, namespace, pod, *args)
 
     def events(self, namespace: str, name: str, reason: str) -> list[str]:
         """The messages of tessera-node's Events with ``reason`` on the object ``name``."""
@@ -244,6 +239,16 @@ def claim_pod(name: str, command: str, *, claim: str | None = None,
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def resize_pod(kubeconfig: Path, namespace: str, pod: str, *args: str
+               ) -> CompletedProcess[str]:
+    """``tessera resize`` of a running pod, waiting up to 30 s for the outcome (exit 0:
+    applied, 1: refused, the reason on stderr)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tessera_operator.cli.main", "resize", pod, "-n", namespace,
+         "--kubeconfig", str(kubeconfig), "--wait", "30", *args],
+        capture_output=True, text=True, timeout=90)
 
 
 def vgpu(memory_mib: int, cores: int = 50, shares: int = 1) -> dict[str, str]:

@@ -170,3 +170,27 @@ def test_uninstall_stops_both_daemonsets_and_deletes_the_drivers_slices_only_wit
                   if "resourceslices" in r["resources"]]
         assert slices == ([{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
                             "verbs": ["deletecollection"]}] if dra else [])
+
+
+def test_the_dra_daemon_mounts_the_kubelets_plugin_sockets_and_the_cdi_directory(
+        helm_binary: Path) -> None:
+    """The DRA daemon serves its registration and DRA sockets in the kubelet's
+    ``plugins_registry/`` and ``plugins/``, and writes each prepared claim's CDI spec where
+    the runtime reads them: each a hostPath at the very path the daemon is told (its root
+    filesystem is read-only). The device plugin's daemon has none of them."""
+    docs = helm.template(helm_binary, "ts", {"nodeDaemon": {
+        "kubeletDir": "/data/kubelet", "dra": {"nodeLabels": POOL, "cdiDir": "/etc/cdi"}}})
+    sets = kinds(docs, "DaemonSet")
+    dra = sets["tessera-node-dra"]["spec"]["template"]["spec"]
+    (daemon,) = dra["containers"]
+    assert {"--dra=true", "--kubelet-root=/data/kubelet", "--cdi-dir=/etc/cdi"} <= set(
+        daemon["args"])
+    mounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in dra["volumes"] if "hostPath" in v}
+    for name, where in (("plugins-registry", "/data/kubelet/plugins_registry"),
+                        ("plugins", "/data/kubelet/plugins"), ("cdi", "/etc/cdi")):
+        assert mounts[name] == host[name] == where, (name, mounts, host)
+    plain = sets["tessera-node"]["spec"]["template"]["spec"]
+    assert not {"plugins-registry", "plugins", "cdi"} & {v["name"] for v in plain["volumes"]}
+    assert not any(a.startswith(("--kubelet-root", "--cdi-dir"))
+                   for a in plain["containers"][0]["args"])

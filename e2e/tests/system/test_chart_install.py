@@ -27,7 +27,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.api.names import API_VERSION, MIG_PREFIX, PREFIX, VGPU, VGPU_CORES, VGPU_MEMORY
+from tessera.api.names import (
+    API_VERSION,
+    DRA_DEVICE_CLASS,
+    DRA_DRIVER,
+    MIG_PREFIX,
+    PREFIX,
+    VGPU,
+    VGPU_CORES,
+    VGPU_MEMORY,
+)
 from tessera_e2e.chart.bed import (
     LIBTESSERA_BUILD,
     NS,
@@ -47,6 +56,7 @@ from tessera_e2e.chart.tessera_images import ensure_tessera_images
 from tessera_e2e.controlplane.cache import Layout, default_layout
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.controlplane.errors import ControlPlaneError
+from tessera_e2e.gpubed.bed import claim_pod, resize_pod
 from tessera_e2e.gpubed.daemons import node_smi
 from tessera_e2e.operator.admission_probe import DryRunCreates
 from tessera_e2e.operator.replicas import wait_until
@@ -299,6 +309,60 @@ def test_upgrade_to_a_new_image_and_value_keeps_the_count_and_old_libtessera(
     logs = bed.kubectl("logs", "-n", TEAM, "after").stdout.splitlines()
     assert done["status"]["phase"] == "Failed", logs
     assert "allocated 1000" in logs and "allocated 1100" not in logs, logs
+
+
+def test_a_dra_pool_of_the_chart_prepares_claims_and_resizes_one(bed: Installed) -> None:
+    """``helm upgrade`` with ``nodeDaemon.dra.nodeLabels`` picking node-1: its daemon is
+    replaced by ``tessera-node-dra``, which registers with the kubelet, publishes the GPU and
+    prepares a claim through the chart's mounts (the kubelet's plugin sockets, the CDI
+    directory). The claim's container sees its 4 GiB (on 1.34, whose API server drops
+    consumable capacity, the whole GPU), and from 1.36 ``tessera resize`` grows it to 8 GiB
+    through the chart's operator (it reads the claim and labels its pod)."""
+    node = bed.cluster.nodes[1].name
+    values = json.loads(json.dumps(bed.values))
+    values["image"]["tag"] = NEW_TAG
+    values["operator"]["leaseDurationSeconds"] = 20
+    values.setdefault("nodeDaemon", {})["dra"] = {"nodeLabels": {"kubernetes.io/hostname": node}}
+    started = time.monotonic()
+    out = bed.helm.upgrade(NS, values)
+    assert out.returncode == 0, out.stderr + out.stdout
+    wait_daemons_ready(bed.cluster, lambda p: (p["spec"]["nodeName"] == node) == (
+        p["metadata"]["labels"].get("tessera.dev/node-daemon") == "dra"))
+    devices = wait_until(f"{node}'s ResourceSlice", lambda: [
+        d for s in get_json(bed.cluster, "resourceslices", "--field-selector",
+                            f"spec.nodeName={node}")["items"]
+        if s["spec"]["driver"] == DRA_DRIVER for d in s["spec"].get("devices") or []], 90, 1)
+    say(f"helm upgrade to a DRA pool, its slice published: {time.monotonic() - started:.1f}s")
+    ns = "dra"
+    bed.kubectl("create", "namespace", ns)
+    bed.cluster.wait_for_service_account(ns)
+    bed.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "share"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRA_DEVICE_CLASS,
+            "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}}]}}}}))
+    bed.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(claim_pod(
+        "claimer", "cuda-info; exec sleep 3600", template="share", node=node)))
+    try:
+        wait_until("the claim's pod running", lambda: get_json(
+            bed.cluster, "pod", "claimer", "-n", ns)["status"].get("phase") == "Running",
+                   120, 0.5)
+
+        def seen() -> int:
+            info = bed.kubectl("exec", "-n", ns, "claimer", "--", "cuda-info").stdout
+            return int(next(x for x in info.splitlines() if x.startswith("0 ")).split()[-2])
+
+        whole = int(devices[0]["attributes"]["memoryMiB"]["int"])
+        if bed.cluster.server_minor() < 36:
+            assert seen() == whole
+            return
+        assert seen() == 4096
+        r = resize_pod(bed.cluster.kubeconfig, ns, "claimer", "--memory", "8Gi")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert seen() == 8192
+    finally:
+        bed.kubectl("delete", "namespace", ns, "--wait=true")
 
 
 def test_uninstall_leaves_only_the_crds(bed: Installed) -> None:
