@@ -315,9 +315,10 @@ def test_a_dra_pool_of_the_chart_prepares_claims_and_resizes_one(bed: Installed)
     """``helm upgrade`` with ``nodeDaemon.dra.nodeLabels`` picking node-1: its daemon is
     replaced by ``tessera-node-dra``, which registers with the kubelet, publishes the GPU and
     prepares a claim through the chart's mounts (the kubelet's plugin sockets, the CDI
-    directory). The claim's container sees its 4 GiB (on 1.34, whose API server drops
-    consumable capacity, the whole GPU), and from 1.36 ``tessera resize`` grows it to 8 GiB
-    through the chart's operator (it reads the claim and labels its pod)."""
+    directory). The claim's container sees its 4 GiB, and ``tessera resize`` grows it to 8 GiB
+    through the chart's operator (it reads the claim and labels its pod). On 1.34, whose API
+    server drops consumable capacity, the claim takes the whole GPU and its resize is refused
+    with why."""
     node = bed.cluster.nodes[1].name
     values = json.loads(json.dumps(bed.values))
     values["image"]["tag"] = NEW_TAG
@@ -354,8 +355,11 @@ def test_a_dra_pool_of_the_chart_prepares_claims_and_resizes_one(bed: Installed)
             return int(next(x for x in info.splitlines() if x.startswith("0 ")).split()[-2])
 
         whole = int(devices[0]["attributes"]["memoryMiB"]["int"])
-        if bed.cluster.server_minor() < 36:
+        if bed.cluster.server_minor() < 36:  # the claim took the GPU whole: nothing to grow
             assert seen() == whole
+            r = resize_pod(bed.cluster.kubeconfig, ns, "claimer", "--memory", "8Gi")
+            assert r.returncode == 1 and "has device gpu0 whole" in r.stderr, (r.stdout,
+                                                                               r.stderr)
             return
         assert seen() == 4096
         r = resize_pod(bed.cluster.kubeconfig, ns, "claimer", "--memory", "8Gi")
