@@ -4,6 +4,7 @@
  * slices, as real GPUs report. */
 #include "nvml_core.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +38,37 @@ static uint32_t count_profile(int gpu, int prof)
     for (int i = 0; i < SIM_MAX_GIS; i++)
         n += S()->gpu[gpu].gi[i].used && S()->gpu[gpu].gi[i].profile == prof;
     return n;
+}
+
+/* How many more GIs of profile `prof` the GPU's JPEG and OFA engines (what its whole-GPU
+ * profile holds) leave room for beside its GIs (UINT32_MAX: the profile takes none). A
+ * media-extension profile (+me) takes the GPU's one OFA engine, so the driver refuses a
+ * second +me GI (on an A30, 1g.6gb+me beside 2g.12gb+me) whatever the profiles' own maximum
+ * counts say. */
+static uint32_t media_room(int gpu, const struct sim_mig_table *t, int prof)
+{
+    uint32_t jpeg = 0, ofa = 0, all_jpeg = 0, all_ofa = 0, room = UINT32_MAX;
+    for (uint32_t k = 0; k < t->nprofiles; k++) {
+        if (t->profiles[k].jpeg > all_jpeg)
+            all_jpeg = t->profiles[k].jpeg;
+        if (t->profiles[k].ofa > all_ofa)
+            all_ofa = t->profiles[k].ofa;
+    }
+    for (int i = 0; i < SIM_MAX_GIS; i++) {
+        const struct sim_mig_profile *p = S()->gpu[gpu].gi[i].used ? gi_profile(gpu, i) : NULL;
+        if (p) {
+            jpeg += p->jpeg;
+            ofa += p->ofa;
+        }
+    }
+    const struct sim_mig_profile *p = &t->profiles[prof];
+    uint32_t left_jpeg = jpeg < all_jpeg ? all_jpeg - jpeg : 0;
+    uint32_t left_ofa = ofa < all_ofa ? all_ofa - ofa : 0;
+    if (p->jpeg && left_jpeg / p->jpeg < room)
+        room = left_jpeg / p->jpeg;
+    if (p->ofa && left_ofa / p->ofa < room)
+        room = left_ofa / p->ofa;
+    return room;
 }
 
 /* Where a new GI of profile `prof` goes: the requested start, or -- without one -- the
@@ -211,8 +243,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t d, un
     uint32_t n = 0;
     if (S()->gpu[d->gpu].mig_current) {
         uint32_t mask = used_mem_mask(d->gpu), compute = used_compute(d->gpu), have = count_profile(d->gpu, prof);
-        uint32_t start;
-        while (place_gi(t, prof, mask, compute, have, -1, &start) == NVML_SUCCESS) {
+        uint32_t start, engines = media_room(d->gpu, t, prof);
+        while (n < engines && place_gi(t, prof, mask, compute, have, -1, &start) == NVML_SUCCESS) {
             mask |= ((1u << t->profiles[prof].mem_slices) - 1) << start;
             compute += t->profiles[prof].compute_slices;
             have++;
@@ -242,7 +274,7 @@ static nvmlReturn_t create_gi(nvmlDevice_t d, unsigned profile, int want_start, 
     uint32_t start = 0;
     if (!g->mig_current)
         rc = NVML_ERROR_NOT_SUPPORTED;
-    else if (slot < 0)
+    else if (slot < 0 || media_room(d->gpu, t, prof) == 0)
         rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
     else
         rc = place_gi(t, prof, used_mem_mask(d->gpu), used_compute(d->gpu), count_profile(d->gpu, prof), want_start, &start);

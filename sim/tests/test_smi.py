@@ -141,3 +141,16 @@ def test_a_copy_of_the_build_runs_anywhere_without_a_shell_or_environment(
     run = subprocess.run([str(root / "bin" / "nvidia-smi"), "-L"], capture_output=True,
                          text=True, timeout=60, env={"TESSERA_SIM_NODE": str(node.path)})
     assert run.returncode == 127 and "libnvidia-ml.so.1" in run.stderr, run.stderr
+
+
+def test_a_second_media_extension_instance_is_refused(make_node: Callable[..., Node]) -> None:
+    """Each +me instance takes the GPU's one OFA engine: on an A30 a 2g.12gb+me beside a
+    1g.6gb+me is refused, as the driver refuses it, though each profile's own maximum count
+    (1) allows it; -lgip shows none left of either."""
+    node = make_node("A30-24GB:mig")
+    assert node.smi("mig", "-cgi", "1g.6gb+me").returncode == 0
+    r = node.smi("mig", "-cgi", "2g.12gb+me")
+    assert r.returncode != 0 and "Insufficient Resources" in r.stdout, r.stdout
+    assert node.smi("mig", "-cgi", "2g.12gb").returncode == 0  # no media engines: fine
+    free = [line for line in node.smi("mig", "-lgip").stdout.splitlines() if "+me" in line]
+    assert free and all(" 0/1 " in line for line in free), free

@@ -22,10 +22,13 @@ The counters of one GPU, set ``gpu<index>-slices``:
   counter with the total, which is exactly the planner's rule (their sum must fit). No
   supported geometry reaches the limit before the memory slices do, but the counter keeps
   the rule exact if one did.
+* ``media-engines``, value 1 (0 when an occupied instance has them): every ``+me``
+  placement consumes it, since each ``+me`` instance takes the GPU's one OFA engine (at
+  most one ``+me`` instance per GPU, whatever its profile: on an A30, ``1g.6gb+me`` and
+  ``2g.12gb+me`` exclude each other);
 * ``count-<profile slug>``, the instances of that profile that may still be created, for
-  each profile whose maximum count is below what its placements alone would allow: the
-  ``+me`` variants (at most one per GPU; the planner counts each ``+me`` profile apart, so
-  an A30 has ``count-1g6gbme`` and ``count-2g12gbme``).
+  any other profile whose maximum count is below what its placements alone would allow
+  (none on the supported models: the rule stays exact if a model has one).
 
 So a set of these devices is allocatable exactly when the planner's validation accepts
 their placements together with the GPU's other instances.
@@ -87,6 +90,10 @@ def counter_set_name(gpu_index: int) -> str:
     return f"gpu{gpu_index}-slices"
 
 
+MEDIA_ENGINES = "media-engines"
+"""The counter every ``+me`` placement consumes: the GPU's one OFA engine."""
+
+
 def memory_slice_counter(slot: int) -> str:
     return f"memory-slice-{slot}"
 
@@ -118,9 +125,14 @@ def _placements_alone(p: Profile) -> int:
 
 
 def counted_profiles(model_id: str) -> tuple[Profile, ...]:
-    """The profiles whose maximum count binds before their placements run out: each gets a
-    ``count-<slug>`` counter (the ``+me`` variants on the supported models)."""
-    return tuple(p for p in profiles(model_id) if p.max_count < _placements_alone(p))
+    """The profiles other than ``+me`` whose maximum count binds before their placements
+    run out: each gets a ``count-<slug>`` counter (none on the supported models)."""
+    return tuple(p for p in profiles(model_id)
+                 if not p.media_extensions and p.max_count < _placements_alone(p))
+
+
+def has_media_extensions(model_id: str) -> bool:
+    return any(p.media_extensions for p in profiles(model_id))
 
 
 def _occupied(gpu: GPUInventory, occupied: Sequence[PlacedInstance]) -> list[Instance]:
@@ -142,6 +154,9 @@ def shared_counters(gpu: GPUInventory, occupied: Sequence[PlacedInstance]) -> di
     counters[COMPUTE_SLICES] = {"value": str(compute - sum(p.compute_slices for p in used))}
     for p in counted_profiles(gpu.model):
         counters[count_counter(p.name)] = {"value": str(p.max_count - counts[p.name])}
+    if has_media_extensions(gpu.model):
+        taken = sum(1 for p in used if p.media_extensions)
+        counters[MEDIA_ENGINES] = {"value": str(max(0, 1 - taken))}
     return {"name": counter_set_name(gpu.index), "counters": counters}
 
 
@@ -152,6 +167,8 @@ def consumption(gpu: GPUInventory, p: Profile, start: int) -> dict[str, Any]:
     counters[COMPUTE_SLICES] = {"value": str(p.compute_slices)}
     if p in counted_profiles(gpu.model):
         counters[count_counter(p.name)] = {"value": "1"}
+    if p.media_extensions:
+        counters[MEDIA_ENGINES] = {"value": "1"}
     return {"counterSet": counter_set_name(gpu.index), "counters": counters}
 
 

@@ -118,6 +118,13 @@ def _check_totals(model_id: str, wanted: Sequence[Profile], what: str) -> None:
                 f"{what} has {n}x {name} but at most {limit} fit on {model_id} "
                 f"(the profile's maximum count)"
             )
+    media = sorted(p.name for p in wanted if p.media_extensions)
+    if len(media) > 1:
+        raise LayoutError(
+            f"{what} has {len(media)} media-extension instances ({', '.join(media)}) but "
+            f"{model_id} has one OFA engine, which each of them takes: at most one +me "
+            f"instance per GPU"
+        )
     memory = sum(p.memory_slices for p in wanted)
     if memory > total_memory:
         raise LayoutError(

@@ -23,13 +23,13 @@ from tessera.dra.devices import (
 )
 from tessera.dra.partitions import (
     COMPUTE_SLICES,
+    MEDIA_ENGINES,
     MAX_CONSUMPTIONS_PER_DEVICE,
     MAX_COUNTERS_PER_CONSUMPTION,
     MAX_COUNTERS_PER_SET,
     MAX_COUNTERS_PER_SLICE_1_34,
     MAX_DEVICES_CONSUMING_COUNTERS,
     allocatable,
-    count_counter,
     counted_profiles,
     gpu_partitions,
     memory_slice_counter,
@@ -125,7 +125,8 @@ def test_any_set_of_devices_is_allocatable_exactly_when_the_planner_accepts_it(
 
 @pytest.mark.parametrize("model", MODEL_IDS)
 def test_every_layout_of_an_empty_gpu_is_allocatable(model: str) -> None:
-    assert len(states(model)) == {"A30-24GB": 84}.get(model, 2319)  # with +me variants
+    # with +me variants, at most one +me instance per GPU
+    assert len(states(model)) == {"A30-24GB": 76}.get(model, 2319)
     got = gpu_partitions(gpu(model), [])
     by_placement = {placement(d): d for d in got.devices}
     for state in states(model):
@@ -136,10 +137,10 @@ def test_every_layout_of_an_empty_gpu_is_allocatable(model: str) -> None:
 def test_each_device_consumes_exactly_what_its_placement_takes(model: str) -> None:
     got = gpu_partitions(gpu(model, 3), [])
     memory, compute = slice_counts(model)
-    counted = {p.name for p in counted_profiles(model)}
+    assert counted_profiles(model) == ()  # +me: the media-engines counter instead
     assert set(got.counter_set["counters"]) == (
-        {memory_slice_counter(s) for s in range(memory)} | {COMPUTE_SLICES}
-        | {count_counter(n) for n in counted})
+        {memory_slice_counter(s) for s in range(memory)} | {COMPUTE_SLICES, MEDIA_ENGINES})
+    assert got.counter_set["counters"][MEDIA_ENGINES] == {"value": "1"}
     assert got.counter_set["counters"][COMPUTE_SLICES] == {"value": str(compute)}
     assert len(got.devices) == sum(len(p.starts) for p in profiles(model))
     for d in got.devices:
@@ -150,14 +151,19 @@ def test_each_device_consumes_exactly_what_its_placement_takes(model: str) -> No
         expected = {memory_slice_counter(s): {"value": "1"}
                     for s in range(start, start + p.memory_slices)}
         expected[COMPUTE_SLICES] = {"value": str(p.compute_slices)}
-        if name in counted:
-            expected[count_counter(name)] = {"value": "1"}
+        if p.media_extensions:
+            expected[MEDIA_ENGINES] = {"value": "1"}
         assert entry["counters"] == expected
 
 
-def test_only_media_extension_profiles_are_counted() -> None:
-    assert [p.name for p in counted_profiles("H100-80GB")] == ["1g.10gb+me"]
-    assert [p.name for p in counted_profiles("A30-24GB")] == ["1g.6gb+me", "2g.12gb+me"]
+def test_the_media_extension_profiles_share_the_gpus_one_set_of_media_engines() -> None:
+    """On an A30 both +me profiles consume the one ``media-engines`` counter: a 1g.6gb+me
+    and a 2g.12gb+me are never allocated together (each takes the GPU's OFA engine)."""
+    got = gpu_partitions(gpu("A30-24GB"), [])
+    one = next(d for d in got.devices if placement(d) == ("1g.6gb+me", 0))
+    two = next(d for d in got.devices if placement(d) == ("2g.12gb+me", 2))
+    assert allocatable([got.counter_set], [one]) and allocatable([got.counter_set], [two])
+    assert not allocatable([got.counter_set], [one, two])
 
 
 def test_occupied_instances_take_their_room_and_lower_the_counters() -> None:
@@ -167,7 +173,7 @@ def test_occupied_instances_take_their_room_and_lower_the_counters() -> None:
         ("1g.10gb", 1), ("1g.10gb", 2), ("1g.10gb", 3), ("1g.20gb", 2), ("2g.20gb", 2)]
     counters = got.counter_set["counters"]
     assert counters[COMPUTE_SLICES] == {"value": "3"}
-    assert counters[count_counter("1g.10gb+me")] == {"value": "0"}
+    assert counters[MEDIA_ENGINES] == {"value": "0"}
     with pytest.raises(LayoutError, match="occupied instances are invalid"):
         gpu_partitions(gpu("H100-80GB"), [Instance("4g.40gb", 0), Instance("3g.40gb", 0)])
 

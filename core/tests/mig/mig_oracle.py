@@ -82,7 +82,8 @@ def is_valid_state(model: str, instances: Iterable[tuple[str, int]]) -> bool:
         compute += c
         if counts[name] > limit or compute > compute_total:
             return False
-    return True
+    # every +me instance takes the GPU's one OFA engine: at most one of them
+    return sum(n for name, n in counts.items() if "+me" in name) <= 1
 
 
 @cache
@@ -97,10 +98,11 @@ def all_states(model: str, with_me: bool) -> tuple[frozenset[tuple[str, int]], .
             out.append(frozenset(placed))
             return
         walk(slot + 1, placed, counts, compute)  # leave this slice empty
+        media = sum(n for name, n in counts.items() if "+me" in name)
         for name in names:
             c, size, starts, limit = table[name]
             if (slot in starts and slot + size <= slots and counts[name] < limit
-                    and compute + c <= compute_total):
+                    and compute + c <= compute_total and not ("+me" in name and media)):
                 counts[name] += 1
                 placed.append((name, slot))
                 walk(slot + size, placed, counts, compute + c)
