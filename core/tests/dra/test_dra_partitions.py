@@ -23,12 +23,12 @@ from tessera.dra.devices import (
 )
 from tessera.dra.partitions import (
     COMPUTE_SLICES,
-    MEDIA_ENGINES,
     MAX_CONSUMPTIONS_PER_DEVICE,
     MAX_COUNTERS_PER_CONSUMPTION,
     MAX_COUNTERS_PER_SET,
     MAX_COUNTERS_PER_SLICE_1_34,
     MAX_DEVICES_CONSUMING_COUNTERS,
+    MEDIA_ENGINES,
     allocatable,
     counted_profiles,
     gpu_partitions,
