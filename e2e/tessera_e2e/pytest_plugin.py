@@ -168,6 +168,7 @@ def _namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterato
     created = cluster.kubectl("create", "namespace", name)
     if created.returncode != 0:
         pytest.fail(f"cannot create namespace {name}: {created.stderr.strip()}", pytrace=False)
+    cluster.wait_for_service_account(name)  # a pod made before it is refused
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false")
 

@@ -267,13 +267,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
             return NVML_ERROR_NOT_FOUND;
         uint64_t back_ns = (wall_newest - last_seen) * 1000ULL;
         uint64_t from = newest > back_ns ? newest - back_ns : 0;
-        from = (from + SAMPLE_PERIOD_NS - 1) / SAMPLE_PERIOD_NS * SAMPLE_PERIOD_NS; /* first sample after it */
+        from = from / SAMPLE_PERIOD_NS * SAMPLE_PERIOD_NS; /* the next sample covers from here */
         if (from > oldest)
             oldest = from;
     }
-    /* A sample at time T covers (T - period, T]; samples after `oldest` cover (oldest - period + period...]. */
+    /* A sample at time T covers (T - period, T]: the samples newer than `oldest` cover
+     * (oldest, newest]; none is newer when they meet. */
     uint64_t t0 = oldest, t1 = newest;
     if (t1 <= t0) {
+        if (last_seen)
+            return NVML_ERROR_NOT_FOUND;
         t0 = t1 > SAMPLE_PERIOD_NS ? t1 - SAMPLE_PERIOD_NS : 0;
     }
     LOCK();

@@ -558,13 +558,24 @@ uint64_t sim_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* The wall clock's offset from CLOCK_MONOTONIC, read once per process: a sample's timestamp
+ * must come out the same every time it is reported (a caller passes it back as
+ * lastSeenTimeStamp), and two clock reads per call differ by a few microseconds. */
 uint64_t sim_mono_to_wall_us(uint64_t mono_ns)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t wall = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-    uint64_t now = sim_now_ns();
-    return (wall - (now - mono_ns)) / 1000ULL;
+    static uint64_t offset_ns; /* 0: not read yet */
+    uint64_t off = __atomic_load_n(&offset_ns, __ATOMIC_ACQUIRE);
+    if (!off) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wall = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+        uint64_t fresh = wall - sim_now_ns();
+        if (!__atomic_compare_exchange_n(&offset_ns, &off, fresh, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            fresh = off; /* another thread read it first: use the one every caller sees */
+        off = fresh;
+    }
+    return (mono_ns + off) / 1000ULL;
 }
 
 void sim_sleep_until(uint64_t mono_ns)

@@ -130,6 +130,35 @@ def test_utilisation_is_arithmetic(
         p.wait()
 
 
+def test_a_timestamp_passed_back_returns_only_newer_samples(
+    make_node: Callable[..., Node], nvml: Callable[[Node], Any]
+) -> None:
+    """A monitor polls faster than the 100 ms sampling and passes back the newest timeStamp:
+    until the next sample closes it is told NOT_FOUND, never the sample it already counted
+    (re-counting it made an idle process look busy)."""
+    node = make_node("H100-80GB")
+    nv = nvml(node)
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    p = start(node, "busy", "3000")  # busy for 3 s: every sample has it
+    time.sleep(0.5)  # its context up and its first kernels sampled
+    try:
+        deadline = time.monotonic() + 1.5
+        repeats = 0
+        while time.monotonic() < deadline:
+            last = max(s.timeStamp for s in nv.nvmlDeviceGetProcessUtilization(dev, 0))
+            try:
+                again = nv.nvmlDeviceGetProcessUtilization(dev, last)
+            except nv.NVMLError_NotFound:
+                repeats += 1
+                continue
+            gaps = [s.timeStamp - last for s in again]
+            assert all(g >= 50_000 for g in gaps), f"a sample already returned came back: {gaps} us"
+        assert repeats > 0, "every second call found a new sample: the loop never repeated"
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_time_slicing_between_processes(make_node: Callable[..., Node]) -> None:
     node = make_node("H100-80GB")
     t0 = time.monotonic()
