@@ -6,7 +6,15 @@ Acting only on a difference: the pool's generation moves, and slices are written
 the devices differ from what is published (compared by value: the API server may print a
 quantity in another form), so a daemon that republishes every resync writes nothing at idle.
 An API server whose consumable-capacity gate is off drops ``allowMultipleAllocations`` and
-request policies without an error: :func:`dropped` says what a read-back lost."""
+request policies without an error: :func:`dropped` says what a read-back lost.
+
+Shared counters (partitionable devices, KEP-4815: a MIG GPU in on-demand mode,
+:mod:`tessera.dra.partitions`) are published as resource.k8s.io/v1 wants them from 1.36:
+in slices of their own, without devices, at most ``MAX_COUNTER_SETS`` sets each, in the
+same pool and generation as the devices that consume them; those slices come first. An API
+server whose ``DRAPartitionableDevices`` gate is off (1.34: alpha, off) drops
+``sharedCounters`` and ``consumesCounters`` silently, which would let the scheduler allocate
+two overlapping placements: :func:`dropped` reports that loss like the others."""
 
 from __future__ import annotations
 
@@ -24,6 +32,9 @@ KIND = "ResourceSlice"
 MAX_DEVICES = 64
 """Devices per slice: 128 in resource.k8s.io/v1, 64 from 1.36 once a device has taints; the
 lower bound keeps a slice valid when taints come."""
+MAX_COUNTER_SETS = 8
+"""Counter sets per slice (resource.k8s.io/v1, 1.36: a slice that holds them holds nothing
+else)."""
 MAX_NAME = 253
 
 
@@ -42,14 +53,36 @@ def chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [devices[i:i + MAX_DEVICES] for i in range(0, len(devices), MAX_DEVICES)] or [[]]
 
 
-def resource_slice(node: str, index: int, devices: list[dict[str, Any]], generation: int,
+@dataclass(frozen=True)
+class Part:
+    """What one slice holds: devices, or shared counter sets (never both)."""
+
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    counters: list[dict[str, Any]] = field(default_factory=list)
+
+    def content(self) -> dict[str, Any]:
+        return {"sharedCounters": self.counters} if self.counters else {"devices": self.devices}
+
+
+def parts(devices: list[dict[str, Any]],
+          counter_sets: list[dict[str, Any]] | None = None) -> list[Part]:
+    """The pool's slices in order: the counter sets, at most MAX_COUNTER_SETS a slice, then
+    the devices (:func:`chunks`)."""
+    sets = counter_sets or []
+    return ([Part(counters=sets[i:i + MAX_COUNTER_SETS])
+             for i in range(0, len(sets), MAX_COUNTER_SETS)]
+            + [Part(devices=d) for d in chunks(devices)])
+
+
+def resource_slice(node: str, index: int, part: Part, generation: int,
                    count: int) -> dict[str, Any]:
+    """Slice ``index`` of ``count`` in the node's pool, holding ``part``."""
     return {"apiVersion": API_VERSION, "kind": KIND,
             "metadata": {"name": slice_name(node, index)},
             "spec": {"driver": DRA_DRIVER, "nodeName": node,
                      "pool": {"name": node, "generation": generation,
                               "resourceSliceCount": count},
-                     "devices": devices}}
+                     **part.content()}}
 
 
 def _canonical(value: Any) -> Any:
@@ -86,32 +119,38 @@ class Plan:
         return len(self.create) + len(self.replace) + len(self.delete)
 
 
-def _published(node: str, mine: dict[str, dict[str, Any]], parts: list[list[dict[str, Any]]],
+def _holds(spec: dict[str, Any], part: Part) -> bool:
+    return (same_devices(spec.get("devices") or [], part.devices)
+            and same_devices(spec.get("sharedCounters") or [], part.counters))
+
+
+def _published(node: str, mine: dict[str, dict[str, Any]], pool: list[Part],
                generation: int) -> bool:
-    """Do ``mine`` (by name) already publish ``parts`` as one pool at ``generation``?"""
-    names = [slice_name(node, i) for i in range(len(parts))]
-    want_pool = {"name": node, "generation": generation, "resourceSliceCount": len(parts)}
+    """Do ``mine`` (by name) already publish ``pool`` at ``generation``?"""
+    names = [slice_name(node, i) for i in range(len(pool))]
+    want_pool = {"name": node, "generation": generation, "resourceSliceCount": len(pool)}
     return set(mine) == set(names) and all(
-        mine[n]["spec"].get("pool") == want_pool
-        and same_devices(mine[n]["spec"].get("devices") or [], part)
-        for n, part in zip(names, parts, strict=True))
+        mine[n]["spec"].get("pool") == want_pool and _holds(mine[n]["spec"], part)
+        for n, part in zip(names, pool, strict=True))
 
 
-def plan(node: str, devices: list[dict[str, Any]], existing: list[dict[str, Any]]) -> Plan:
-    """From ``existing`` (this driver's slices of this node, as listed) to ``devices``."""
+def plan(node: str, devices: list[dict[str, Any]], existing: list[dict[str, Any]],
+         counter_sets: list[dict[str, Any]] | None = None) -> Plan:
+    """From ``existing`` (this driver's slices of this node, as listed) to ``devices`` and
+    the ``counter_sets`` they consume from."""
     mine = {s["metadata"]["name"]: s for s in existing
             if s.get("spec", {}).get("driver") == DRA_DRIVER
             and s.get("spec", {}).get("nodeName") == node}
     generation = max((int(s["spec"].get("pool", {}).get("generation", 0))
                       for s in mine.values()), default=0)
-    parts = chunks(devices)
-    if _published(node, mine, parts, generation):
+    pool = parts(devices, counter_sets)
+    if _published(node, mine, pool, generation):
         return Plan(generation)
-    names = [slice_name(node, i) for i in range(len(parts))]
+    names = [slice_name(node, i) for i in range(len(pool))]
     generation += 1
     out = Plan(generation)
-    for i, part in enumerate(parts):
-        obj = resource_slice(node, i, part, generation, len(parts))
+    for i, part in enumerate(pool):
+        obj = resource_slice(node, i, part, generation, len(pool))
         (out.replace if obj["metadata"]["name"] in mine else out.create).append(obj)
     out.delete = sorted(set(mine) - set(names))
     return out
@@ -129,6 +168,8 @@ def dropped(written: list[dict[str, Any]], read: list[dict[str, Any]]) -> list[s
             continue
         if d.get("allowMultipleAllocations") and not got.get("allowMultipleAllocations"):
             lost.add("allowMultipleAllocations")
+        if d.get("consumesCounters") and not got.get("consumesCounters"):
+            lost.add("consumesCounters")
         for key, cap in (d.get("capacity") or {}).items():
             back = (got.get("capacity") or {}).get(key)
             if back is None:
@@ -146,6 +187,8 @@ def as_kept(devices: list[dict[str, Any]], lost: list[str]) -> list[dict[str, An
     for d in map(copy.deepcopy, devices):
         if "allowMultipleAllocations" in lost:
             d.pop("allowMultipleAllocations", None)
+        if "consumesCounters" in lost:
+            d.pop("consumesCounters", None)
         for key, cap in (d.get("capacity") or {}).items():
             if f"capacity {key} requestPolicy" in lost:
                 cap.pop("requestPolicy", None)

@@ -11,7 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.api.names import DRA_DRIVER
-from tessera.dra.slices import MAX_DEVICES, MAX_NAME, Plan, dropped, plan, slice_name
+from tessera.dra.slices import (
+    MAX_COUNTER_SETS,
+    MAX_DEVICES,
+    MAX_NAME,
+    Plan,
+    as_kept,
+    dropped,
+    plan,
+    slice_name,
+)
 
 NODE = "node-0"
 
@@ -111,3 +120,46 @@ def test_any_change_converges_in_one_plan(before: list[int], after: list[int]) -
             for d in s["spec"]["devices"]] == new
     if before == after:
         assert p.writes == 0
+
+
+def counter_set(i: int, value: int = 7) -> dict[str, Any]:
+    return {"name": f"gpu{i}-slices", "counters": {"compute-slices": {"value": str(value)}}}
+
+
+def consumer(i: int, gpu: int) -> dict[str, Any]:
+    d = device(i, shared=False)
+    d["consumesCounters"] = [{"counterSet": f"gpu{gpu}-slices",
+                              "counters": {"compute-slices": {"value": "1"}}}]
+    return d
+
+
+def test_shared_counters_sit_in_slices_of_their_own_first_in_the_pool() -> None:
+    sets = [counter_set(g) for g in range(MAX_COUNTER_SETS + 1)]
+    devices = [consumer(i, i % len(sets)) for i in range(3)]
+    first = plan(NODE, devices, [], sets)
+    slices = first.create
+    assert [s["metadata"]["name"] for s in slices] == [slice_name(NODE, i) for i in range(3)]
+    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [MAX_COUNTER_SETS, 1, 0]
+    assert all("devices" not in s["spec"] for s in slices[:2])
+    assert "sharedCounters" not in slices[2]["spec"] and slices[2]["spec"]["devices"] == devices
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    held = apply(first, [])
+    assert plan(NODE, devices, held, sets).writes == 0
+
+
+def test_a_counter_that_changes_rewrites_the_pool_and_one_that_goes_deletes_its_slice() -> None:
+    devices = [consumer(0, 0)]
+    held = apply(plan(NODE, devices, [], [counter_set(0)]), [])
+    changed = plan(NODE, devices, held, [counter_set(0, value=4)])
+    assert changed.generation == 2 and changed.writes == 2 and not changed.delete
+    assert changed.replace[0]["spec"]["sharedCounters"] == [counter_set(0, value=4)]
+    gone = plan(NODE, [device(0)], held)  # the GPU no longer on demand
+    assert [s["spec"]["devices"] for s in gone.replace] == [[device(0)]]
+    assert gone.delete == [slice_name(NODE, 1)]
+
+
+def test_consumed_counters_a_server_drops_are_reported_and_not_written_again() -> None:
+    written = [consumer(0, 0)]
+    read = [{k: v for k, v in written[0].items() if k != "consumesCounters"}]
+    assert dropped(written, read) == ["consumesCounters"]
+    assert as_kept(written, ["consumesCounters"]) == read
