@@ -28,7 +28,7 @@ ModelID = Literal[
 ]
 """Known GPU model IDs; a test keeps this equal to :func:`tessera.models.model_ids`."""
 
-MigMode = Literal["Enabled", "Disabled"]
+MigMode = Literal["Enabled", "Disabled", "OnDemand"]
 DisruptionPolicy = Literal["WaitForIdle", "Refuse"]
 DeletionPolicy = Literal["Retain", "Reset"]
 Sharing = Literal["Whole", "Shares"]
@@ -75,11 +75,35 @@ _PROFILES_WHEN_DISABLED = cel(
     ".profiles",
 )
 _PROFILES_WHEN_ENABLED = cel(
-    "(has(self.migMode) && self.migMode == 'Disabled') || (has(self.profiles)"
+    "(has(self.migMode) && self.migMode != 'Enabled') || (has(self.profiles)"
     " && size(self.profiles) > 0)",
     "profiles must list at least one MIG profile when migMode is Enabled",
     ".profiles",
 )
+_PROFILES_WHEN_ON_DEMAND = cel(
+    "!has(self.migMode) || self.migMode != 'OnDemand' || !has(self.profiles)"
+    " || size(self.profiles) == 0",
+    "profiles must be empty when migMode is OnDemand: its instances are created for the "
+    "claims that ask them (bound them with onDemand)",
+    ".profiles",
+)
+_ON_DEMAND_ONLY_WHEN_ON_DEMAND = cel(
+    "!has(self.onDemand) || (has(self.migMode) && self.migMode == 'OnDemand')",
+    "onDemand applies only with migMode OnDemand",
+    ".onDemand",
+)
+
+
+class OnDemand(ApiModel):
+    """Bounds on the instances created on demand (``migMode: OnDemand``)."""
+
+    profiles: list[ProfileName] | None = Field(
+        default=None, min_length=1, max_length=16, json_schema_extra=LIST_SET
+    )
+    """Only these profiles are created (as the GPU model spells them); every profile of
+    the model when absent."""
+    max_instances: int | None = Field(default=None, ge=1, le=7)
+    """At most this many instances per GPU at once; the model's limit when absent."""
 
 
 class Layout(ApiModel):
@@ -87,16 +111,22 @@ class Layout(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [_PROFILES_WHEN_DISABLED, _PROFILES_WHEN_ENABLED]
+            "x-kubernetes-validations": [_PROFILES_WHEN_DISABLED, _PROFILES_WHEN_ENABLED,
+                                         _PROFILES_WHEN_ON_DEMAND,
+                                         _ON_DEMAND_ONLY_WHEN_ON_DEMAND]
         }
     )
 
     mig_mode: MigMode = "Enabled"
-    """Enabled: partition each GPU into profiles; Disabled: whole GPUs, shared by budgets."""
+    """Enabled: partition each GPU into profiles; Disabled: whole GPUs, shared by budgets;
+    OnDemand: MIG enabled, and an instance is created for each DRA claim that asks one and
+    destroyed when it is released (bounded by onDemand)."""
     profiles: list[ProfileCount] | None = Field(
         default=None, max_length=16, json_schema_extra=list_map("name")
     )
     """Profiles and counts per GPU; the set must fit the GPU (checked at admission)."""
+    on_demand: OnDemand | None = None
+    """With migMode OnDemand: which profiles may be created, and how many at once."""
 
     @model_validator(mode="after")
     def _profiles_match_mode(self) -> Self:
@@ -104,6 +134,10 @@ class Layout(ApiModel):
             raise FieldPathError("profiles", _PROFILES_WHEN_DISABLED["message"])
         if self.mig_mode == "Enabled" and not self.profiles:
             raise FieldPathError("profiles", _PROFILES_WHEN_ENABLED["message"])
+        if self.mig_mode == "OnDemand" and self.profiles:
+            raise FieldPathError("profiles", _PROFILES_WHEN_ON_DEMAND["message"])
+        if self.on_demand is not None and self.mig_mode != "OnDemand":
+            raise FieldPathError("onDemand", _ON_DEMAND_ONLY_WHEN_ON_DEMAND["message"])
         names = [p.name for p in self.profiles or []]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -124,6 +158,10 @@ def layout_summary(layout: Layout) -> str:
     """Printer-column text: ``1x3g.40gb+4x1g.10gb`` (largest first), or ``MIG disabled``."""
     if layout.mig_mode == "Disabled":
         return "MIG disabled"
+    if layout.mig_mode == "OnDemand":
+        bounds = layout.on_demand
+        only = f" ({','.join(bounds.profiles)})" if bounds and bounds.profiles else ""
+        return f"MIG on demand{only}"
     ordered = sorted(layout.profiles or [], key=lambda p: (-_slices(p.name), p.name))
     return "+".join(f"{p.count}x{p.name}" for p in ordered)
 
