@@ -37,9 +37,16 @@ class GPUTarget:
     deleting: bool = False
     """The partition is being deleted with ``deletionPolicy: Reset``: a change that cannot
     finish fails instead of waiting for ever."""
+    on_demand: bool = False
+    """``migMode: OnDemand``: MIG enabled, no declared instances; those present stay (the
+    DRA kubelet plugin creates and destroys them for claims)."""
+    allowed: tuple[str, ...] = ()
+    """On demand: the profiles that may be created (empty: every profile of the model)."""
+    max_instances: int | None = None
+    """On demand: at most this many instances at once (None: the model's limit)."""
 
     def summary(self) -> str:
-        return summary(self.mig_enabled, self.profiles)
+        return "MIG on demand" if self.on_demand else summary(self.mig_enabled, self.profiles)
 
 
 def summary(mig_enabled: bool, profiles: Iterable[str]) -> str:
@@ -108,12 +115,16 @@ def targets(partitions: Iterable[PartitionView], node: NodeInventory,
     for name, res in resolve(views, [node]).items():
         v = by_name[name]
         layout = v.spec.layout
-        enabled = layout.mig_mode == "Enabled"
+        enabled = layout.mig_mode != "Disabled"
+        on_demand = layout.mig_mode == "OnDemand"
         wanted = tuple(sorted(layout.profile_names())) if enabled else ()
+        bounds = layout.on_demand
         for claim in res.claims:
             out.setdefault(name, {})[claim.index] = GPUTarget(
                 name, v.generation, enabled, wanted, v.spec.disruption_policy,
-                name in deleting)
+                name in deleting, on_demand,
+                tuple(bounds.profiles or ()) if bounds else (),
+                bounds.max_instances if bounds else None)
     return out
 
 

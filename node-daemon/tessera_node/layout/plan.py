@@ -181,6 +181,8 @@ class _Planning:
             return self.steps(Step(self.mode_action()))
         if not target.mig_enabled:
             return self.steps()
+        if target.on_demand:  # the instances are the claims': each stays (one without its
+            return self.instances(actual_profiles(gpu))  # compute instance gets one)
         return self.instances(target.profiles)
 
     def instances(self, wanted: Sequence[str]) -> GPUPlan:

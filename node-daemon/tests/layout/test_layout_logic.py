@@ -289,3 +289,27 @@ def test_a_busy_instance_is_never_destroyed_and_the_gpu_never_switched_under_it(
             for i in used)
     else:
         assert p.done
+
+
+ON_DEMAND = GPUTarget("p", 1, True, on_demand=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(have=st.one_of(st.none(), st.sampled_from(LAYOUTS)), ampere=st.booleans())
+def test_an_on_demand_gpu_gets_mig_enabled_and_keeps_every_instance_it_has(
+        have: tuple[str, ...] | None, ampere: bool) -> None:
+    """OnDemand declares no instances: MIG is enabled, and whatever instances the GPU holds
+    (the claims') stay where they are, idle or not; nothing is created."""
+    g = built(have) if have is not None else new_gpu()
+    end, ran = converge(ON_DEMAND, g, ampere)
+    assert plan(ON_DEMAND, end).done and end.mig_mode == "enabled"
+    assert [(i.profile, i.start, i.uuid) for i in end.instances] == [
+        (i.profile, i.start, i.uuid) for i in g.instances]
+    assert not {"destroy-gi", "destroy-ci", "create-gi"} & set(ran), ran
+
+
+def test_an_on_demand_instance_left_without_its_compute_instance_gets_one() -> None:
+    g = built(("3g.40gb", "1g.10gb"))
+    half = replace(g, instances=(g.instances[0], replace(g.instances[1], uuid="", ci_id=None)))
+    p = plan(ON_DEMAND, half)
+    assert [(s.action, s.profile) for s in p.steps] == [("create-ci", "1g.10gb")]
