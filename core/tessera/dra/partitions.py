@@ -26,6 +26,9 @@ The counters of one GPU, set ``gpu<index>-slices``:
   placement consumes it, since each ``+me`` instance takes the GPU's one OFA engine (at
   most one ``+me`` instance per GPU, whatever its profile: on an A30, ``1g.6gb+me`` and
   ``2g.12gb+me`` exclude each other);
+* ``instances``, only with ``onDemand.maxInstances``: how many more instances may be
+  created (the limit less the occupied ones); every placement consumes one. The profiles
+  ``onDemand.profiles`` does not allow are not published at all (:class:`Bounds`).
 * ``count-<profile slug>``, the instances of that profile that may still be created, for
   any other profile whose maximum count is below what its placements alone would allow
   (none on the supported models: the rule stays exact if a model has one).
@@ -48,8 +51,8 @@ consumption from the claims' allocations, and their devices stay published.
 
 API limits (``resource.k8s.io/v1`` validation): device names, counter set names and counter
 names are DNS labels (lowercase alphanumerics and ``-``, at most 63 characters); a counter
-set has at most 32 counters (here 10 on an 8-slice GPU, 7 on an A30); a device has at most
-2 ``consumesCounters`` entries of at most 32 counters each (here one entry of at most 10);
+set has at most 32 counters (here at most 11 on an 8-slice GPU, 8 on an A30); a device has
+at most 2 ``consumesCounters`` entries of at most 32 counters each (here one of at most 11);
 a slice in which any device consumes counters holds at most 64 devices (an 8-slice GPU
 publishes at most 25, an A30 13). From 1.36 ``sharedCounters`` must sit in a slice of its
 own, without devices, in the same pool and generation, at most 8 counter sets per slice; in
@@ -84,6 +87,19 @@ MAX_DEVICES_CONSUMING_COUNTERS = 64
 """Devices per slice once any of them consumes counters (1.36; 128 in 1.34)."""
 
 COMPUTE_SLICES = "compute-slices"
+INSTANCES = "instances"
+"""With a limit on instances (``onDemand.maxInstances``): how many more may be created;
+every placement consumes one."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a GPUPartition's ``onDemand`` allows on its GPUs."""
+
+    profiles: tuple[str, ...] = ()
+    """Only these profiles are published (empty: every profile of the model)."""
+    max_instances: int | None = None
+    """At most this many instances at once (None: the model's own limits)."""
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -144,7 +160,8 @@ def _occupied(gpu: GPUInventory, occupied: Sequence[PlacedInstance]) -> list[Ins
     return current
 
 
-def shared_counters(gpu: GPUInventory, occupied: Sequence[PlacedInstance]) -> dict[str, Any]:
+def shared_counters(gpu: GPUInventory, occupied: Sequence[PlacedInstance],
+                    bounds: Bounds = Bounds()) -> dict[str, Any]:
     """The GPU's counter set, one entry of ``spec.sharedCounters``."""
     current = _occupied(gpu, occupied)
     memory, compute = slice_counts(gpu.model)
@@ -157,10 +174,13 @@ def shared_counters(gpu: GPUInventory, occupied: Sequence[PlacedInstance]) -> di
     if has_media_extensions(gpu.model):
         taken = sum(1 for p in used if p.media_extensions)
         counters[MEDIA_ENGINES] = {"value": str(max(0, 1 - taken))}
+    if bounds.max_instances is not None:
+        counters[INSTANCES] = {"value": str(max(0, bounds.max_instances - len(used)))}
     return {"name": counter_set_name(gpu.index), "counters": counters}
 
 
-def consumption(gpu: GPUInventory, p: Profile, start: int) -> dict[str, Any]:
+def consumption(gpu: GPUInventory, p: Profile, start: int,
+                bounds: Bounds = Bounds()) -> dict[str, Any]:
     """What the device of ``p`` at ``start`` consumes: one ``consumesCounters`` entry."""
     counters = {memory_slice_counter(s): {"value": "1"}
                 for s in range(start, start + p.memory_slices)}
@@ -169,6 +189,8 @@ def consumption(gpu: GPUInventory, p: Profile, start: int) -> dict[str, Any]:
         counters[count_counter(p.name)] = {"value": "1"}
     if p.media_extensions:
         counters[MEDIA_ENGINES] = {"value": "1"}
+    if bounds.max_instances is not None:
+        counters[INSTANCES] = {"value": "1"}
     return {"counterSet": counter_set_name(gpu.index), "counters": counters}
 
 
@@ -198,21 +220,27 @@ def _attributes(gpu: GPUInventory, p: Profile, start: int,
 
 
 def placement_devices(gpu: GPUInventory, occupied: Sequence[PlacedInstance],
-                      cliques: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+                      cliques: Mapping[str, int] | None = None,
+                      bounds: Bounds = Bounds()) -> list[dict[str, Any]]:
     """One exclusive device per placement (profile x start) the GPU can still take beside
-    ``occupied``, by profile (the catalog's order, smallest first) then start. Capacity as
-    a whole MIG instance's: its ``memory`` in bytes and all its ``cores``."""
+    ``occupied``, by profile (the catalog's order, smallest first) then start, of the
+    profiles ``bounds`` allows. Capacity as a whole MIG instance's: its ``memory`` in bytes
+    and all its ``cores``."""
     current = _occupied(gpu, occupied)
     cliques = cliques or {}
     out: list[dict[str, Any]] = []
     for p in profiles(gpu.model):
+        if bounds.profiles and p.name not in bounds.profiles:
+            continue
+        if bounds.max_instances is not None and len(current) >= bounds.max_instances:
+            break
         for start in candidates(gpu.model, current, p):
             out.append({
                 "name": placement_device_name(gpu.index, p.name, start),
                 "attributes": _attributes(gpu, p, start, cliques),
                 "capacity": {DRA_CAPACITY_MEMORY: {"value": str(p.memory_mib * MIB)},
                              DRA_CAPACITY_CORES: {"value": str(CORES)}},
-                "consumesCounters": [consumption(gpu, p, start)],
+                "consumesCounters": [consumption(gpu, p, start, bounds)],
             })
     return out
 
@@ -228,9 +256,10 @@ class GPUPartitions:
 
 
 def gpu_partitions(gpu: GPUInventory, occupied: Sequence[PlacedInstance],
-                   cliques: Mapping[str, int] | None = None) -> GPUPartitions:
-    return GPUPartitions(counter_set=shared_counters(gpu, occupied),
-                         devices=placement_devices(gpu, occupied, cliques))
+                   cliques: Mapping[str, int] | None = None,
+                   bounds: Bounds = Bounds()) -> GPUPartitions:
+    return GPUPartitions(counter_set=shared_counters(gpu, occupied, bounds),
+                         devices=placement_devices(gpu, occupied, cliques, bounds))
 
 
 def allocatable(counter_sets: Sequence[Mapping[str, Any]],

@@ -23,6 +23,8 @@ from tessera.dra.devices import (
 )
 from tessera.dra.partitions import (
     COMPUTE_SLICES,
+    INSTANCES,
+    Bounds,
     MAX_CONSUMPTIONS_PER_DEVICE,
     MAX_COUNTERS_PER_CONSUMPTION,
     MAX_COUNTERS_PER_SET,
@@ -121,6 +123,37 @@ def test_any_set_of_devices_is_allocatable_exactly_when_the_planner_accepts_it(
     chosen = [got.devices[i] for i in picks if i < len(got.devices)]
     together = [*occupied, *(placement(d) for d in chosen)]
     assert allocatable([got.counter_set], chosen) == planner_accepts(model, together)
+
+
+bounds_case = occupied_case.flatmap(lambda c: st.tuples(
+    st.just(c),
+    st.lists(st.sampled_from([p.name for p in profiles(c[0])]), max_size=3, unique=True),
+    st.one_of(st.none(), st.integers(1, 7)),
+    st.lists(st.integers(0, 24), max_size=8, unique=True)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(bounds_case)
+def test_bounds_publish_only_allowed_profiles_and_count_instances_against_the_limit(
+    case: tuple[tuple[str, State], list[str], int | None, list[int]],
+) -> None:
+    """``onDemand.profiles`` and ``maxInstances``: only allowed profiles are published, and
+    a set of devices is allocatable exactly when the planner accepts it and the GPU's
+    instances (occupied ones included) stay within the limit."""
+    (model, occupied), allowed, limit, picks = case
+    bounds = Bounds(tuple(allowed), limit)
+    got = gpu_partitions(gpu(model), [Instance(n, s) for n, s in occupied], bounds=bounds)
+    assert all(not allowed or placement(d)[0] in allowed for d in got.devices)
+    if limit is not None and len(occupied) >= limit:
+        assert got.devices == []
+        return
+    if limit is not None:
+        assert got.counter_set["counters"][INSTANCES] == {"value": str(limit - len(occupied))}
+    chosen = [got.devices[i] for i in picks if i < len(got.devices)]
+    together = [*occupied, *(placement(d) for d in chosen)]
+    within = limit is None or len(together) <= limit
+    assert allocatable([got.counter_set], chosen) == (
+        planner_accepts(model, together) and within)
 
 
 @pytest.mark.parametrize("model", MODEL_IDS)
