@@ -13,12 +13,17 @@ cluster whose gate was turned on is seen at the next change."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.inventory import GPUInventory
 from tessera.api.names import DRA_DRIVER
-from tessera.dra.devices import node_devices
+from tessera.dra.devices import node_devices, nvlink_cliques
+from tessera.dra.partitions import Bounds, gpu_partitions
 from tessera.dra.slices import Plan, as_kept, dropped, plan
+from tessera.mig.catalog import UnknownProfileError
+from tessera.mig.planner import LayoutError
+from tessera.models import UnknownModelError
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Sharing, offered_units, offers
 from tessera_node.node.findings import Finding
@@ -39,13 +44,63 @@ def offered(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Co
     return with_units(gpus, units)
 
 
+@dataclass(frozen=True)
+class Pool:
+    """What the node publishes: its devices and the counter sets some of them consume."""
+
+    devices: list[Obj]
+    counter_sets: list[Obj] = field(default_factory=list)
+
+
 def wanted(snapshot: DeviceSnapshot, readable: bool, withdrawn: Mapping[str, Collection[str]],
            shares_per_unit: int, sharing: Mapping[str, Sharing],
-           reserved: Mapping[str, tuple[int, int]] | None = None) -> list[Obj]:
+           reserved: Mapping[str, tuple[int, int]] | None = None,
+           on_demand: Collection[str] = ()) -> list[Obj]:
     """The node's DRA devices now (:func:`offered`, as ResourceSlice devices), each shared
-    one with the capacity live resizes took (``reserved``) left out."""
-    return node_devices(offered(snapshot, readable, withdrawn, shares_per_unit, sharing),
-                        reserved)
+    one with the capacity live resizes took (``reserved``) left out. A GPU in ``on_demand``
+    (UUIDs) publishes no instance as a device: its placements are (:func:`placements`)."""
+    gpus = offered(snapshot, readable, withdrawn, shares_per_unit, sharing)
+    return node_devices([g.model_copy(update={"units": ()}) if g.uuid in on_demand else g
+                         for g in gpus], reserved)
+
+
+def placements(snapshot: DeviceSnapshot, readable: bool,
+               withdrawn: Mapping[str, Collection[str]], on_demand: Mapping[str, Bounds],
+               partitionable: bool) -> Pool:
+    """The devices and counter sets of the GPUs in ``on_demand`` (GPU UUID -> its
+    partition's bounds): with ``partitionable`` (the API server keeps shared counters), the
+    placements each can still take beside its instances (:mod:`tessera.dra.partitions`),
+    once MIG is enabled on it, NVML readable and nothing withdrawn from it; otherwise
+    nothing at all, since a scheduler that ignores counters would allocate two overlapping
+    placements."""
+    pool = Pool([])
+    if not partitionable or not readable or not on_demand:
+        return pool
+    gpus = node_gpus(snapshot).gpus
+    cliques = nvlink_cliques(gpus)
+    for g in sorted(gpus, key=lambda g: g.index):
+        bounds = on_demand.get(g.uuid)
+        if bounds is None or g.mig_mode != "enabled" or withdrawn.get(g.uuid):
+            continue
+        try:
+            parts = gpu_partitions(g, g.instances, cliques, bounds)
+        except (LayoutError, UnknownModelError, UnknownProfileError):
+            continue  # an unknown model or a layout the planner rejects: nothing offered
+        pool.devices.extend(parts.devices)
+        pool.counter_sets.append(parts.counter_set)
+    return pool
+
+
+def on_demand_finding(gpus: Sequence[int], partitionable: bool) -> Finding | None:
+    """The node's finding while GPUs in migMode OnDemand publish nothing for want of
+    partitionable devices."""
+    if not gpus or partitionable:
+        return None
+    which = ", ".join(str(i) for i in sorted(gpus))
+    return Finding("DRAOnDemandUnavailable", f"GPU {which} in migMode OnDemand publish no "
+                   "devices: the API server does not keep shared counters "
+                   "(DRAPartitionableDevices, on by default from Kubernetes 1.36), without "
+                   "which the scheduler could give two claims overlapping MIG instances")
 
 
 def mine(node: str, slices: Iterable[Obj]) -> list[Obj]:
@@ -55,15 +110,17 @@ def mine(node: str, slices: Iterable[Obj]) -> list[Obj]:
             and (s.get("spec") or {}).get("nodeName") == node]
 
 
-def decide(node: str, devices: list[Obj], existing: Iterable[Obj], lost: Sequence[str]) -> Plan:
-    """What to write: nothing when the published slices hold ``devices`` as this API server
-    keeps them (``lost``: what it dropped before); otherwise the whole ``devices``, so that
-    a write also tells again what the server keeps."""
+def decide(node: str, devices: list[Obj], existing: Iterable[Obj], lost: Sequence[str],
+           counter_sets: list[Obj] | None = None) -> Plan:
+    """What to write: nothing when the published slices hold ``devices`` (and the
+    ``counter_sets`` they consume) as this API server keeps them (``lost``: what it dropped
+    before); otherwise the whole ``devices``, so that a write also tells again what the
+    server keeps."""
     held = mine(node, existing)
     if not lost:
-        return plan(node, devices, held)
-    kept = plan(node, as_kept(devices, list(lost)), held)
-    return kept if kept.writes == 0 else plan(node, devices, held)
+        return plan(node, devices, held, counter_sets)
+    kept = plan(node, as_kept(devices, list(lost)), held, counter_sets)
+    return kept if kept.writes == 0 else plan(node, devices, held, counter_sets)
 
 
 def _devices(slices: Iterable[Obj]) -> list[Obj]:
@@ -72,7 +129,7 @@ def _devices(slices: Iterable[Obj]) -> list[Obj]:
 
 def _gated(devices: Iterable[Obj]) -> bool:
     """Do any of these devices carry a field a gate-off API server drops?"""
-    return any(d.get("allowMultipleAllocations") or any(
+    return any(d.get("allowMultipleAllocations") or d.get("consumesCounters") or any(
         "requestPolicy" in c for c in (d.get("capacity") or {}).values()) for d in devices)
 
 
@@ -92,10 +149,16 @@ def loss_finding(lost: Sequence[str]) -> Finding | None:
     metric) while the API server drops fields of its slices."""
     if not lost:
         return None
+    why = []
+    if any(f != "consumesCounters" for f in lost):
+        why.append("its consumable-capacity feature (DRAConsumableCapacity, off before "
+                   "Kubernetes 1.36) is off, so each shared GPU or MIG instance goes whole "
+                   "to one claim")
+    if "consumesCounters" in lost:
+        why.append("its partitionable-devices feature (DRAPartitionableDevices, off before "
+                   "1.36) is off, so GPUs in migMode OnDemand publish nothing")
     return Finding("DRAFieldsDropped", f"the API server drops {', '.join(lost)} from this node's "
-                   f"ResourceSlices (driver {DRA_DRIVER}): its consumable-capacity feature "
-                   "(DRAConsumableCapacity, off before Kubernetes 1.36) is off, so each "
-                   "shared GPU or MIG instance goes whole to one claim")
+                   f"ResourceSlices (driver {DRA_DRIVER}): {'; '.join(why)}")
 
 
 def still_published(slices: Iterable[Obj], gpu_uuid: str, devices: Collection[str]

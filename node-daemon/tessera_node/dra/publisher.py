@@ -26,17 +26,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tessera.api.names import DRA_DRIVER
+from tessera.dra.partitions import Bounds
 from tessera.dra.slices import Plan
 from tessera.kube.client import ApiError, Kube, Obj, follow, path
 from tessera.kube.health import Health
 from tessera_node import metrics
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Sharing
-from tessera_node.dra.decide import decide, loss_finding, lost_after, mine, still_published
+from tessera_node.dra.decide import (
+    decide,
+    loss_finding,
+    lost_after,
+    mine,
+    on_demand_finding,
+    still_published,
+)
 from tessera_node.dra.state import DraDevices
 from tessera_node.node.findings import Finding
 from tessera_node.settings import DRA_RETRY_S, DRA_WITHDRAW_TIMEOUT_S
@@ -46,6 +55,15 @@ log = logging.getLogger("tessera_node.dra")
 SLICE_WATCH = "dra-slices"
 SLICES = path("resource.k8s.io", "v1", "resourceslices")
 DEBOUNCE_S = 0.05
+PARTITIONABLE_FROM = 36
+"""The first Kubernetes minor whose API server keeps shared counters by default
+(``DRAPartitionableDevices`` beta); a later read-back that lost them says otherwise."""
+
+
+def server_minor(version: Obj) -> int | None:
+    """The minor of a ``/version`` answer (``"37"``, ``"37+"``); None when unreadable."""
+    digits = re.match(r"\d+", str(version.get("minor", "")))
+    return int(digits.group()) if digits else None
 
 
 def _older(event: Obj, held: Obj | None) -> bool:
@@ -79,6 +97,8 @@ class SlicePublisher:
         """This node's slices of the driver, by name: the watch's, and each write's answer."""
         self.lost: list[str] = []
         """What the API server drops from our slices, as last read back."""
+        self.minor: int | None = None
+        """The API server's Kubernetes minor, once read."""
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -86,15 +106,37 @@ class SlicePublisher:
     # -- the reconciler's side -----------------------------------------------------------------
 
     def update(self, snapshot: DeviceSnapshot | None, read_at: float,
-               sharing: Mapping[str, Sharing]) -> None:
+               sharing: Mapping[str, Sharing],
+               on_demand: Mapping[str, Bounds] | None = None) -> None:
         """After every reconcile pass: the GPUs as NVML showed them (None: unreadable) in the
-        read begun at ``read_at`` (monotonic), and how the partitions share them."""
-        self.state.update(snapshot, read_at, sharing)
+        read begun at ``read_at`` (monotonic), how the partitions share them, and which are
+        on demand."""
+        self.state.update(snapshot, read_at, sharing, on_demand)
         self._dirty.set()
 
     def findings(self) -> list[Finding]:
-        f = loss_finding(self.lost)
-        return [f] if f is not None else []
+        gpus, partitionable = self.state.on_demand_gpus()
+        found = (loss_finding(self.lost), on_demand_finding(gpus, partitionable))
+        return [f for f in found if f is not None]
+
+    def _partitionable(self) -> None:
+        """Tell the devices whether shared counters are kept: a server from 1.36 whose
+        read-back did not lose them."""
+        kept = (self.minor is not None and self.minor >= PARTITIONABLE_FROM
+                and "consumesCounters" not in self.lost)
+        if self.state.set_partitionable(kept):
+            log.info("GPUs in migMode OnDemand " + ("published" if kept else "withheld"),
+                     extra={"node": self.node, "minor": self.minor, "dropped": self.lost})
+            self._dirty.set()
+            self.on_finding()
+
+    async def _read_version(self) -> None:
+        try:
+            self.minor = server_minor(await self.kube.request("GET", "/version"))
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("cannot read the API server's version; GPUs in migMode OnDemand "
+                        "stay unpublished until it is read", extra={"error": str(exc)[:300]})
+        self._partitionable()
 
     def not_ready(self) -> list[str]:
         return [] if self.health.synced(SLICE_WATCH) else [f"{SLICE_WATCH}: not listed yet"]
@@ -122,6 +164,8 @@ class SlicePublisher:
                 await asyncio.wait_for(self._dirty.wait(), self.resync_s)
             await asyncio.sleep(DEBOUNCE_S)  # a burst of changes makes one pass
             self._dirty.clear()
+            if self.minor is None:
+                await self._read_version()
             try:
                 await self.publish()
             except (ApiError, OSError, TimeoutError) as exc:
@@ -136,11 +180,11 @@ class SlicePublisher:
         """Write what differs; None when nothing can be decided yet (the slices not listed,
         NVML not read). Raises ApiError/OSError when a write fails."""
         async with self._lock:
-            devices = self.state.devices()
-            if devices is None or not self.health.synced(SLICE_WATCH):
+            pool = self.state.pool()
+            if pool is None or not self.health.synced(SLICE_WATCH):
                 return None
             held = mine(self.node, self.slices.values())
-            p = decide(self.node, devices, held, self.lost)
+            p = decide(self.node, pool.devices, held, self.lost, pool.counter_sets)
             if p.writes == 0:
                 metrics.DRA_PASSES.labels("unchanged").inc()
                 metrics.DRA_DEVICES.set(sum(len(s["spec"].get("devices") or []) for s in held))
@@ -151,14 +195,16 @@ class SlicePublisher:
                 metrics.DRA_PASSES.labels("error").inc()
                 raise
             metrics.DRA_PASSES.labels("written").inc()
-            metrics.DRA_DEVICES.set(len(devices))
+            metrics.DRA_DEVICES.set(len(pool.devices))
             lost = lost_after(self.lost, [*p.create, *p.replace], stored)
-            names = [d["name"] for o in [*p.create, *p.replace] for d in o["spec"]["devices"]]
+            names = [d["name"] for o in [*p.create, *p.replace]
+                     for d in o["spec"].get("devices") or []]
             log.info("ResourceSlices written", extra={
                 "node": self.node, "generation": p.generation, "creates": len(p.create),
                 "updates": len(p.replace), "deletes": len(p.delete), "devices": names,
                 "resourceVersions": [s["metadata"].get("resourceVersion") for s in stored]})
             self._set_lost(lost)
+            self._partitionable()
             return p
 
     async def _write(self, p: Plan) -> list[Obj]:

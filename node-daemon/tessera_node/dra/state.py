@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tessera.api.inventory import GPUInventory
+from tessera.dra.partitions import Bounds
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Sharing
-from tessera_node.dra.decide import offered, wanted
+from tessera_node.dra.decide import Pool, offered, placements, wanted
 
 
 class DraDevices:
@@ -40,12 +41,19 @@ class DraDevices:
         """GPU UUID -> devices withdrawn from it (the GPU's own UUID: the whole GPU)."""
         self._changed_at: dict[str, float] = {}
         """GPU UUID -> when the enactor said its layout changed (withdrawn until a read)."""
+        self._on_demand: Mapping[str, Bounds] = {}
+        """GPU UUID -> its partition's bounds, for the GPUs in migMode OnDemand."""
+        self._partitionable = False
+        """Whether the API server keeps shared counters (the publisher finds out)."""
 
     def update(self, snapshot: DeviceSnapshot | None, read_at: float,
-               sharing: Mapping[str, Sharing]) -> None:
+               sharing: Mapping[str, Sharing],
+               on_demand: Mapping[str, Bounds] | None = None) -> None:
         """What NVML showed in the read begun at ``read_at`` (this clock; None: NVML
-        unreadable now, every unit withdrawn) and how the partitions share the GPUs."""
+        unreadable now, every unit withdrawn), how the partitions share the GPUs, and which
+        are on demand (with their bounds)."""
         with self._lock:
+            self._on_demand = dict(on_demand or {})
             if snapshot is not None:
                 self._snapshot, self._readable = snapshot, True
                 for gpu, at in list(self._changed_at.items()):
@@ -57,13 +65,41 @@ class DraDevices:
             self._sharing = dict(sharing)
 
     def devices(self) -> list[dict[str, Any]] | None:
-        """The devices to publish now; None before NVML was first read or before the
-        reservations are known (nothing is known: what is published stays)."""
+        """The devices to publish now, less the placements of GPUs on demand; None before
+        NVML was first read or before the reservations are known (nothing is known: what is
+        published stays)."""
         with self._lock:
             if self._snapshot is None or self._reserved is None:
                 return None
             return wanted(self._snapshot, self._readable, self._withdrawn,
-                          self.shares_per_unit, self._sharing, self._reserved)
+                          self.shares_per_unit, self._sharing, self._reserved,
+                          self._on_demand)
+
+    def pool(self) -> Pool | None:
+        """Everything to publish now: :meth:`devices`, then the placements of the GPUs on
+        demand and their counter sets; None as for :meth:`devices`."""
+        devices = self.devices()
+        if devices is None:
+            return None
+        with self._lock:
+            assert self._snapshot is not None
+            extra = placements(self._snapshot, self._readable, self._withdrawn,
+                               self._on_demand, self._partitionable)
+        return Pool(devices + extra.devices, extra.counter_sets)
+
+    def set_partitionable(self, kept: bool) -> bool:
+        """Whether the API server keeps shared counters; whether that changed."""
+        with self._lock:
+            changed = kept != self._partitionable
+            self._partitionable = kept
+            return changed
+
+    def on_demand_gpus(self) -> tuple[list[int], bool]:
+        """The indices of the GPUs in migMode OnDemand, and whether they can be published."""
+        with self._lock:
+            gpus = self._snapshot.gpus if self._snapshot is not None else ()
+            return ([g.index for g in gpus if g.uuid in self._on_demand],
+                    self._partitionable)
 
     def reserve(self, reserved: Mapping[str, tuple[int, int]]) -> bool:
         """What live resizes take now, per unit (bytes, cores); whether that changed."""

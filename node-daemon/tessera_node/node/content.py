@@ -25,6 +25,7 @@ from tessera.api.inventory import (
 )
 from tessera.api.names import ANNOTATION_GPUS, ANNOTATION_NODE_FINDINGS, ANNOTATION_PARTITION_STATUS
 from tessera.api.partition import NodePartitionStatus, Sharing
+from tessera.dra.partitions import Bounds
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import offered_units, offers
 from tessera_node.layout.desired import being_reset, misfits, partition_views, targets
@@ -52,6 +53,9 @@ class NodeContent:
     device plugin is given, and what the inventory's ``units`` were computed with."""
     profiles: frozenset[str]
     """The MIG profiles the node's partitions want (each has a device plugin resource)."""
+    on_demand: dict[str, Bounds] = field(default_factory=dict)
+    """GPU UUID -> its partition's bounds, for the GPUs in migMode OnDemand (the DRA
+    publisher offers their placements)."""
 
 
 def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
@@ -134,5 +138,7 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
                        **annotations}
     profiles = frozenset(n for gpus in owned.values() for t in gpus.values()
                          for n in t.profiles)
+    on_demand = {uuid_of[i]: Bounds(t.allowed, t.max_instances) for on in owned.values()
+                 for i, t in on.items() if t.on_demand and i in uuid_of}
     return NodeContent(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),
-                  plans, sharing, profiles)
+                  plans, sharing, profiles, on_demand)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 FindingKind = Literal["OtherDevicePlugin", "OtherMigManager", "ProfileMismatch",
-                      "UnknownModel", "DRAFieldsDropped"]
+                      "UnknownModel", "DRAFieldsDropped", "DRAOnDemandUnavailable"]
 
 
 @dataclass(frozen=True, order=True)

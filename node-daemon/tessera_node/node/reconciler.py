@@ -30,6 +30,7 @@ from tessera.api.names import (
     VERSION,
 )
 from tessera.api.partition import KIND as PARTITION_KIND
+from tessera.dra.partitions import Bounds
 from tessera.kube.client import ApiError, Kube, Obj, follow, path
 from tessera.kube.events import post_event
 from tessera.kube.health import Health
@@ -74,7 +75,7 @@ class Publishing(Protocol):
     publisher, ``--dra``)."""
 
     def update(self, snapshot: DeviceSnapshot | None, read_at: float,
-               sharing: Mapping[str, Sharing]) -> None: ...
+               sharing: Mapping[str, Sharing], on_demand: Mapping[str, Bounds]) -> None: ...
 
     def findings(self) -> list[Finding]: ...
 
@@ -244,9 +245,9 @@ class NodeReconciler:
         # workers start at the next await, and withdraw from what it has then)
         if self.dra is not None:
             self.dra.update(self.snapshot if self.read_error is None else None, self.read_at,
-                            w.sharing)
+                            w.sharing, w.on_demand)
         for kind in ("OtherDevicePlugin", "OtherMigManager", "ProfileMismatch", "UnknownModel",
-                     "DRAFieldsDropped"):
+                     "DRAFieldsDropped", "DRAOnDemandUnavailable"):
             metrics.FINDINGS.labels(kind).set(sum(f.kind == kind for f in w.findings))
         annotations = dict(w.annotations)
         if self.plugin is not None:  # not computed yet (just started): the Node's stays

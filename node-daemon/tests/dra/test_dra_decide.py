@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera.api.names import DRA_DRIVER
+from tessera.dra.partitions import Bounds
 from tessera.dra.slices import Plan, as_kept
 from tessera.mig.catalog import profiles
 from tessera.mig.planner import fit
@@ -20,9 +21,12 @@ from tessera.models import get_model
 from tessera_node.cli import build_parser, options
 from tessera_node.device.state import DeviceSnapshot, GPUState, MigInstanceState, ProfileInfo
 from tessera_node.dra.decide import (
+    Pool,
     decide,
     loss_finding,
     lost_after,
+    on_demand_finding,
+    placements,
     still_published,
     wanted,
 )
@@ -240,3 +244,59 @@ def test_the_flag_is_off_by_default_and_never_beside_the_device_plugin(
     monkeypatch.setenv("TESSERA_DRA", "true")
     monkeypatch.setenv("TESSERA_DEVICE_PLUGIN", "false")
     assert options(build_parser().parse_args(["run", "--node-name", "n"])).dra is True
+
+
+def test_an_on_demand_gpu_publishes_its_placements_and_counters_never_its_instances() -> None:
+    """GPU 1 in migMode OnDemand with one 3g.40gb (at 0): its free placements and its
+    counter set are published once the API server keeps counters; its instance is not a
+    device; GPU 0 is published as before either way."""
+    snap = DeviceSnapshot((gpu(0), gpu(1, ("3g.40gb",))))
+    state = DraDevices(10)
+    state.update(snap, 1.0, {}, {"GPU-1": Bounds()})
+    withheld = state.pool()
+    assert withheld is not None and names(withheld.devices) == ["gpu0"]
+    assert withheld.counter_sets == []
+    assert state.set_partitionable(True) and not state.set_partitionable(True)
+    pool = state.pool()
+    assert pool is not None and [c["name"] for c in pool.counter_sets] == ["gpu1-slices"]
+    placed = names(pool.devices)[1:]
+    assert names(pool.devices)[0] == "gpu0" and "gpu1-mig0-3g40gb" not in placed
+    assert {"gpu1-mig4-3g40gb", "gpu1-mig4-1g10gb", "gpu1-mig6-1g10gb"} <= set(placed)
+    assert all(int(n.split("-mig")[1].split("-")[0]) >= 4 for n in placed), placed
+    # the partition's bounds: one profile, two instances at most (one is there)
+    state.update(snap, 2.0, {}, {"GPU-1": Bounds(("1g.10gb",), 2)})
+    bounded = state.pool()
+    assert bounded is not None
+    assert names(bounded.devices)[1:] == [f"gpu1-mig{s}-1g10gb" for s in (4, 5, 6)]
+    assert bounded.counter_sets[0]["counters"]["instances"] == {"value": "1"}
+    # withdrawn, NVML unreadable, MIG not enabled yet: nothing of GPU 1
+    assert names(placements(snap, True, {"GPU-1": {"GPU-1"}}, {"GPU-1": Bounds()}, True)
+                 .devices) == []
+    assert placements(snap, False, {}, {"GPU-1": Bounds()}, True) == Pool([])
+    off = DeviceSnapshot((gpu(0), gpu(1)))
+    assert placements(off, True, {}, {"GPU-1": Bounds()}, True) == Pool([])
+
+
+def test_placements_publish_with_their_counters_first_and_republish_nothing() -> None:
+    snap = DeviceSnapshot((gpu(0), gpu(1, ("3g.40gb",))))
+    extra = placements(snap, True, {}, {"GPU-1": Bounds()}, True)
+    devices = wanted(snap, True, {}, 10, {}, on_demand={"GPU-1"}) + extra.devices
+    first = decide(NODE, devices, [], [], extra.counter_sets)
+    assert "sharedCounters" in first.create[0]["spec"]
+    held: dict[str, dict[str, Any]] = {}
+    stored = store(first, held)
+    assert lost_after([], first.create, stored) == []
+    assert decide(NODE, devices, held.values(), [], extra.counter_sets).writes == 0
+    # an API server without partitionable devices drops consumesCounters: reported
+    bare = [{k: v for k, v in d.items() if k != "consumesCounters"} for d in devices]
+    assert lost_after([], first.create, [{"spec": {"devices": bare}}]) == ["consumesCounters"]
+    finding = loss_finding(["consumesCounters"])
+    assert finding is not None and "DRAPartitionableDevices" in finding.message
+    assert "DRAConsumableCapacity" not in finding.message
+
+
+def test_on_demand_gpus_without_partitionable_devices_are_a_finding() -> None:
+    f = on_demand_finding([3, 1], False)
+    assert f is not None and f.kind == "DRAOnDemandUnavailable"
+    assert f.message.startswith("GPU 1, 3 in migMode OnDemand publish no devices")
+    assert on_demand_finding([1], True) is None and on_demand_finding([], False) is None
