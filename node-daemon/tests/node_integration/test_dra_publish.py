@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from tessera.api.names import ANNOTATION_NODE_FINDINGS, DRA_DRIVER
+from tessera.dra.partitions import placement_device_name
+from tessera.mig.catalog import profiles
 from tessera_e2e.controlplane.cluster import server_minor as cluster_server_minor
 from tessera_e2e.gpubed.daemons import DAEMON_SA, NodeDaemonProcess, bound_token, create_node
 from tessera_e2e.operator.replicas import OPERATOR_NS, render_chart, token_kubeconfig, wait_until
@@ -271,3 +273,53 @@ def test_a_daemon_writes_its_own_nodes_slices_only(dra_chart: Any, tmp_path: Pat
         dra_chart.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={a}")
         for n in (a, b):
             dra_chart.kubectl("delete", "node", n, "--wait=false")
+
+
+def test_an_on_demand_gpu_publishes_its_placements_and_their_counters(
+        dra_chart: Any, start_daemon: StartDaemon, pool: str) -> None:
+    """A GPUPartition with migMode OnDemand on GPU 1 (at most 3 instances): MIG is enabled
+    there and nothing created; from 1.36 the node publishes every placement of an empty
+    H100 and its counter set in a slice of its own, beside GPU 0 as before; on 1.34 (no
+    partitionable devices) nothing of GPU 1, and the node says why."""
+    d = start_daemon(["H100-80GB"] * 2, {"pool": pool}, [*FAST, *dra()])
+    part = f"{pool}-od"
+    published(dra_chart, d, {"gpu0", "gpu1"})
+    body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+            "metadata": {"name": part},
+            "spec": {"nodeSelector": {"matchLabels": {"pool": pool}},
+                     "gpus": {"indices": [1]},
+                     "layout": {"migMode": "OnDemand", "onDemand": {"maxInstances": 3}}}}
+    try:
+        out = dra_chart.kubectl("apply", "-f", "-", input=json.dumps(body))
+        assert out.returncode == 0, out.stderr
+        entry(dra_chart, d, part, "Ready")
+        smi = d.sim.smi("-i", "1", "--query-gpu=mig.mode.current", "--format=csv,noheader")
+        assert smi.stdout.strip() == "Enabled", smi.stdout + smi.stderr
+        assert "MIG-" not in d.sim.smi("-L").stdout  # nothing created in advance
+        if server_minor(dra_chart) < 36:
+            got = published(dra_chart, d, {"gpu0"})
+            wait_until("the finding on the Node", lambda: any(
+                f["kind"] == "DRAOnDemandUnavailable" for f in json.loads(annotations(
+                    dra_chart, d.node).get(ANNOTATION_NODE_FINDINGS, "[]"))), 20)
+            evs = [e for e in events(dra_chart, d.node)
+                   if e["reason"] == "DRAOnDemandUnavailable"]
+            assert len(evs) == 1 and evs[0]["message"].startswith(
+                "GPU 1 in migMode OnDemand publish no devices"), evs
+            return
+        names = {placement_device_name(1, p.name, s) for p in profiles("H100-80GB")
+                 for s in p.starts}
+        got = published(dra_chart, d, {"gpu0", *names})
+        assert all(dev["consumesCounters"][0]["counterSet"] == "gpu1-slices"
+                   for n, dev in got.items() if n != "gpu0")
+        sets = [c for s in slices(dra_chart, d.node) for c in s["spec"].get("sharedCounters")
+                or []]
+        assert [c["name"] for c in sets] == ["gpu1-slices"]
+        assert sets[0]["counters"]["instances"] == {"value": "3"}
+        assert sets[0]["counters"]["compute-slices"] == {"value": "7"}
+        findings = json.loads(annotations(dra_chart, d.node).get(ANNOTATION_NODE_FINDINGS,
+                                                                 "[]"))
+        assert findings == [], findings
+        failed = [r for r in d.log_records() if r.get("msg") == "task failed; restarting"]
+        assert failed == [], failed[:1]
+    finally:
+        cleanup(dra_chart, part)
