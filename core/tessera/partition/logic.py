@@ -33,11 +33,12 @@ from tessera.api.partition import (
     GPUPartitionStatus,
     Layout,
     NodePartitionStatus,
+    OnDemand,
     layout_summary,
 )
-from tessera.mig import planner
+from tessera.mig import catalog, planner
 from tessera.mig.catalog import UnknownProfileError
-from tessera.models import MODELS
+from tessera.models import MODELS, UnknownModelError, get_model
 
 MAX_NAMES = 8
 """Nodes named in one condition message before '… and N more' (messages stay readable)."""
@@ -93,12 +94,36 @@ def claim_order(p: PartitionView) -> tuple[str, str]:
 
 
 def _layout_names(layout: Layout) -> tuple[str, ...]:
+    if layout.mig_mode == "OnDemand":
+        bounds = layout.on_demand
+        return tuple(bounds.profiles) if bounds is not None and bounds.profiles else ()
     return tuple(sorted(layout.profile_names()))
 
 
+def _needs_mig(mig_mode: str, model_id: str) -> str:
+    return (f"migMode {mig_mode} needs MIG; {model_id} has none: select MIG-capable GPUs or "
+            f"use migMode Disabled")
+
+
+def _own_profiles(model_id: str) -> list[str]:
+    return [p.name for p in catalog.profiles(model_id)]
+
+
 @lru_cache(maxsize=4096)
-def _fit_error(model_id: str, mig_disabled: bool, names: tuple[str, ...]) -> str | None:
-    if mig_disabled:
+def _fit_error(model_id: str, mig_mode: str, names: tuple[str, ...]) -> str | None:
+    """``names``: the declared layout (Enabled), or the onDemand.profiles bound (OnDemand;
+    empty when every profile of the model may be created)."""
+    if mig_mode == "Disabled":
+        return None
+    if not get_model(model_id).mig_capable:
+        return _needs_mig(mig_mode, model_id)
+    if mig_mode == "OnDemand":
+        # nothing is declared, so any MIG GPU holds it; only a bound that leaves this model
+        # no profile to create makes its GPUs useless to the partition
+        own = _own_profiles(model_id)
+        if names and not set(names) & set(own):
+            return (f"none of onDemand.profiles ({', '.join(names)}) is a MIG profile of "
+                    f"{model_id}; its profiles: {', '.join(own)}")
         return None
     try:
         planner.fit(model_id, list(names))
@@ -108,39 +133,119 @@ def _fit_error(model_id: str, mig_disabled: bool, names: tuple[str, ...]) -> str
 
 
 def layout_problem(model_id: str, layout: Layout) -> str | None:
-    """Why a GPU of ``model_id`` cannot hold ``layout`` (None when it can)."""
-    return _fit_error(model_id, layout.mig_mode == "Disabled", _layout_names(layout))
+    """Why a GPU of ``model_id`` cannot hold ``layout`` (None when it can).
+
+    OnDemand declares no instances: it fits any MIG-capable model that has at least one of
+    the profiles ``onDemand.profiles`` allows (every profile when absent).
+    """
+    return _fit_error(model_id, layout.mig_mode, _layout_names(layout))
+
+
+@lru_cache(maxsize=256)
+def max_instances(model_id: str, allowed: tuple[str, ...] | None = None) -> int:
+    """Most GPU instances one GPU of ``model_id`` holds at once, using only the profiles in
+    ``allowed`` (every profile when None; names the model does not have are ignored)."""
+    names = None if allowed is None else set(allowed)
+    return max((len(layout) for layout in planner.feasible_layouts(
+        model_id, include_media_extensions=True)
+        if names is None or set(layout) <= names), default=0)
+
+
+SHARES_ON_DEMAND = (
+    "sharing Shares does not apply to migMode OnDemand: each instance created on demand "
+    "belongs to the one claim that asked for it; use sharing Whole, or migMode Enabled with "
+    "declared profiles to share instances by budgets")
+
+
+def _candidates(spec: GPUPartitionSpec) -> tuple[list[str], str, str | None]:
+    """The models the partition may land on, how to name them, and the field they come
+    from (None: every MIG-capable model tessera knows)."""
+    if spec.gpus is not None and spec.gpus.models:
+        return list(spec.gpus.models), "spec.gpus.models", "spec.gpus.models"
+    product = (spec.node_selector.match_labels or {}).get(LABEL_GPU_PRODUCT)
+    if product:
+        return [product], "the node selector", "spec.nodeSelector.matchLabels"
+    return [m.id for m in MODELS if m.mig_capable], "any GPU model tessera knows", None
+
+
+def _examples(per_model: Mapping[str, str]) -> str:
+    """Detail for a few models, all of them when two or fewer, else the first as an example."""
+    if len(per_model) > 2:
+        model, text = next(iter(per_model.items()))
+        return f"e.g. {model}: {text}"
+    return "; ".join(f"{m}: {t}" for m, t in per_model.items())
+
+
+def _on_demand_errors(bounds: OnDemand | None, models: list[str],
+                      scope: str) -> list[tuple[str, str]]:
+    """onDemand.profiles must each exist on a candidate; maxInstances must fit one GPU."""
+    if bounds is None or not models:  # no candidate with MIG: said already
+        return []
+    errors: list[tuple[str, str]] = []
+    own = {m: _own_profiles(m) for m in models}
+    valid: list[str] = []
+    for i, name in enumerate(bounds.profiles or []):
+        if any(name in names for names in own.values()):
+            valid.append(name)
+            continue
+        if len(models) == 1:
+            why = (f"unknown MIG profile {name!r} for {models[0]}; valid profiles: "
+                   f"{', '.join(own[models[0]])}")
+        else:
+            why = (f"{name!r} is not a MIG profile of {scope} (names depend on the model; "
+                   f"{_examples({m: ', '.join(n) for m, n in own.items()})})")
+        errors.append((f"spec.layout.onDemand.profiles[{i}]", why))
+    if bounds.max_instances is not None:
+        allowed = tuple(valid) if bounds.profiles else None
+        limits = {m: max_instances(m, allowed) for m in models}
+        best = max(limits.values())
+        if 0 < best < bounds.max_instances:  # 0: no valid profile, said above
+            holder = next(m for m, n in limits.items() if n == best)
+            of = f" of {', '.join(valid)}" if allowed else ""
+            most = f", the most of {scope}" if len(models) > 1 else ""
+            errors.append(("spec.layout.onDemand.maxInstances",
+                           f"{bounds.max_instances} instances{of} never fit on one GPU: "
+                           f"{holder} holds at most {best}{most}; set maxInstances to "
+                           f"{best} or less"))
+    return errors
 
 
 def spec_errors(spec: GPUPartitionSpec) -> list[tuple[str, str]]:
     """(field, reason) for what is wrong whatever the cluster holds.
 
-    The layout must fit at least one GPU model the partition may land on: the models in
-    ``spec.gpus.models``, else those a ``tessera.dev/gpu.product`` matchLabel names, else
-    any model tessera knows.
+    The partition may land on the models in ``spec.gpus.models``, else those a
+    ``tessera.dev/gpu.product`` matchLabel names, else any MIG-capable model tessera knows.
+    Enabled: the layout must fit at least one of them.  OnDemand: every one must have MIG,
+    each ``onDemand.profiles`` name must be a profile of at least one, ``maxInstances`` must
+    fit one GPU of at least one, and ``sharing`` must be Whole.
     """
-    if spec.layout.mig_mode == "Disabled":
+    layout = spec.layout
+    if layout.mig_mode == "Disabled":
         return []
-    candidates: list[str]
-    if spec.gpus is not None and spec.gpus.models:
-        candidates = list(spec.gpus.models)
-        where = "spec.gpus.models"
-    else:
-        product = (spec.node_selector.match_labels or {}).get(LABEL_GPU_PRODUCT)
-        candidates = [product] if product else [m.id for m in MODELS if m.mig_capable]
-        where = "the node selector" if product else "any GPU model tessera knows"
-    known = {m.id for m in MODELS}
-    unknown = [m for m in candidates if m not in known]
-    if unknown:
-        return [("spec.nodeSelector.matchLabels", f"unknown GPU model {unknown[0]!r}")]
-    reasons = {m: layout_problem(m, spec.layout) for m in candidates}
+    errors: list[tuple[str, str]] = []
+    if layout.mig_mode == "OnDemand" and spec.sharing == "Shares":
+        errors.append(("spec.sharing", SHARES_ON_DEMAND))
+    candidates, where, origin = _candidates(spec)
+    for model in candidates:
+        try:
+            get_model(model)
+        except UnknownModelError as exc:
+            return [*errors, ("spec.nodeSelector.matchLabels", str(exc))]
+    if layout.mig_mode == "OnDemand":
+        with_mig = []
+        for i, model in enumerate(candidates):
+            if get_model(model).mig_capable:
+                with_mig.append(model)
+            else:
+                fld = f"{origin}[{i}]" if origin == "spec.gpus.models" else str(origin)
+                errors.append((fld, _needs_mig(layout.mig_mode, model)))
+        scope = "any GPU model tessera knows" if origin is None else f"any model of {where}"
+        return errors + _on_demand_errors(layout.on_demand, with_mig, scope)
+    reasons = {m: layout_problem(m, layout) for m in candidates}
     if all(r is not None for r in reasons.values()):
-        detail = "; ".join(f"{m}: {r}" for m, r in reasons.items())
-        if len(candidates) > 2:
-            detail = next(iter(reasons.values())) or ""
-            detail = f"e.g. {candidates[0]}: {detail}"
-        return [("spec.layout", f"fits no GPU model of {where} ({detail})")]
-    return []
+        detail = _examples({m: r or "" for m, r in reasons.items()})
+        return [*errors, ("spec.layout", f"fits no GPU model of {where} ({detail})")]
+    return errors
 
 
 def resolve(partitions: Iterable[PartitionView],

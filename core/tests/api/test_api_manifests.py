@@ -12,6 +12,7 @@ from tessera.api import GPUPartition, GPUQuota, ManifestError, load_manifest
 from tessera.api.partition import ModelID, layout_summary
 from tessera.mig import planner
 from tessera.models import model_ids
+from tessera.partition import spec_errors
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -87,6 +88,15 @@ def test_example_layouts_fit_their_models() -> None:
             planner.fit(model, obj.spec.layout.profile_names())
             checked += 1
     assert checked >= 2
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)
+def test_example_partitions_pass_admission(path: Path) -> None:
+    """What the operator's webhook checks beyond the schema (spec_errors), OnDemand's
+    bounds included."""
+    obj = load_manifest(_load(path))
+    if isinstance(obj, GPUPartition):
+        assert spec_errors(obj.spec) == []
 
 
 def test_model_enum_is_the_model_table() -> None:

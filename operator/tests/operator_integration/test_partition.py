@@ -196,3 +196,102 @@ def test_a_restarted_leader_keeps_the_reset_finalizer(
     time.sleep(8)
     assert "tessera.dev/reset" in (kubectl_json(cluster, "get", "gpupartition", part)[
         "metadata"].get("finalizers") or [])
+
+
+# -- migMode OnDemand --------------------------------------------------------------------------
+
+def on_demand_json(name: str, pool: str, selector: dict[str, Any],
+                   layout: dict[str, Any] | None = None, **extra: Any) -> str:
+    """An OnDemand partition (``layout`` adds to ``{"migMode": "OnDemand"}``), labelled for
+    the pool's cleanup."""
+    return json.dumps({"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+                       "metadata": {"name": name, "labels": {"test-pool": pool}},
+                       "spec": {"nodeSelector": selector,
+                                "layout": {"migMode": "OnDemand", **(layout or {})},
+                                **extra}})
+
+
+def test_on_demand_partitions_are_admitted_and_shown_as_mig_on_demand(
+        cluster: Any, ops: Operators, pool: str) -> None:
+    h100, a30 = f"{pool}-h", f"{pool}-a"
+    for name, model, role in ((h100, "H100-80GB", "h"), (a30, "A30-24GB", "a")):
+        out = cluster.kubectl("create", "-f", "-", input=node_json(name, model, pool=pool,
+                                                                   role=role))
+        assert out.returncode == 0, out.stderr
+    # bounded to two H100 profiles: admitted; the A30's GPUs have neither, which the user
+    # is warned about (and the status says), GPU by GPU
+    bounded = f"{pool}-bounded"
+    out = cluster.kubectl("apply", "-f", "-", input=on_demand_json(
+        bounded, pool, {"matchLabels": {"pool": pool}},
+        {"onDemand": {"profiles": ["3g.40gb", "1g.10gb"], "maxInstances": 4}}))
+    assert out.returncode == 0, out.stderr
+    assert (f"Warning: node {a30}: GPU 0 (A30-24GB): none of onDemand.profiles (3g.40gb, "
+            f"1g.10gb) is a MIG profile of A30-24GB; its profiles: 1g.6gb, 1g.6gb+me, "
+            f"2g.12gb, 2g.12gb+me, 4g.24gb") in out.stderr, out.stderr
+    # unbounded on the A30 node: admitted without a warning (the GPUs are free: the bounded
+    # partition could not take them)
+    plain = f"{pool}-plain"
+    out = cluster.kubectl("apply", "-f", "-", input=on_demand_json(
+        plain, pool, {"matchLabels": {"pool": pool, "role": "a"}}))
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr
+    wait_until("layouts summarised", lambda: [
+        (kubectl_json(cluster, "get", "gpupartition", p).get("status") or {}).get("layout")
+        for p in (bounded, plain)] == ["MIG on demand (3g.40gb,1g.10gb)", "MIG on demand"])
+    _, reason, message = cond(cluster, bounded, "Degraded")
+    assert reason == "LayoutDoesNotFit" and f"{a30}: GPU 0 (A30-24GB): none of" in message
+    st = kubectl_json(cluster, "get", "gpupartition", plain)["status"]
+    assert st["selectedNodes"] == [a30] and cond(cluster, plain, "Degraded")[0] == "False"
+    # what `kubectl get gpupartitions` prints
+    out = cluster.kubectl("get", "gpupartitions", bounded, plain)
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    assert header.split()[:4] == ["NAME", "SELECTED", "READY", "LAYOUT"], header
+    assert rows[0].split()[:3] == [bounded, "2", "0"] and \
+        "MIG on demand (3g.40gb,1g.10gb)" in rows[0], rows
+    assert rows[1].split()[:3] == [plain, "1", "0"] and "MIG on demand" in rows[1], rows
+
+
+_KNOWN_MODELS = ("A100-40GB, A100-80GB, A30-24GB, H100-80GB, H100-94GB, H100-96GB, "
+                 "H200-141GB, B200-180GB")
+_H100 = {"matchLabels": {"tessera.dev/gpu.product": "H100-80GB"}}
+_WEBHOOK = 'admission webhook "gpupartitions.tessera.dev" denied the request: '
+
+
+@pytest.mark.parametrize(("selector", "layout", "extra", "message"), [
+    # the CRD's CEL rules (the API server itself)
+    (_H100, {"profiles": [{"name": "3g.40gb", "count": 1}]}, {},
+     "spec.layout.profiles: Invalid value: profiles must be empty when migMode "
+     "is OnDemand: its instances are created for the claims that ask them (bound them with "
+     "onDemand)"),
+    (_H100, {"migMode": "Enabled", "profiles": [{"name": "3g.40gb", "count": 1}],
+             "onDemand": {"maxInstances": 2}}, {},
+     "spec.layout.onDemand: Invalid value: onDemand applies only with migMode "
+     "OnDemand"),
+    # tessera's admission webhook
+    (_H100, {"onDemand": {"profiles": ["1g.10gb", "3g.20gb"]}}, {},
+     _WEBHOOK + "spec.layout.onDemand.profiles[1]: unknown MIG profile '3g.20gb' for "
+     "H100-80GB; valid profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, "
+     "7g.80gb"),
+    ({"matchLabels": {"tessera.dev/gpu.product": "A30-24GB"}}, {"onDemand": {"maxInstances": 5}},
+     {}, _WEBHOOK + "spec.layout.onDemand.maxInstances: 5 instances never fit on one GPU: "
+     "A30-24GB holds at most 4; set maxInstances to 4 or less"),
+    (_H100, {}, {"sharing": "Shares"},
+     _WEBHOOK + "spec.sharing: sharing Shares does not apply to migMode OnDemand: each "
+     "instance created on demand belongs to the one claim that asked for it; use sharing "
+     "Whole, or migMode Enabled with declared profiles to share instances by budgets"),
+    # tessera.models has no model without MIG: a GPU product it does not know is refused
+    ({"matchLabels": {"tessera.dev/gpu.product": "L4"}}, {}, {},
+     _WEBHOOK + f"spec.nodeSelector.matchLabels: unknown GPU model 'L4'; known models: "
+     f"{_KNOWN_MODELS}"),
+], ids=["profiles", "onDemand-with-Enabled", "unknown-profile", "maxInstances-A30", "Shares",
+        "unknown-product"])
+def test_on_demand_partition_refused_with_the_reason(
+        cluster: Any, ops: Operators, pool: str, selector: dict[str, Any],
+        layout: dict[str, Any], extra: dict[str, Any], message: str) -> None:
+    name = f"{pool}-refused"
+    out = cluster.kubectl("apply", "-f", "-",
+                          input=on_demand_json(name, pool, selector, layout, **extra))
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr
+    assert cluster.kubectl("get", "gpupartition", name).returncode != 0  # nothing was stored
