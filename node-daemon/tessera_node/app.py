@@ -22,6 +22,7 @@ from tessera_node.deviceplugin.devices import Unit, units
 from tessera_node.deviceplugin.node_pods import NodePods
 from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.service import DevicePlugin
+from tessera_node.dra.ondemand import InstanceMaker
 from tessera_node.dra.publisher import SlicePublisher
 from tessera_node.dra.resizer import ClaimResizer
 from tessera_node.dra.service import AllocatedClaims, DraPlugin
@@ -91,6 +92,8 @@ async def run(opts: Options) -> None:
                          advertiser=advertiser,
                          recheck_s=opts.retry_interval_s, allow_reset=opts.allow_gpu_reset)
     await asyncio.to_thread(enactor.prepare)
+    if dra is not None:  # claims on GPUs in migMode OnDemand: their instances made at prepare
+        dra.maker, dra.on_demand = InstanceMaker(enactor), offer.on_demand_models
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
                                 publisher)
 

@@ -43,6 +43,13 @@ MIG_APPLY_SECONDS = Histogram("tessera_node_mig_apply_seconds",
                               "Duration of one GPU's MIG apply (reads, plans, nvidia-smi).",
                               ["outcome"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
                                                     120, 300))
+MIG_ON_DEMAND = Counter("tessera_node_mig_on_demand_total",
+                        "MIG instances made for claims (migMode OnDemand) and destroyed when "
+                        "they were released, by action and result.", ["action", "result"])
+MIG_ON_DEMAND_SECONDS = Histogram("tessera_node_mig_on_demand_seconds",
+                                  "From a claim's prepare asking an instance to NVML showing "
+                                  "it with its compute instance.",
+                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 SMI_COMMANDS = Counter("tessera_node_nvidia_smi_commands_total",
                        "nvidia-smi commands run, by kind (enable-mig, create-gi, …) and result.",
                        ["command", "result"])

@@ -129,6 +129,24 @@ def placement_device_name(gpu_index: int, profile_name: str, start: int) -> str:
     return f"gpu{gpu_index}-mig{start}-{_slug(profile_name)}"
 
 
+_PLACEMENT = re.compile(r"^gpu(?P<index>\d+)-mig(?P<start>\d+)-(?P<slug>[a-z0-9]+)$")
+
+
+def placement_of(device: str, gpu_index: int, model_id: str) -> tuple[str, int] | None:
+    """The (profile, start) a device name of :func:`placement_device_name` stands for on
+    GPU ``gpu_index`` of ``model_id``; None for any other name, another GPU, a profile the
+    model does not have or a start the profile cannot take (a name is input: it is read,
+    never trusted)."""
+    m = _PLACEMENT.match(device)
+    if m is None or int(m["index"]) != gpu_index:
+        return None
+    start = int(m["start"])
+    for p in profiles(model_id):
+        if _slug(p.name) == m["slug"] and start in p.starts:
+            return p.name, start
+    return None
+
+
 def _placements_alone(p: Profile) -> int:
     """How many instances of ``p`` fit on an empty GPU by geometry alone: the starts taken
     earliest first (intervals of one length), ignoring the maximum count."""

@@ -35,6 +35,7 @@ from tessera.dra.partitions import (
     counted_profiles,
     gpu_partitions,
     memory_slice_counter,
+    placement_of,
 )
 from tessera.mig.catalog import profile, profiles, slice_counts
 from tessera.mig.planner import Instance, LayoutError, validate
@@ -271,3 +272,14 @@ def test_compute_slices_never_run_out_before_memory_slices(model: str) -> None:
 
     grow(0, 0, 0, {})
     assert most == compute
+
+
+@pytest.mark.parametrize("model", MODEL_IDS)
+def test_a_placement_device_name_reads_back_as_its_placement_and_nothing_else_does(
+        model: str) -> None:
+    for d in gpu_partitions(gpu(model, 2), []).devices:
+        assert placement_of(d["name"], 2, model) == placement(d)
+        assert placement_of(d["name"], 3, model) is None  # another GPU's
+    for name in ("gpu2", "gpu2-mig9-1g10gb", "gpu2-mig1-3g40gb", "gpu2-mig0-9g99gb",
+                 "gpu2-mig0-", "xgpu2-mig0-1g10gb", "gpu2-mig0-1g10gb/.."):
+        assert placement_of(name, 2, model) is None, name

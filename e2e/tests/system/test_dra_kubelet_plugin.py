@@ -13,6 +13,7 @@ ResourceSlice itself.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -466,3 +467,114 @@ def test_a_running_claims_budget_is_resized_and_no_claim_is_placed_into_its_grow
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
     wait_until("node-1's whole capacity published again", lambda: device_capacity(
         bed, node) == (40960, 100), 60, 0.5)
+
+
+ON_DEMAND = "on-demand-node-0"
+
+
+def partition_phase(bed: Bed[KubeletNodeDaemon], generation: int) -> str | None:
+    """node-0's report of the on-demand partition at ``generation`` (its phase)."""
+    from tessera.api.names import ANNOTATION_PARTITION_STATUS
+    from tessera.api.node_report import parse_reports
+
+    raw = (bed.get("node", NODE)["metadata"].get("annotations") or {}).get(
+        ANNOTATION_PARTITION_STATUS)
+    entry = parse_reports(raw).get(ON_DEMAND) if raw else None
+    if entry is None or entry.observed_generation != generation:
+        return None
+    return entry.phase
+
+
+def on_demand_partition(bed: Bed[KubeletNodeDaemon], layout: dict[str, Any]) -> int:
+    out = bed.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+        "metadata": {"name": ON_DEMAND},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": NODE}},
+                 "layout": layout}}))
+    assert out.returncode == 0, out.stderr
+    return int(bed.get("gpupartition", ON_DEMAND)["metadata"]["generation"])
+
+
+def profile_claim(name: str, profile: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRA_DRIVER, "selectors": [{"cel": {"expression": (
+                    f'device.attributes["{DRA_DRIVER}"].migProfile == "{profile}"')}}]}}]}}}
+
+
+def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """node-0's H100 in migMode OnDemand: three claims of different profiles get three
+    instances made at the placements the scheduler allocated (valid together), each
+    container sees its instance; a 4g.40gb that no longer fits stays Pending with the
+    scheduler's reason; a released claim's instance is destroyed while its neighbours keep
+    running. Afterwards the GPU goes back to MIG disabled (for the tests after)."""
+    from tessera.mig.catalog import profile as mig_profile
+    from tessera.mig.planner import Instance, validate
+
+    ns, daemon = node_namespace, bed.daemons[NODE]
+    pods = {"big": "3g.40gb", "mid": "2g.20gb", "small": "1g.10gb"}
+    try:
+        gen = on_demand_partition(bed, {"migMode": "OnDemand"})
+        wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
+        wait_until("node-0's placements published", lambda: any(
+            d["name"] == "gpu0-mig0-7g80gb" for s in bed.get(
+                "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+            for d in s["spec"].get("devices") or []), 60)
+        created = time.monotonic()
+        for name, prof in pods.items():
+            bed.apply(ns, profile_claim(name, prof))
+            bed.apply(ns, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
+        for name in pods:
+            bed.wait_phase(ns, name, {"Running"}, 120)
+        running_s = time.monotonic() - created
+        placed = {}
+        for name, prof in pods.items():
+            (r,) = bed.get("resourceclaim", "-n", ns, name)["status"]["allocation"][
+                "devices"]["results"]
+            start = int(r["device"].split("-mig")[1].split("-")[0])
+            placed[name] = Instance(prof, start)
+            assert r["device"] == f"gpu0-mig{start}-{prof.replace('.', '')}", r
+            assert seen_memory_mib(bed, ns, name) == mig_profile("H100-80GB", prof).memory_mib
+        validate("H100-80GB", list(placed.values()))
+        lgi = daemon.smi("mig", "-lgi").stdout
+        for inst in placed.values():  # made where the scheduler allocated them
+            shown = rf"MIG {re.escape(inst.profile)}\s+\d+\s+\d+\s+{inst.start}:"
+            assert re.search(shown, lgi), lgi
+        print(f"[figures] on demand: three claims (3g.40gb, 2g.20gb, 1g.10gb) running "
+              f"{running_s:.1f}s after they were made, instances at "
+              f"{ {n: i.start for n, i in placed.items()} }; instance made in "
+              f"{daemon.metric('tessera_node_mig_on_demand_seconds_sum') or 0:.2f}s in all")
+        assert daemon.metric("tessera_node_mig_on_demand_total", action="create",
+                             result="ok") == 3
+        bed.apply(ns, profile_claim("half", "4g.40gb"))
+        bed.apply(ns, claim_pod("half", claim="half", command="cuda-info; sleep 3600"))
+        reason = unschedulable(bed, ns, "half")
+        assert "cannot allocate all claims" in reason, reason
+        bed.kubectl("delete", "pod", "-n", ns, "half", "--wait=true")
+        # released: its instance destroyed, the neighbours' containers untouched
+        out = bed.kubectl("delete", "pod", "-n", ns, "small", "--wait=true")
+        assert out.returncode == 0, out.stderr
+        bed.kubectl("delete", "resourceclaim", "-n", ns, "small", "--wait=true")
+        wait_until("the 1g.10gb instance destroyed", lambda: "1g.10gb" not in daemon.smi(
+            "mig", "-lgi").stdout, 60)
+        assert daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
+                             result="ok") == 1
+        for name in ("big", "mid"):
+            pod = bed.get("pod", "-n", ns, name)
+            assert pod["status"]["phase"] == "Running", pod["status"]
+            assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+            out = bed.kubectl("exec", "-n", ns, name, "--", "cuda-info")
+            assert out.returncode == 0 and "devices 1" in out.stdout, out.stdout + out.stderr
+    finally:
+        for name in [*pods, "half"]:
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
+        for name in [*pods, "half"]:
+            bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+            bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
+        gen = on_demand_partition(bed, {"migMode": "Disabled"})
+        wait_until("node-0's GPU whole again", lambda: partition_phase(bed, gen) == "Ready",
+                   90)
+        bed.kubectl("delete", "gpupartition", ON_DEMAND, "--ignore-not-found")
+        wait_until("node-0's whole GPU published again", lambda: node_slice(bed), 60)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera_node.dra.claims import Result, UnitBudget
+from tessera_node.dra.claims import MadeInstance, Result, UnitBudget
 from tessera_node.dra.files import write_atomically
 
 VERSION = 1
@@ -43,6 +43,8 @@ class PreparedClaim:
     allocated: tuple[UnitBudget, ...] | None = None
     """What its allocation gave, once a live resize made ``units`` differ (None: ``units``
     are the allocation's)."""
+    made: tuple[MadeInstance, ...] = ()
+    """The MIG instances made for it (migMode OnDemand): unprepare destroys them."""
 
     @property
     def allocation(self) -> tuple[UnitBudget, ...]:
@@ -54,7 +56,8 @@ class PreparedClaim:
                              "shareID": r.share_id} for r in self.results],
                 "units": _units(self.units),
                 "quota": self.quota, "weight": self.weight, "lending": self.lending,
-                **({} if self.allocated is None else {"allocated": _units(self.allocated)})}
+                **({} if self.allocated is None else {"allocated": _units(self.allocated)}),
+                **({"made": [m.to_json() for m in self.made]} if self.made else {})}
 
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
@@ -67,7 +70,8 @@ class PreparedClaim:
                    bool(data.get("lending", True)),
                    None if data.get("allocated") is None else tuple(
                        UnitBudget(str(u["uuid"]), u["memory"], u["cores"])
-                       for u in data["allocated"]))
+                       for u in data["allocated"]),
+                   tuple(MadeInstance.from_json(m) for m in data.get("made") or ()))
 
 
 def _units(units: tuple[UnitBudget, ...]) -> list[dict[str, Any]]:
@@ -92,7 +96,9 @@ class Checkpoint:
                 raise CheckpointError(f"{self.path}: version {data.get('version')!r}, "
                                       f"not {VERSION}")
             return {uid: PreparedClaim.from_json(uid, c) for uid, c in data["claims"].items()}
-        except (KeyError, TypeError, AttributeError) as exc:
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise CheckpointError(f"{self.path}: malformed: {exc!r}") from None
 
     def get(self, uid: str) -> PreparedClaim | None:

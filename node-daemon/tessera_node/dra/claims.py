@@ -33,7 +33,7 @@ budget entry: a budget file names each unit once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ from tessera.api.names import (
 )
 from tessera.api.quantity import QuantityError, quantity_value, to_bytes
 from tessera.dra.devices import CORES, device_name, shared
+from tessera.dra.partitions import placement_of
 from tessera.dra.requests import request_body, stated_capacity
 from tessera_node.budget.formats import MAX_DEV, BudgetEntry
 from tessera_node.container.entries import shared_entry, whole_entry
@@ -246,4 +247,45 @@ def allocated_units(claims: Iterable[Mapping[str, Any]], node: str,
                 who = f"{_claim_name(claim)} (ResourceClaim)"
                 if who not in out.setdefault(unit.uuid, []):
                     out[unit.uuid].append(who)
+    return out
+
+
+OnDemandGPUs = Callable[[], Mapping[int, tuple[str, str]]]
+"""NVML index -> (GPU UUID, model ID) of the node's GPUs in migMode OnDemand with MIG on."""
+
+
+@dataclass(frozen=True)
+class MadeInstance:
+    """A MIG instance made for a claim: on GPU ``gpu`` (its UUID), ``profile`` at ``start``."""
+
+    gpu: int
+    gpu_uuid: str
+    profile: str
+    start: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "gpuUUID": self.gpu_uuid, "profile": self.profile,
+                "start": self.start}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MadeInstance:
+        return cls(int(data["gpu"]), str(data["gpuUUID"]), str(data["profile"]),
+                   int(data["start"]))
+
+    def __str__(self) -> str:
+        return f"{self.profile} at slot {self.start} of GPU {self.gpu}"
+
+
+def wanted_instances(results: Sequence[Result], node: str,
+                     gpus: Mapping[int, tuple[str, str]]) -> list[MadeInstance]:
+    """The instances a claim's results ask to be made (pure): each result on this node's
+    pool that names a placement of an on-demand GPU."""
+    out = []
+    for r in results:
+        if r.pool != node:
+            continue
+        for index, (uuid, model) in sorted(gpus.items()):
+            placed = placement_of(r.device, index, model)
+            if placed is not None:
+                out.append(MadeInstance(index, uuid, *placed))
     return out

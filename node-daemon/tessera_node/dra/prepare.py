@@ -23,10 +23,11 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tessera.api.inventory import GPUInventory
 from tessera.api.names import DRA_DRIVER
@@ -42,7 +43,16 @@ from tessera_node.container.response import (
 from tessera_node.container.sim_files import SimDeviceFiles
 from tessera_node.dra import cdi
 from tessera_node.dra.checkpoint import Checkpoint, PreparedClaim
-from tessera_node.dra.claims import ClaimError, UnitBudget, allocation, entries
+from tessera_node.dra.claims import (
+    ClaimError,
+    MadeInstance,
+    OnDemandGPUs,
+    UnitBudget,
+    allocation,
+    entries,
+    results,
+    wanted_instances,
+)
 from tessera_node.dra.containers import ClaimPolicy
 from tessera_node.dra.files import write_atomically
 from tessera_node.dra.resize import beside_prepared, resized_entries
@@ -92,6 +102,20 @@ ReadPolicy = Callable[[str], ClaimPolicy]
 read, OSError when the API server cannot be asked now."""
 
 
+class Maker(Protocol):
+    """Makes and destroys the MIG instances of on-demand GPUs
+    (:class:`tessera_node.dra.ondemand.InstanceMaker`)."""
+
+    def make(self, inst: MadeInstance) -> object: ...
+
+    def unmake(self, inst: MadeInstance) -> str | None: ...
+
+
+SEEN_WAIT_S = 30.0
+"""How long prepare waits for the node's view (its next NVML read) to show an instance it
+made; past it the kubelet is told to try again."""
+
+
 class NodeView:
     """What the plugin knows of the node: its GPUs with the units they offer (the inventory
     the daemon publishes) and, for the ``sim`` visibility, the units' device numbers."""
@@ -106,9 +130,15 @@ class ClaimPreparer:
     def __init__(self, config: DraConfig, writer: BudgetWriter, checkpoint: Checkpoint,
                  read_claim: ReadClaim, node: NodeView,
                  read_policy: ReadPolicy = lambda namespace: ClaimPolicy(),
-                 on_change: Callable[[], None] = lambda: None) -> None:
-        """``on_change``: told after a claim was unprepared or resized (its thread)."""
+                 on_change: Callable[[], None] = lambda: None,
+                 maker: Maker | None = None,
+                 on_demand: OnDemandGPUs = lambda: {}) -> None:
+        """``on_change``: told after a claim was unprepared or resized (its thread);
+        ``maker`` and ``on_demand``: the MIG instances of the node's GPUs in migMode
+        OnDemand (None: none can be made here, a claim for one fails)."""
         self.config = config
+        self.maker = maker
+        self.on_demand = on_demand
         self.on_change = on_change
         self.writer = writer
         self.checkpoint = checkpoint
@@ -149,18 +179,70 @@ class ClaimPreparer:
         if uid != ref.uid:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is another claim now "
                              f"(UID {uid}, the kubelet asked for {ref.uid})")
-        gpus = self.node.gpus()
-        if gpus is None:
-            raise ClaimError(f"node {self.config.node}: its GPUs are not read yet; "
-                             "the kubelet tries again")
-        alloc = allocation(claim, self.config.node, gpus)
-        why = beside_prepared(gpus, alloc.units, self.checkpoint.claims())
-        if why is not None:
-            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; the kubelet "
-                             "tries again")
-        policy = self.read_policy(ref.namespace)
+        made = self._make(ref, claim)
+        try:
+            gpus = self._seen(made)
+            alloc = allocation(claim, self.config.node, gpus)
+            why = beside_prepared(gpus, alloc.units, self.checkpoint.claims())
+            if why is not None:
+                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: {why}; the "
+                                 "kubelet tries again")
+            policy = self.read_policy(ref.namespace)
+        except (ClaimError, OSError):
+            self._unmake(made)  # nothing of the claim was handed out
+            raise
         return PreparedClaim(ref.uid, ref.namespace, ref.name, alloc.results, alloc.units,
-                             policy.quota, policy.weight, policy.lending)
+                             policy.quota, policy.weight, policy.lending, made=made)
+
+    def _make(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[MadeInstance, ...]:
+        """The MIG instances the claim's placements on on-demand GPUs ask, made."""
+        gpus = self.on_demand()
+        wanted = wanted_instances(results(claim), self.config.node, gpus) if gpus else []
+        if not wanted:
+            return ()
+        name = f"ResourceClaim {ref.namespace}/{ref.name}"
+        if self.maker is None:
+            raise ClaimError(f"{name}: node {self.config.node} cannot make MIG instances "
+                             "(its daemon changes no MIG layout); the kubelet tries again")
+        for c in self.checkpoint.claims():
+            taken = set(c.made) & set(wanted)
+            if taken:
+                raise ClaimError(f"{name}: {min(taken, key=str)} is ResourceClaim "
+                                 f"{c.namespace}/{c.name}'s; delete this claim so that it is "
+                                 "allocated again")
+        made: list[MadeInstance] = []
+        try:
+            for w in wanted:
+                self.maker.make(w)
+                made.append(w)
+        except OSError:
+            self._unmake(tuple(made))
+            raise
+        return tuple(made)
+
+    def _seen(self, made: tuple[MadeInstance, ...]) -> Sequence[GPUInventory]:
+        """The node's GPUs once they show every instance in ``made`` as a unit."""
+        deadline = time.monotonic() + SEEN_WAIT_S
+        while True:
+            gpus = self.node.gpus()
+            if gpus is None:
+                raise ClaimError(f"node {self.config.node}: its GPUs are not read yet; "
+                                 "the kubelet tries again")
+            shown = {(g.index, u.profile, u.start) for g in gpus for u in g.units or ()}
+            if all((m.gpu, m.profile, m.start) in shown for m in made):
+                return gpus
+            if time.monotonic() > deadline:
+                raise OSError(f"{', '.join(map(str, made))}: made, but not read back from "
+                              f"NVML within {SEEN_WAIT_S:.0f}s; the kubelet tries again")
+            time.sleep(0.05)
+
+    def _unmake(self, made: Sequence[MadeInstance]) -> None:
+        """Destroy instances made for a claim; OSError when one cannot be (one a process
+        still runs on stays, said in the log)."""
+        if self.maker is None:
+            return
+        for m in made:
+            self.maker.unmake(m)
 
     def _write(self, record: PreparedClaim) -> ContainerResponse:
         uid = record.uid
@@ -207,7 +289,9 @@ class ClaimPreparer:
     # -- unprepare ---------------------------------------------------------------------------
 
     def unprepare(self, uid: str) -> None:
-        """Remove what prepare made for the claim (nothing, for a claim it never saw)."""
+        """Remove what prepare made for the claim (nothing, for a claim it never saw): its
+        files, then the MIG instances made for it, then its record (OSError when an
+        instance cannot be destroyed: the kubelet asks again, and the record says which)."""
         _check_uid(uid)
         with self._lock:
             self._remove(uid)
@@ -218,6 +302,9 @@ class ClaimPreparer:
         self.spec_path(uid).unlink(missing_ok=True)
         if (self.writer.root / uid).exists():
             self.writer.remove(uid)
+        record = self.checkpoint.get(uid)
+        if record is not None:
+            self._unmake(record.made)
         self.checkpoint.drop(uid)
 
 

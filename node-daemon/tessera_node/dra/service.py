@@ -21,9 +21,9 @@ from tessera_node.container.response import SimPaths
 from tessera_node.deviceplugin.devices import Unit
 from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_node.dra.checkpoint import Checkpoint
-from tessera_node.dra.claims import ClaimError, allocated_units
+from tessera_node.dra.claims import ClaimError, OnDemandGPUs, allocated_units
 from tessera_node.dra.containers import ClaimPolicy, claim_containers, claim_policy, users_by_claim
-from tessera_node.dra.prepare import ClaimPreparer, DraConfig, NodeView
+from tessera_node.dra.prepare import ClaimPreparer, DraConfig, Maker, NodeView
 from tessera_node.dra.server import DraServer
 from tessera_node.layout.holders import Holders
 from tessera_node.settings import (
@@ -73,6 +73,10 @@ class DraPlugin:
         self.writer: BudgetWriter | None = None
         self.preparer: ClaimPreparer | None = None
         self.on_claims = on_claims
+        self.maker: Maker | None = None
+        """Makes the MIG instances of claims on GPUs in migMode OnDemand (set once the MIG
+        enactor exists; None: a claim for one fails)."""
+        self.on_demand: OnDemandGPUs = lambda: {}
         self.error: str | None = "not started yet"
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -174,7 +178,8 @@ class DraPlugin:
         writer.empty_trash()
         self.writer = writer
         preparer = ClaimPreparer(config, writer, checkpoint, self.read_claim, self.node,
-                                 self.read_policy, on_change=self.on_claims)
+                                 self.read_policy, on_change=self.on_claims,
+                                 maker=self.maker, on_demand=self.on_demand)
         self.preparer = preparer
         server = DraServer(preparer, self.opts.kubelet_root)
         server.start()

@@ -20,6 +20,7 @@ from tessera.dra.partitions import Bounds
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Sharing
 from tessera_node.dra.decide import Pool, offered, placements, wanted
+from tessera_node.node.inventory import node_gpus
 
 
 class DraDevices:
@@ -93,6 +94,15 @@ class DraDevices:
             changed = kept != self._partitionable
             self._partitionable = kept
             return changed
+
+    def on_demand_models(self) -> dict[int, tuple[str, str]]:
+        """NVML index -> (GPU UUID, model ID) of the GPUs in migMode OnDemand with MIG on
+        (where a claim's placement is made)."""
+        with self._lock:
+            if self._snapshot is None:
+                return {}
+            return {g.index: (g.uuid, g.model) for g in node_gpus(self._snapshot).gpus
+                    if g.uuid in self._on_demand and g.mig_mode == "enabled"}
 
     def on_demand_gpus(self) -> tuple[list[int], bool]:
         """The indices of the GPUs in migMode OnDemand, and whether they can be published."""
