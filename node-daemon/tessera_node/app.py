@@ -74,6 +74,7 @@ async def run(opts: Options) -> None:
     def claims_changed() -> None:  # the prepared claims were read, resized or unprepared
         if resizer is not None:
             resizer.republish()
+        loop.call_soon_threadsafe(changed.set)  # the partitions' reports name their claims
 
     dra = (DraPlugin(kube, opts, offer.present, lambda: snapshot_units(reconciler.snapshot),
                      lambda: list(pods.objects.values()) if pods is not None else [],
@@ -95,7 +96,7 @@ async def run(opts: Options) -> None:
     if dra is not None:  # claims on GPUs in migMode OnDemand: their instances made at prepare
         dra.maker, dra.on_demand = InstanceMaker(enactor), offer.on_demand_models
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
-                                publisher)
+                                publisher, dra.made_for if dra is not None else dict)
 
     def not_ready() -> list[str]:
         # a DRA node's own pod watch: before it listed, a claim's processes have no pod

@@ -205,6 +205,8 @@ class MigInstanceStatus(ApiModel):
     """MIG device UUID (MIG-...)."""
     busy: bool = False
     """Whether processes were running on it."""
+    claim: str | None = None
+    """The ResourceClaim (namespace/name) it was made for (migMode OnDemand)."""
 
 
 class GPUStatus(ApiModel):

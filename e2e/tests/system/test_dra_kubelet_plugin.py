@@ -472,17 +472,29 @@ def test_a_running_claims_budget_is_resized_and_no_claim_is_placed_into_its_grow
 ON_DEMAND = "on-demand-node-0"
 
 
-def partition_phase(bed: Bed[KubeletNodeDaemon], generation: int) -> str | None:
-    """node-0's report of the on-demand partition at ``generation`` (its phase)."""
+def partition_entry(bed: Bed[KubeletNodeDaemon]) -> Any:
+    """node-0's report of the on-demand partition (a NodePartitionStatus), if any."""
     from tessera.api.names import ANNOTATION_PARTITION_STATUS
     from tessera.api.node_report import parse_reports
 
     raw = (bed.get("node", NODE)["metadata"].get("annotations") or {}).get(
         ANNOTATION_PARTITION_STATUS)
-    entry = parse_reports(raw).get(ON_DEMAND) if raw else None
+    return parse_reports(raw).get(ON_DEMAND) if raw else None
+
+
+def partition_phase(bed: Bed[KubeletNodeDaemon], generation: int) -> str | None:
+    """node-0's report of the on-demand partition at ``generation`` (its phase)."""
+    entry = partition_entry(bed)
     if entry is None or entry.observed_generation != generation:
         return None
-    return entry.phase
+    return str(entry.phase)
+
+
+def instance_claims(bed: Bed[KubeletNodeDaemon]) -> dict[tuple[str, int], str | None]:
+    """(profile, start) -> the claim the report says the instance was made for."""
+    entry = partition_entry(bed)
+    return {(i.profile, i.start): i.claim for g in (entry.gpus if entry else [])
+            for i in g.instances}
 
 
 def on_demand_partition(bed: Bed[KubeletNodeDaemon], layout: dict[str, Any]) -> int:
@@ -548,6 +560,9 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
               f"{daemon.metric('tessera_node_mig_on_demand_seconds_sum') or 0:.2f}s in all")
         assert daemon.metric("tessera_node_mig_on_demand_total", action="create",
                              result="ok") == 3
+        # the partition's status (node-0's report) names each instance's claim
+        mine = {(i.profile, i.start): f"{ns}/{n}" for n, i in placed.items()}
+        wait_until("the report naming the claims", lambda: instance_claims(bed) == mine, 30)
         bed.apply(ns, profile_claim("half", "4g.40gb"))
         bed.apply(ns, claim_pod("half", claim="half", command="cuda-info; sleep 3600"))
         reason = unschedulable(bed, ns, "half")

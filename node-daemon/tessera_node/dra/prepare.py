@@ -169,6 +169,8 @@ class ClaimPreparer:
                 if new:  # nothing of it was handed out: leave nothing behind
                     self._remove(ref.uid)
                 raise
+            if new and record.made:
+                self.on_change()  # the node's report names the instances' claim
             ids = tuple(cdi.device_ids(record.uid, response))
             return [PreparedDevice((r.request,), r.pool, r.device, ids, r.share_id)
                     for r in record.results]

@@ -127,6 +127,15 @@ class DraPlugin:
                                 lambda uid: (str(writer.budget_path(uid)),
                                              str(writer.ledger_dir(uid))))
 
+    def made_for(self) -> dict[str, str]:
+        """MIG device UUID -> the claim (namespace/name) its instance was made for (migMode
+        OnDemand), from the prepared claims."""
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            return {}
+        return {u.uuid: f"{c.namespace}/{c.name}" for c in checkpoint.claims() if c.made
+                for u in c.units}
+
     def unit_indexes(self) -> dict[str, int]:
         """The units the node has now (GPU or MIG UUID) -> their GPU's NVML index."""
         return {u.uuid: u.gpu_index for u in self.units()}

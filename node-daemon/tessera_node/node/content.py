@@ -84,10 +84,12 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
            outcome: Callable[[GPUPlan], Outcome | None], now: datetime,
            holders: Holders | None = None, allow_reset: bool = True,
            advertising: Advertising | None = None,
-           extra_findings: Iterable[Finding] = ()) -> NodeContent:
+           extra_findings: Iterable[Finding] = (),
+           made_for: Mapping[str, str] | None = None) -> NodeContent:
     """``advertising``: None when the daemon runs no device plugin (every GPU's ``units``
     is then empty: nothing is advertised). ``extra_findings``: what other parts of the
-    daemon found (the DRA publisher: fields the API server drops)."""
+    daemon found (the DRA publisher: fields the API server drops). ``made_for``: MIG device
+    UUID -> the claim it was made for (the DRA plugin's, migMode OnDemand)."""
     meta = node.get("metadata") or {}
     have_labels: Mapping[str, str] = meta.get("labels") or {}
     have_annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -118,7 +120,7 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
              if snapshot is not None else ())
     outcomes = {p.index: o for p in plans if (o := outcome(p)) is not None}
     situation = reports.Situation(snapshot, read_error, tuple(found), outcomes,
-                                  holders or {}, allow_reset)
+                                  holders or {}, allow_reset, made_for or {})
     before = old_reports(node)
     after = reports.merge(before, reports.build(owned, situation, misfits(views, inv)), now)
     if after:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -83,13 +83,16 @@ class Publishing(Protocol):
 class NodeReconciler:
     def __init__(self, kube: Kube, opts: Options, reader: GPUReader, enactor: Enactor,
                  health: Health, holders: DeviceHolders, own: OwnNode, changed: asyncio.Event,
-                 plugin: DevicePlugin | None = None, dra: Publishing | None = None) -> None:
+                 plugin: DevicePlugin | None = None, dra: Publishing | None = None,
+                 made_for: Callable[[], Mapping[str, str]] = lambda: {}) -> None:
         """``changed``: set by whatever changes what the Node should say (the own Node's
         watch, the device plugin's GPU commitments, and this reconciler's own inputs); each
         time it is set, one reconcile pass follows."""
         self.kube = kube
         self.plugin = plugin
         self.dra = dra
+        self.made_for = made_for
+        """MIG device UUID -> the claim it was made for (the DRA plugin's checkpoint)."""
         self.opts = opts
         self.reader = reader
         self.health = health
@@ -227,7 +230,7 @@ class NodeReconciler:
                    self.sockets, self.opts.device_plugin_dir,
                    lambda p: refused or self.work.outcome(p), datetime.now(UTC),
                    self.holders, self.opts.allow_gpu_reset, advertising,
-                   self.dra.findings() if self.dra is not None else ())
+                   self.dra.findings() if self.dra is not None else (), self.made_for())
         # beside another MIG manager the reports fail and nothing is touched
         if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
             for p in w.plans:

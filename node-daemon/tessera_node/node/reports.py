@@ -35,6 +35,8 @@ class Situation:
     holders: Holders = field(default_factory=dict)
     """Pods holding devices (the kubelet's PodResources)."""
     allow_reset: bool = True
+    made_for: Mapping[str, str] = field(default_factory=dict)
+    """MIG device UUID -> the claim (namespace/name) it was made for (migMode OnDemand)."""
 
     def outcome(self, index: int) -> Outcome | None:
         return self.outcomes.get(index)
@@ -64,14 +66,16 @@ def gpu_phase(p: GPUPlan, s: Situation) -> tuple[NodePhase, str, str | None]:
     return "Applying", p.describe(), None
 
 
-def gpu_status(g: GPUState) -> GPUStatus:
+def gpu_status(g: GPUState, made_for: Mapping[str, str] | None = None) -> GPUStatus:
     model = model_of(g)
+    made_for = made_for or {}
     return GPUStatus(
         index=g.index, uuid=g.uuid, model=model.id if model else None,
         mig_enabled=g.mig_mode == "enabled",
         instances=[MigInstanceStatus(profile=i.profile, start=i.start, size=i.size,
                                      gi_id=i.gi_id, uuid=i.uuid or None,
-                                     busy=bool(i.memory_used_bytes))
+                                     busy=bool(i.memory_used_bytes),
+                                     claim=made_for.get(i.uuid) if i.uuid else None)
                    for i in g.instances])
 
 
@@ -93,7 +97,7 @@ def entry(owned: Mapping[int, GPUTarget], s: Situation) -> NodePartitionStatus:
     other_manager = [f.message for f in s.findings if f.kind == "OtherMigManager"]
     todo = [p for p in (plan(t, gpus[i], s.holders, s.allow_reset)
                         for i, t in sorted(owned.items())) if not p.done]
-    status = [gpu_status(gpus[i]) for i in sorted(owned)]
+    status = [gpu_status(gpus[i], s.made_for) for i in sorted(owned)]
     if wrong:
         return NodePartitionStatus(phase="Failed", observed_generation=generation,
                                    message="; ".join(wrong), gpus=status)
