@@ -507,26 +507,40 @@ def on_demand_partition(bed: Bed[KubeletNodeDaemon], layout: dict[str, Any]) -> 
     return int(bed.get("gpupartition", ON_DEMAND)["metadata"]["generation"])
 
 
-def profile_claim(name: str, profile: str) -> dict[str, Any]:
+def profile_claim(name: str, profile: str | None = None, memory_mib: int | None = None,
+                  budget: str | None = None) -> dict[str, Any]:
+    """A claim for one MIG instance: of ``profile``, or of at least ``memory_mib``; with
+    ``budget``, a memory budget inside it (``capacity.requests``)."""
+    attrs = f'device.attributes["{DRA_DRIVER}"]'
+    cel = (f'{attrs}.migProfile == "{profile}"' if profile is not None
+           else f"{attrs}.mig == true && {attrs}.memoryMiB >= {memory_mib}")
+    body: dict[str, Any] = {"deviceClassName": DRA_DRIVER,
+                            "selectors": [{"cel": {"expression": cel}}]}
+    if budget is not None:
+        body["capacity"] = {"requests": {"memory": budget}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRA_DRIVER, "selectors": [{"cel": {"expression": (
-                    f'device.attributes["{DRA_DRIVER}"].migProfile == "{profile}"')}}]}}]}}}
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}}}
 
 
 def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
         bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
-    """node-0's H100 in migMode OnDemand: three claims of different profiles get three
+    """node-0's H100 in migMode OnDemand: three claims of different profiles (one by
+    memory: the smallest profile holding it, with a 4 GiB budget inside) get three
     instances made at the placements the scheduler allocated (valid together), each
-    container sees its instance; a 4g.40gb that no longer fits stays Pending with the
-    scheduler's reason; a released claim's instance is destroyed while its neighbours keep
-    running. Afterwards the GPU goes back to MIG disabled (for the tests after)."""
+    container sees its instance (or its budget); a 4g.40gb that no longer fits stays
+    Pending with the scheduler's reason; a released claim's instance is destroyed while
+    its neighbours keep running. Afterwards the GPU goes back to MIG disabled (for the
+    tests after)."""
     from tessera.mig.catalog import profile as mig_profile
     from tessera.mig.planner import Instance, validate
 
     ns, daemon = node_namespace, bed.daemons[NODE]
-    pods = {"big": "3g.40gb", "mid": "2g.20gb", "small": "1g.10gb"}
+    # "small" asks 15000 MiB of any instance: the smallest profile holding it (the
+    # placements are published smallest first) is a 1g.20gb; it keeps a 4 GiB budget there
+    pods = {"big": "3g.40gb", "mid": "2g.20gb", "small": "1g.20gb"}
+    claims = {"big": profile_claim("big", "3g.40gb"), "mid": profile_claim("mid", "2g.20gb"),
+              "small": profile_claim("small", memory_mib=15000, budget="4Gi")}
     try:
         gen = on_demand_partition(bed, {"migMode": "OnDemand"})
         wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
@@ -535,8 +549,8 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
                 "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
             for d in s["spec"].get("devices") or []), 60)
         created = time.monotonic()
-        for name, prof in pods.items():
-            bed.apply(ns, profile_claim(name, prof))
+        for name in pods:
+            bed.apply(ns, claims[name])
             bed.apply(ns, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
         for name in pods:
             bed.wait_phase(ns, name, {"Running"}, 120)
@@ -548,13 +562,14 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
             start = int(r["device"].split("-mig")[1].split("-")[0])
             placed[name] = Instance(prof, start)
             assert r["device"] == f"gpu0-mig{start}-{prof.replace('.', '')}", r
-            assert seen_memory_mib(bed, ns, name) == mig_profile("H100-80GB", prof).memory_mib
+            seen = mig_profile("H100-80GB", prof).memory_mib if name != "small" else 4096
+            assert seen_memory_mib(bed, ns, name) == seen, name
         validate("H100-80GB", list(placed.values()))
         lgi = daemon.smi("mig", "-lgi").stdout
         for inst in placed.values():  # made where the scheduler allocated them
             shown = rf"MIG {re.escape(inst.profile)}\s+\d+\s+\d+\s+{inst.start}:"
             assert re.search(shown, lgi), lgi
-        print(f"[figures] on demand: three claims (3g.40gb, 2g.20gb, 1g.10gb) running "
+        print(f"[figures] on demand: three claims (3g.40gb, 2g.20gb, >=15000 MiB) running "
               f"{running_s:.1f}s after they were made, instances at "
               f"{ {n: i.start for n, i in placed.items()} }; instance made in "
               f"{daemon.metric('tessera_node_mig_on_demand_seconds_sum') or 0:.2f}s in all")
@@ -572,7 +587,7 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
         out = bed.kubectl("delete", "pod", "-n", ns, "small", "--wait=true")
         assert out.returncode == 0, out.stderr
         bed.kubectl("delete", "resourceclaim", "-n", ns, "small", "--wait=true")
-        wait_until("the 1g.10gb instance destroyed", lambda: "1g.10gb" not in daemon.smi(
+        wait_until("the 1g.20gb instance destroyed", lambda: "1g.20gb" not in daemon.smi(
             "mig", "-lgi").stdout, 60)
         assert daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
                              result="ok") == 1
