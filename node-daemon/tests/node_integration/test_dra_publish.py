@@ -277,27 +277,36 @@ def test_a_daemon_writes_its_own_nodes_slices_only(dra_chart: Any, tmp_path: Pat
 
 def test_an_on_demand_gpu_publishes_its_placements_and_their_counters(
         dra_chart: Any, start_daemon: StartDaemon, pool: str) -> None:
-    """A GPUPartition with migMode OnDemand on GPU 1 (at most 3 instances): MIG is enabled
-    there and nothing created; from 1.36 the node publishes every placement of an empty
-    H100 and its counter set in a slice of its own, beside GPU 0 as before; on 1.34 (no
-    partitionable devices) nothing of GPU 1, and the node says why."""
+    """A GPUPartition with migMode OnDemand on GPU 1 (at most 3 instances) beside one that
+    declares two 3g.40gb on GPU 0: MIG is enabled on both, nothing created on GPU 1; from
+    1.36 the node publishes GPU 0's two instances and every placement of an empty H100 on
+    GPU 1 with its counter set in a slice of its own; on 1.34 (no partitionable devices)
+    GPU 0's instances only, and the node says why."""
     d = start_daemon(["H100-80GB"] * 2, {"pool": pool}, [*FAST, *dra()])
-    part = f"{pool}-od"
+    part, declared = f"{pool}-od", f"{pool}-decl"
     published(dra_chart, d, {"gpu0", "gpu1"})
-    body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
-            "metadata": {"name": part},
-            "spec": {"nodeSelector": {"matchLabels": {"pool": pool}},
-                     "gpus": {"indices": [1]},
-                     "layout": {"migMode": "OnDemand", "onDemand": {"maxInstances": 3}}}}
+    selector = {"matchLabels": {"pool": pool}}
+    bodies = [{"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+               "metadata": {"name": part},
+               "spec": {"nodeSelector": selector, "gpus": {"indices": [1]},
+                        "layout": {"migMode": "OnDemand", "onDemand": {"maxInstances": 3}}}},
+              {"apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+               "metadata": {"name": declared},
+               "spec": {"nodeSelector": selector, "gpus": {"indices": [0]},
+                        "layout": {"profiles": [{"name": "3g.40gb", "count": 2}]}}}]
     try:
-        out = dra_chart.kubectl("apply", "-f", "-", input=json.dumps(body))
-        assert out.returncode == 0, out.stderr
+        for body in bodies:
+            out = dra_chart.kubectl("apply", "-f", "-", input=json.dumps(body))
+            assert out.returncode == 0, out.stderr
         entry(dra_chart, d, part, "Ready")
+        entry(dra_chart, d, declared, "Ready")
+        halves = {"gpu0-mig0-3g40gb", "gpu0-mig4-3g40gb"}
         smi = d.sim.smi("-i", "1", "--query-gpu=mig.mode.current", "--format=csv,noheader")
         assert smi.stdout.strip() == "Enabled", smi.stdout + smi.stderr
-        assert "MIG-" not in d.sim.smi("-L").stdout  # nothing created in advance
+        listed = d.sim.smi("-L").stdout
+        assert listed.count("MIG 3g.40gb") == 2 and listed.count("MIG-") == 2, listed
         if server_minor(dra_chart) < 36:
-            got = published(dra_chart, d, {"gpu0"})
+            got = published(dra_chart, d, halves)
             wait_until("the finding on the Node", lambda: any(
                 f["kind"] == "DRAOnDemandUnavailable" for f in json.loads(annotations(
                     dra_chart, d.node).get(ANNOTATION_NODE_FINDINGS, "[]"))), 20)
@@ -308,9 +317,10 @@ def test_an_on_demand_gpu_publishes_its_placements_and_their_counters(
             return
         names = {placement_device_name(1, p.name, s) for p in profiles("H100-80GB")
                  for s in p.starts}
-        got = published(dra_chart, d, {"gpu0", *names})
+        got = published(dra_chart, d, {*halves, *names})
         assert all(dev["consumesCounters"][0]["counterSet"] == "gpu1-slices"
-                   for n, dev in got.items() if n != "gpu0")
+                   for n, dev in got.items() if n not in halves)
+        assert all("consumesCounters" not in got[n] for n in halves)
         sets = [c for s in slices(dra_chart, d.node) for c in s["spec"].get("sharedCounters")
                 or []]
         assert [c["name"] for c in sets] == ["gpu1-slices"]
@@ -322,4 +332,4 @@ def test_an_on_demand_gpu_publishes_its_placements_and_their_counters(
         failed = [r for r in d.log_records() if r.get("msg") == "task failed; restarting"]
         assert failed == [], failed[:1]
     finally:
-        cleanup(dra_chart, part)
+        cleanup(dra_chart, part, declared)
