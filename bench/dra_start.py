@@ -16,10 +16,17 @@ namespace under a GPUQuota. Two phases, one after the other, on node-0's H100:
   makes the claim, the scheduler allocates its capacity, tessera-node prepares it: budget
   file and CDI spec).
 
-Pods are made ``--wave`` at a time (the device plugin offers 10 shares per GPU); each is
-timed from its create call returning to the API showing its container running (polled
-every 20 ms with one list of the namespace's pods), and the wave is deleted before the
-next. The same container, command and node in both phases: the difference is the path.
+* **DRA, MIG on demand** (issue 32; after the DRA phase, same daemons): node-0's GPU in a
+  GPUPartition with ``migMode: OnDemand``; each pod's claim asks a ``1g.10gb`` instance (by
+  CEL on ``migProfile``), so tessera-node makes the instance at prepare (``nvidia-smi mig
+  -cgi 1g.10gb:<start> -C``) and destroys it at unprepare. The daemon's own metrics give
+  the part of it that is ``nvidia-smi`` (the simulator's: a real driver takes longer).
+
+Pods are made ``--wave`` at a time (the device plugin offers 10 shares per GPU, an H100 up
+to seven 1g.10gb); each is timed from its create call returning to the API showing its
+container running (polled every 20 ms with one list of the namespace's pods), and the wave
+is deleted before the next. The same container, command and node in every phase: the
+difference is the path.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from tessera_e2e.operator.replicas import render_chart, wait_until  # noqa: E402
 NS = "bench-dra"
 NODE = "node-0"
 TEMPLATE = "gpu-1gi"
+ON_DEMAND_TEMPLATE = "mig-1g10gb"
+ON_DEMAND = "bench-on-demand"
 COMMAND = "sleep 3600"
 
 
@@ -62,6 +71,30 @@ def template() -> dict[str, Any]:
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRA_DEVICE_CLASS,
                 "capacity": {"requests": {"memory": "1Gi", "cores": "1"}}}}]}}}}
+
+
+def on_demand_template() -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": ON_DEMAND_TEMPLATE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRA_DEVICE_CLASS, "selectors": [{"cel": {"expression": (
+                    f'device.attributes["{DRA_DRIVER}"].migProfile == "1g.10gb"')}}]}}]}}}}
+
+
+def on_demand(bed: Bed[Any], layout: dict[str, Any]) -> None:
+    """node-0's GPU in a partition with ``layout``, once node-0 reports it Ready."""
+    out = bed.cluster.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GPUPartition",
+        "metadata": {"name": ON_DEMAND},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": NODE}},
+                 "layout": layout}}))
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    generation = bed.get("gpupartition", ON_DEMAND)["metadata"]["generation"]
+    wait_until(f"{NODE} applying {layout}", lambda: (bed.get(
+        "gpupartition", ON_DEMAND).get("status") or {}).get("nodes", {}).get(NODE, {}).get(
+        "observedGeneration") == generation and bed.get("gpupartition", ON_DEMAND)[
+        "status"]["nodes"][NODE].get("phase") == "Ready", 120)
 
 
 def running(pod: dict[str, Any]) -> bool:
@@ -79,8 +112,9 @@ async def phase(bed: Bed[Any], kind: str, pods: int, wave: int) -> list[float]:
             names = [f"{kind}-{i}" for i in range(w, min(pods, w + wave))]
             created: dict[str, float] = {}
             for name in names:
-                body = (claim_pod(name, COMMAND, template=TEMPLATE, node=NODE) if kind == "dra"
-                        else gpu_pod(name, COMMAND, vgpu(1024, cores=1), NODE))
+                body = (gpu_pod(name, COMMAND, vgpu(1024, cores=1), NODE) if kind == "dp"
+                        else claim_pod(name, COMMAND, node=NODE, template=(
+                            TEMPLATE if kind == "dra" else ON_DEMAND_TEMPLATE)))
                 await kube.create(url, body)
                 created[name] = time.monotonic()
             seen: dict[str, float] = {}
@@ -152,7 +186,24 @@ def main() -> int:
                 if s["spec"]["driver"] == DRA_DRIVER and s["spec"].get("devices")], 60)
             bed.apply(NS, template())
             results["DRA"] = asyncio.run(phase(bed, "dra", args.pods, args.wave))
-    print(f"pod created -> container running on {NODE} (a shared H100), {args.pods} pods per "
+            on_demand(bed, {"migMode": "OnDemand"})
+            wait_until(f"{NODE}'s placements", lambda: any(
+                d["name"] == "gpu0-mig0-1g10gb" for s in bed.get(
+                    "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+                for d in s["spec"].get("devices") or []), 60)
+            bed.apply(NS, on_demand_template())
+            results["DRA on demand"] = asyncio.run(phase(bed, "od", args.pods, args.wave))
+            daemon = bed.daemons[NODE]
+            made = (daemon.metric("tessera_node_mig_on_demand_seconds_sum") or 0,
+                    daemon.metric("tessera_node_mig_on_demand_seconds_count") or 0)
+            smi = {c: (daemon.metric("tessera_node_nvidia_smi_seconds_sum", command=c) or 0,
+                       daemon.metric("tessera_node_nvidia_smi_seconds_count", command=c) or 0)
+                   for c in ("create-gi", "destroy-ci", "destroy-gi")}
+            destroyed = daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
+                                      result="ok")
+            on_demand(bed, {"migMode": "Disabled"})
+            bed.cluster.kubectl("delete", "gpupartition", ON_DEMAND)
+    print(f"pod created -> container running on {NODE} (an H100), {args.pods} pods per "
           f"path, {args.wave} at a time, one run:")
     base = statistics.median(results["device plugin"])
     for what, xs in results.items():
@@ -160,6 +211,11 @@ def main() -> int:
         print(f"  {what:<14} p50 {statistics.median(ms):6.0f} ms  p99 {pct(ms, 99):6.0f} ms  "
               f"max {max(ms):6.0f} ms  (x{statistics.median(xs) / base:.2f} of the device "
               f"plugin's p50)")
+    print(f"  on demand: {made[1]:.0f} instances made, {made[0] / max(made[1], 1) * 1000:.0f} ms "
+          f"each from prepare asking to NVML showing it; {destroyed or 0:.0f} destroyed")
+    for c, (total, n) in smi.items():
+        print(f"    nvidia-smi {c}: {n:.0f} commands, {total / max(n, 1) * 1000:.0f} ms each "
+              "(the simulator's)")
     return 0
 
 

@@ -45,9 +45,14 @@ than consuming the same counters: publishing an occupied instance as a device th
 its slices stops nothing, since a counter counts only what allocated devices consume and a
 slice cannot mark a device allocated; keeping every placement but setting the occupied
 slices' counters to 0 would work, but publishes devices that can never be allocated. Left
-out, what is published is exactly what the GPU can still take. Instances created for claims
-allocated from these devices must not be passed: the scheduler already counts their
-consumption from the claims' allocations, and their devices stay published.
+out, what is published is exactly what the GPU can still take.
+
+Instances made for claims are passed as occupied too (the node daemon passes every instance
+NVML shows): once made, the placement device a claim was allocated leaves the slice and its
+compute slices leave ``compute-slices``; the claim's allocation stays as recorded. Until the
+slice is written again the old one still counts the claim's consumption, so no memory or
+compute slice is ever offered twice; the price is a slice write per instance made or
+destroyed.
 
 API limits (``resource.k8s.io/v1`` validation): device names, counter set names and counter
 names are DNS labels (lowercase alphanumerics and ``-``, at most 63 characters); a counter
