@@ -10,8 +10,8 @@ of the claim, and unprepare destroys it once the claim's files are gone:
   host lock as every MIG command of the daemon, counted and timed as the enactor's are;
 * idempotent: an instance already at that placement is the claim's (prepare is asked again
   after a kubelet restart; a daemon killed after the command left it there), one left without
-  its compute instance gets it (``-cci``; the reconciler's plan for an on-demand GPU does the
-  same when no claim asks);
+  its compute instance gets it (``-cci``; the reconciler's plan for an on-demand GPU leaves
+  such an instance alone, so the two never race);
 * destroying (``-dci`` then ``-dgi``) leaves an instance a process still runs on: it is
   reported and stays, and the GPU offers its placements again only once it is gone.
 

@@ -38,8 +38,8 @@ class GPUTarget:
     """The partition is being deleted with ``deletionPolicy: Reset``: a change that cannot
     finish fails instead of waiting for ever."""
     on_demand: bool = False
-    """``migMode: OnDemand``: MIG enabled, no declared instances; those present stay (the
-    DRA kubelet plugin creates and destroys them for claims)."""
+    """``migMode: OnDemand``: MIG enabled, no declared instances; those present stay as they
+    are (the DRA kubelet plugin makes, completes and destroys them for claims)."""
     allowed: tuple[str, ...] = ()
     """On demand: the profiles that may be created (empty: every profile of the model)."""
     max_instances: int | None = None

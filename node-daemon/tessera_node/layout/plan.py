@@ -18,7 +18,7 @@ refusing (``Failed``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from tessera.api.partition import NodePhase
@@ -181,8 +181,11 @@ class _Planning:
             return self.steps(Step(self.mode_action()))
         if not target.mig_enabled:
             return self.steps()
-        if target.on_demand:  # the instances are the claims': each stays (one without its
-            return self.instances(actual_profiles(gpu))  # compute instance gets one)
+        if target.on_demand:  # the claims' instances: each stays as it is, even one without
+            # its compute instance (being made now, or a daemon killed mid-command: the
+            # kubelet plugin's prepare, asked again, completes it; a second -cci would race)
+            p = self.instances(actual_profiles(gpu))
+            return replace(p, steps=tuple(s for s in p.steps if s.action != "create-ci"))
         return self.instances(target.profiles)
 
     def instances(self, wanted: Sequence[str]) -> GPUPlan:
