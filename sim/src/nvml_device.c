@@ -274,9 +274,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
     /* A sample at time T covers (T - period, T]: the samples newer than `oldest` cover
      * (oldest, newest]; none is newer when they meet. */
     uint64_t t0 = oldest, t1 = newest;
-    if (t1 <= t0) {
-        if (last_seen)
-            return NVML_ERROR_NOT_FOUND;
+    if (t1 <= t0) { /* never with last_seen: it is older than newest, and floored */
         t0 = t1 > SAMPLE_PERIOD_NS ? t1 - SAMPLE_PERIOD_NS : 0;
     }
     LOCK();

@@ -76,6 +76,7 @@ from typing import Any
 
 from tessera.api.inventory import GPUInventory
 from tessera.api.names import DRA_ATTRIBUTE_MIG_PROFILE, DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY
+from tessera.api.partition import OnDemand
 from tessera.dra.devices import CORES, MIB
 from tessera.mig.catalog import Profile, profile, profiles, slice_counts
 from tessera.mig.ondemand import PlacedInstance, candidates
@@ -105,6 +106,13 @@ class Bounds:
     """Only these profiles are published (empty: every profile of the model)."""
     max_instances: int | None = None
     """At most this many instances at once (None: the model's own limits)."""
+
+    @classmethod
+    def of(cls, spec: OnDemand | None) -> Bounds:
+        """A GPUPartition's ``spec.layout.onDemand`` (None: no bounds)."""
+        if spec is None:
+            return cls()
+        return cls(tuple(spec.profiles or ()), spec.max_instances)
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -252,11 +260,11 @@ def placement_devices(gpu: GPUInventory, occupied: Sequence[PlacedInstance],
     current = _occupied(gpu, occupied)
     cliques = cliques or {}
     out: list[dict[str, Any]] = []
+    if bounds.max_instances is not None and len(current) >= bounds.max_instances:
+        return out
     for p in profiles(gpu.model):
         if bounds.profiles and p.name not in bounds.profiles:
             continue
-        if bounds.max_instances is not None and len(current) >= bounds.max_instances:
-            break
         for start in candidates(gpu.model, current, p):
             out.append({
                 "name": placement_device_name(gpu.index, p.name, start),

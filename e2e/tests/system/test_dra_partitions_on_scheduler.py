@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 import pytest
@@ -31,11 +32,13 @@ from tessera_e2e.controlplane.build import ensure_helm
 from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.controlplane.cluster import server_minor as cluster_server_minor
 from tessera_e2e.operator.api_nodes import ApiGPUNodes
+from tessera_e2e.operator.replicas import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 H100 = "H100-80GB"
 MIG_CLASS = f"mig.{DRA_DRIVER}"
+WAIT_S = 60.0
 
 
 def _json(cluster: LocalCluster, *args: str) -> Any:
@@ -80,16 +83,6 @@ def _unschedulable(cluster: LocalCluster, ns: str, pod: str) -> str | None:
         "conditions") or []
     return next((str(c.get("message", "")) for c in conds if c["type"] == "PodScheduled"
                  and c["status"] == "False" and c.get("reason") == "Unschedulable"), None)
-
-
-def _wait(what: str, probe: Any, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.25)
-    pytest.fail(f"{what}: not within {timeout_s:.0f}s")
 
 
 def _release(cluster: LocalCluster, ns: str, name: str) -> None:
@@ -141,8 +134,8 @@ def test_the_scheduler_allocates_only_placements_the_planner_accepts_together(
             wanted = {"big": "3g.40gb", "mid": "2g.20gb", "small": "1g.10gb"}
             for name, profile in wanted.items():
                 _claim_and_pod(cluster, namespace, name, profile, node)
-            got = {name: _wait(f"claim {name} allocated",
-                               lambda n=name: _allocated(cluster, namespace, n))
+            got = {name: wait_until(f"claim {name} allocated",
+                                    partial(_allocated, cluster, namespace, name), WAIT_S)
                    for name in wanted}
             placed = {name: Instance(devices[d]["attributes"][DRA_ATTRIBUTE_MIG_PROFILE][
                 "string"], devices[d]["attributes"]["start"]["int"]) for name, d in got.items()}
@@ -151,8 +144,8 @@ def test_the_scheduler_allocates_only_placements_the_planner_accepts_together(
 
             # a fourth that no longer fits (4g.40gb: 4 compute slices, 1 left)
             _claim_and_pod(cluster, namespace, "whole-half", "4g.40gb", node)
-            why = _wait("the 4g.40gb pod unschedulable",
-                        lambda: _unschedulable(cluster, namespace, "whole-half"))
+            why = wait_until("the 4g.40gb pod unschedulable",
+                             lambda: _unschedulable(cluster, namespace, "whole-half"), WAIT_S)
             assert "cannot allocate all claims" in why, why
             assert _allocated(cluster, namespace, "whole-half") is None
 
@@ -165,8 +158,8 @@ def test_the_scheduler_allocates_only_placements_the_planner_accepts_together(
             except LayoutError:
                 fits = False
             if fits:
-                d = _wait("the 4g.40gb claim allocated after the release",
-                          lambda: _allocated(cluster, namespace, "whole-half"))
+                d = wait_until("the 4g.40gb claim allocated after the release",
+                               lambda: _allocated(cluster, namespace, "whole-half"), WAIT_S)
                 validate(H100, [*rest, Instance("4g.40gb",
                                                 devices[d]["attributes"]["start"]["int"])])
             else:
@@ -179,17 +172,17 @@ def test_the_scheduler_allocates_only_placements_the_planner_accepts_together(
             # left; a 1g.10gb waits for a slice, not for compute
             for name in ("left", "right"):
                 _claim_and_pod(cluster, namespace, name, "3g.40gb", node)
-            halves = [devices[_wait(f"claim {n} allocated",
-                                    lambda n=n: _allocated(cluster, namespace, n))]
+            halves = [devices[wait_until(f"claim {n} allocated",
+                                         partial(_allocated, cluster, namespace, n), WAIT_S)]
                       for n in ("left", "right")]
             assert sorted(d["attributes"]["start"]["int"] for d in halves) == [0, 4]
             _claim_and_pod(cluster, namespace, "one", "1g.10gb", node)
-            why = _wait("the 1g.10gb pod unschedulable",
-                        lambda: _unschedulable(cluster, namespace, "one"))
+            why = wait_until("the 1g.10gb pod unschedulable",
+                             lambda: _unschedulable(cluster, namespace, "one"), WAIT_S)
             assert "cannot allocate all claims" in why, why
             _release(cluster, namespace, "left")
-            d = _wait("the 1g.10gb claim allocated once a 3g.40gb is released",
-                      lambda: _allocated(cluster, namespace, "one"))
+            d = wait_until("the 1g.10gb claim allocated once a 3g.40gb is released",
+                           lambda: _allocated(cluster, namespace, "one"), WAIT_S)
             right = next(h for h in halves if h["name"] == _allocated(cluster, namespace,
                                                                       "right"))
             validate(H100, [Instance("3g.40gb", right["attributes"]["start"]["int"]),

@@ -70,20 +70,21 @@ class DraDevices:
         NVML was first read or before the reservations are known (nothing is known: what is
         published stays)."""
         with self._lock:
-            if self._snapshot is None or self._reserved is None:
-                return None
-            return wanted(self._snapshot, self._readable, self._withdrawn,
-                          self.shares_per_unit, self._sharing, self._reserved,
-                          self._on_demand)
+            return self._devices()
+
+    def _devices(self) -> list[dict[str, Any]] | None:
+        if self._snapshot is None or self._reserved is None:
+            return None
+        return wanted(self._snapshot, self._readable, self._withdrawn, self.shares_per_unit,
+                      self._sharing, self._reserved, self._on_demand)
 
     def pool(self) -> Pool | None:
-        """Everything to publish now: :meth:`devices`, then the placements of the GPUs on
-        demand and their counter sets; None as for :meth:`devices`."""
-        devices = self.devices()
-        if devices is None:
-            return None
+        """Everything to publish now, from one state: :meth:`devices`, then the placements
+        of the GPUs on demand and their counter sets; None as for :meth:`devices`."""
         with self._lock:
-            assert self._snapshot is not None
+            devices = self._devices()
+            if devices is None or self._snapshot is None:
+                return None
             extra = placements(self._snapshot, self._readable, self._withdrawn,
                                self._on_demand, self._partitionable)
         return Pool(devices + extra.devices, extra.counter_sets)

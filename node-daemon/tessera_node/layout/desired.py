@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from tessera.api.inventory import NodeInventory
 from tessera.api.partition import DisruptionPolicy, GPUPartitionSpec, Layout
+from tessera.dra.partitions import Bounds
 from tessera.partition.logic import PartitionView, resolve
 
 log = logging.getLogger("tessera_node.layout")
@@ -37,16 +38,15 @@ class GPUTarget:
     deleting: bool = False
     """The partition is being deleted with ``deletionPolicy: Reset``: a change that cannot
     finish fails instead of waiting for ever."""
-    on_demand: bool = False
-    """``migMode: OnDemand``: MIG enabled, no declared instances; those present stay as they
-    are (the DRA kubelet plugin makes, completes and destroys them for claims)."""
-    allowed: tuple[str, ...] = ()
-    """On demand: the profiles that may be created (empty: every profile of the model)."""
-    max_instances: int | None = None
-    """On demand: at most this many instances at once (None: the model's limit)."""
+    on_demand: Bounds | None = None
+    """``migMode: OnDemand`` (its bounds): MIG enabled, no declared instances; those present
+    stay as they are (the DRA kubelet plugin makes, completes and destroys them for claims).
+    None: a declared layout."""
 
     def summary(self) -> str:
-        return "MIG on demand" if self.on_demand else summary(self.mig_enabled, self.profiles)
+        if self.on_demand is not None:
+            return "MIG on demand"
+        return summary(self.mig_enabled, self.profiles)
 
 
 def summary(mig_enabled: bool, profiles: Iterable[str]) -> str:
@@ -116,15 +116,12 @@ def targets(partitions: Iterable[PartitionView], node: NodeInventory,
         v = by_name[name]
         layout = v.spec.layout
         enabled = layout.mig_mode != "Disabled"
-        on_demand = layout.mig_mode == "OnDemand"
         wanted = tuple(sorted(layout.profile_names())) if enabled else ()
-        bounds = layout.on_demand
+        bounds = Bounds.of(layout.on_demand) if layout.mig_mode == "OnDemand" else None
         for claim in res.claims:
             out.setdefault(name, {})[claim.index] = GPUTarget(
                 name, v.generation, enabled, wanted, v.spec.disruption_policy,
-                name in deleting, on_demand,
-                tuple(bounds.profiles or ()) if bounds else (),
-                bounds.max_instances if bounds else None)
+                name in deleting, bounds)
     return out
 
 

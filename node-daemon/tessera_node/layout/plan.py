@@ -181,9 +181,10 @@ class _Planning:
             return self.steps(Step(self.mode_action()))
         if not target.mig_enabled:
             return self.steps()
-        if target.on_demand:  # the claims' instances: each stays as it is, even one without
-            # its compute instance (being made now, or a daemon killed mid-command: the
-            # kubelet plugin's prepare, asked again, completes it; a second -cci would race)
+        if target.on_demand is not None:
+            # the claims' instances: each stays as it is, even one without its compute
+            # instance (being made now, or a daemon killed mid-command: the kubelet
+            # plugin's prepare, asked again, completes it; a second -cci would race)
             p = self.instances(actual_profiles(gpu))
             return replace(p, steps=tuple(s for s in p.steps if s.action != "create-ci"))
         return self.instances(target.profiles)

@@ -140,7 +140,7 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
                        **annotations}
     profiles = frozenset(n for gpus in owned.values() for t in gpus.values()
                          for n in t.profiles)
-    on_demand = {uuid_of[i]: Bounds(t.allowed, t.max_instances) for on in owned.values()
-                 for i, t in on.items() if t.on_demand and i in uuid_of}
+    on_demand = {uuid_of[i]: t.on_demand for on in owned.values() for i, t in on.items()
+                 if t.on_demand is not None and i in uuid_of}
     return NodeContent(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),
                   plans, sharing, profiles, on_demand)

@@ -13,6 +13,7 @@ from gpu_model import Refused, instance, model_id, new_gpu, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tessera.dra.partitions import Bounds
 from tessera.mig.planner import fit, maximal_layouts
 from tessera_node.device.state import GPUState
 from tessera_node.layout.commands import (
@@ -291,7 +292,7 @@ def test_a_busy_instance_is_never_destroyed_and_the_gpu_never_switched_under_it(
         assert p.done
 
 
-ON_DEMAND = GPUTarget("p", 1, True, on_demand=True)
+ON_DEMAND = GPUTarget("p", 1, True, on_demand=Bounds())
 
 
 @settings(max_examples=60, deadline=None)
