@@ -22,13 +22,13 @@ from tessera_node.deviceplugin.devices import Unit, units
 from tessera_node.deviceplugin.node_pods import NodePods
 from tessera_node.deviceplugin.registry import ContainerRegistry, SetUpContainer
 from tessera_node.deviceplugin.service import DevicePlugin
-from tessera_node.dra.ondemand import InstanceMaker
 from tessera_node.dra.publisher import SlicePublisher
 from tessera_node.dra.resizer import ClaimResizer
 from tessera_node.dra.service import AllocatedClaims, DraPlugin
 from tessera_node.dra.state import DraDevices
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.layout.holders import DeviceHolders, NoHolders
+from tessera_node.layout.instances import DemandRunner, InstanceMaker, held_by_pod
 from tessera_node.node.own_node import OwnNode
 from tessera_node.node.reconciler import NodeReconciler
 from tessera_node.settings import Options
@@ -95,8 +95,10 @@ async def run(opts: Options) -> None:
     await asyncio.to_thread(enactor.prepare)
     if dra is not None:  # claims on GPUs in migMode OnDemand: their instances made at prepare
         dra.maker, dra.on_demand = InstanceMaker(enactor), offer.on_demand_models
+    demand = (DemandRunner(InstanceMaker(enactor), plugin.devices, held_by_pod(plugin),
+                           opts.on_demand_idle_s) if plugin is not None else None)
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
-                                publisher, dra.made_for if dra is not None else dict)
+                                publisher, dra.made_for if dra is not None else dict, demand)
 
     def not_ready() -> list[str]:
         # a DRA node's own pod watch: before it listed, a claim's processes have no pod

@@ -30,6 +30,8 @@ _HELP = {
     "stuck_after_s": "seconds a watch or NVML may fail before /healthz reports it",
     "retry_interval_s": "seconds before a failed MIG change is tried again",
     "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
+    "on_demand_idle_s": "MIG on demand for pods: seconds an instance no pod holds and "
+                        "nothing asks stays before it is destroyed",
     "audit_interval_s": "seconds between audits of GPU processes against budgets",
     "core_interval_s": "seconds between core-controller periods (fair share of SM time)",
     "audit_slack_mib": "MiB a container may hold beyond its budget before it is over budget",
@@ -88,6 +90,8 @@ def options(args: argparse.Namespace) -> Options:
            opts.audit_interval_s) <= 0:
         raise ValueError("--poll-interval, --resync-interval, --retry-interval and "
                          "--audit-interval must be positive")
+    if opts.on_demand_idle_s < 0:
+        raise ValueError("--on-demand-idle must not be negative")
     if not 0.01 <= opts.core_interval_s <= 10:
         raise ValueError("--core-interval must be 0.01 to 10 seconds")
     if opts.audit_slack_mib < 0:

@@ -68,6 +68,11 @@ class Options:
     """How often the kubelet's PodResources are polled while an allocation waits for its pod
     (every ``poll_interval`` otherwise)."""
 
+    on_demand_idle_s: float = 30.0
+    """MIG on demand (device plugin): an instance made for a pod that no pod holds and the
+    operator no longer asks is destroyed once it has been so this long (the grace covers a
+    pod being bound to it)."""
+
     audit_interval_s: float = 10.0
     """How often the audit compares NVML's per-process memory with the containers' budgets
     and looks for GPU processes outside them (also how often the per-container metrics are
@@ -109,6 +114,7 @@ ENV = {
     "stuck_after_s": "TESSERA_STUCK_AFTER",
     "retry_interval_s": "TESSERA_RETRY_INTERVAL",
     "allow_gpu_reset": "TESSERA_ALLOW_GPU_RESET",
+    "on_demand_idle_s": "TESSERA_ON_DEMAND_IDLE",
     "audit_interval_s": "TESSERA_AUDIT_INTERVAL",
     "audit_slack_mib": "TESSERA_AUDIT_SLACK_MIB",
     "core_interval_s": "TESSERA_CORE_INTERVAL",

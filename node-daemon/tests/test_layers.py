@@ -29,7 +29,7 @@ LAYERS: tuple[frozenset[str], ...] = (
 
 PURE = frozenset({
     "device.state", "device.cgroups",
-    "layout.desired", "layout.plan", "layout.commands", "layout.holders",
+    "layout.desired", "layout.plan", "layout.commands", "layout.holders", "layout.on_demand",
     "cores.fairshare", "cores.ratelaw", "cores.tokenlaw",
     "deviceplugin.devices", "deviceplugin.allocation", "deviceplugin.matcher",
     "deviceplugin.fit", "deviceplugin.budgets", "deviceplugin.resize", "deviceplugin.pacing",

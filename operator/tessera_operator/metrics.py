@@ -56,6 +56,10 @@ PLACEMENT_SECONDS = Histogram(
 PLACEMENT_FORWARDED = Counter(
     "tessera_placement_forwarded_total",
     "Extender calls this replica forwarded to the Lease holder.", ["outcome"])
+PLACEMENT_ON_DEMAND = Counter(
+    "tessera_placement_mig_instances_asked_total",
+    "MIG instances the placement service asked node daemons to make for pods no instance "
+    "could hold (migMode OnDemand).")
 PLACEMENT_PREEMPTIONS = Counter(
     "tessera_placement_preemptions_total",
     "Pods the placement service evicted to make unit room for higher-priority pods (where "

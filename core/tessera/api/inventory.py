@@ -18,7 +18,8 @@ Annotation ``tessera.dev/gpus`` -- a JSON list, one object per GPU::
       "numaNode": 0, "pciBusId": "00000000:1B:00.0",
       "nvlinkPeers": ["GPU-…"],
       "units": [{"uuid": "MIG-…", "resource": "tessera.dev/vgpu", "memoryMiB": 40192,
-                 "shares": 10, "healthy": true, "profile": "3g.40gb", "start": 0}]}]
+                 "shares": 10, "healthy": true, "profile": "3g.40gb", "start": 0}],
+      "onDemand": {"partition": "lab", "profiles": ["3g.40gb"], "maxInstances": 4}}]
 
 ``numaNode`` (null when NVML does not say), ``pciBusId`` and ``nvlinkPeers`` (the GPUs this
 one reaches over an active NVLink) are the GPU's topology. ``units`` is what the device
@@ -27,7 +28,9 @@ instance with a compute instance), under the one resource it is offered as
 (``tessera.dev/vgpu`` with ``shares`` shares, or ``tessera.dev/mig-<profile>`` whole, shares
 0), its memory and health. The placement service places pods on these units; a daemon that
 does not write ``units`` (older than placement) leaves it absent, and its node holds no pod
-the placement service places (it says so).
+the placement service places (it says so). ``onDemand`` (absent for other GPUs) marks a
+GPU of a partition with ``migMode: OnDemand`` whose instances the daemon makes for pods the
+placement service asks them for, within the partition's bounds.
 
 What the daemon did for each GPUPartition travels the same way, in a second annotation on
 the same Node (see :mod:`tessera.api.node_report`).
@@ -88,6 +91,16 @@ class AdvertisedUnit(_Model):
     """MIG placement start slot; None for a whole GPU."""
 
 
+class OnDemandOffer(_Model):
+    """A GPU of a partition with ``migMode: OnDemand`` on a node whose device plugin makes
+    instances for pending pods: which partition, and its bounds."""
+
+    partition: str
+    profiles: tuple[str, ...] = ()
+    """Only these profiles are made (empty: every profile of the model)."""
+    max_instances: int | None = Field(alias="maxInstances", default=None, ge=1)
+
+
 class GPUInventory(_Model):
     """One physical GPU of a node."""
 
@@ -103,6 +116,9 @@ class GPUInventory(_Model):
     """UUIDs of the GPUs joined to this one by an active NVLink."""
     units: tuple[AdvertisedUnit, ...] | None = None
     """What the device plugin advertises on this GPU; None: the daemon does not say."""
+    on_demand: OnDemandOffer | None = Field(alias="onDemand", default=None)
+    """Set when the GPU's instances are made for pending pods (MIG on demand, device
+    plugin); None: a declared layout, or instances made for DRA claims."""
 
 
 class NodeInventory(_Model):
@@ -208,9 +224,11 @@ def from_node(node: Mapping[str, Any]) -> NodeInventory:
 
 
 def to_annotation(gpus: tuple[GPUInventory, ...] | list[GPUInventory]) -> str:
-    """Serialise GPUs as the annotation value (what a node daemon writes)."""
-    return json.dumps([g.model_dump(by_alias=True, mode="json") for g in gpus],
-                      separators=(",", ":"))
+    """Serialise GPUs as the annotation value (what a node daemon writes); ``onDemand`` only
+    where it is set."""
+    return json.dumps([g.model_dump(by_alias=True, mode="json",
+                                    exclude={"on_demand"} if g.on_demand is None else None)
+                       for g in gpus], separators=(",", ":"))
 
 
 def node_labels(gpus: tuple[GPUInventory, ...] | list[GPUInventory]) -> dict[str, str]:

@@ -8,16 +8,20 @@ change at once never conflict.  ``nodes`` is a map keyed by node name.
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Annotated, Literal, Self
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from tessera.api.conditions import Condition, Timestamp
 from tessera.api.crdtools import LIST_SET, cel, list_map
 from tessera.api.meta import ApiModel, FieldPathError, ObjectMeta
 from tessera.api.profile import ProfileName
 from tessera.api.selector import LabelSelector
+
+log = logging.getLogger("tessera.api")
 
 KIND = "GPUPartition"
 PLURAL = "gpupartitions"
@@ -206,7 +210,10 @@ class MigInstanceStatus(ApiModel):
     busy: bool = False
     """Whether processes were running on it."""
     claim: str | None = None
-    """The ResourceClaim (namespace/name) it was made for (migMode OnDemand)."""
+    """The ResourceClaim (namespace/name) it was made for (migMode OnDemand, DRA)."""
+    pod: str | None = None
+    """The pod (namespace/name) it was made for, or that holds it now (migMode OnDemand,
+    device plugin)."""
 
 
 class GPUStatus(ApiModel):
@@ -242,6 +249,43 @@ class NodePartitionStatus(ApiModel):
     """The node's GPUs that this partition covers."""
 
 
+class MigDemand(ApiModel):
+    """An instance asked of a node daemon for a pod that no instance could hold (migMode
+    OnDemand, device plugin): the operator's placement service writes it, the daemon makes
+    it, and the scheduler places the pod on it once the node advertises it."""
+
+    node: str
+    """The node whose daemon makes it."""
+    gpu: str
+    """The GPU's UUID (GPU-...)."""
+    gpu_index: int = Field(ge=0)
+    """The GPU's NVML index on that node."""
+    profile: ProfileName
+    """Profile name as the GPU's model spells it."""
+    start: int = Field(ge=0, le=7)
+    """Placement start slot."""
+    pod: str
+    """The pending pod (namespace/name) it is made for."""
+    pod_uid: str
+    """That pod's UID."""
+
+
+def demand_of(partitions: Iterable[Mapping[str, Any]]) -> list[tuple[str, MigDemand]]:
+    """Every ``status.demand`` entry of the partitions (objects as the API returns them),
+    with its partition's name; an entry that does not read is left out (it is logged; the
+    placement service's next write replaces it)."""
+    out = []
+    for obj in partitions:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        for raw in ((obj.get("status") or {}).get("demand") or []):
+            try:
+                out.append((name, MigDemand.model_validate(raw)))
+            except ValidationError as exc:
+                log.warning("status.demand entry not readable; ignored",
+                            extra={"partition": name, "error": str(exc)[:300]})
+    return out
+
+
 class GPUPartitionStatus(ApiModel):
     """Observed state, written by the operator alone."""
 
@@ -259,6 +303,9 @@ class GPUPartitionStatus(ApiModel):
     """Layout summary such as 1x3g.40gb+4x1g.10gb (printer column)."""
     nodes: dict[str, NodePartitionStatus] = Field(default_factory=dict)
     """Per-node reports keyed by node name, copied from the selected nodes' daemons."""
+    demand: list[MigDemand] = Field(default_factory=list)
+    """migMode OnDemand: the instances asked of the nodes for pending pods, until each pod
+    is placed (the operator's placement service)."""
 
 
 class GPUPartition(ApiModel):

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera_node.dra.claims import MadeInstance, Result, UnitBudget
+from tessera_node.dra.claims import Result, UnitBudget
 from tessera_node.dra.files import write_atomically
+from tessera_node.layout.on_demand import MadeInstance
 
 VERSION = 1
 

@@ -50,6 +50,7 @@ from tessera.dra.partitions import placement_of
 from tessera.dra.requests import request_body, stated_capacity
 from tessera_node.budget.formats import MAX_DEV, BudgetEntry
 from tessera_node.container.entries import shared_entry, whole_entry
+from tessera_node.layout.on_demand import MadeInstance
 
 
 class ClaimError(ValueError):
@@ -252,28 +253,6 @@ def allocated_units(claims: Iterable[Mapping[str, Any]], node: str,
 
 OnDemandGPUs = Callable[[], Mapping[int, tuple[str, str]]]
 """NVML index -> (GPU UUID, model ID) of the node's GPUs in migMode OnDemand with MIG on."""
-
-
-@dataclass(frozen=True)
-class MadeInstance:
-    """A MIG instance made for a claim: on GPU ``gpu`` (its UUID), ``profile`` at ``start``."""
-
-    gpu: int
-    gpu_uuid: str
-    profile: str
-    start: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "gpuUUID": self.gpu_uuid, "profile": self.profile,
-                "start": self.start}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MadeInstance:
-        return cls(int(data["gpu"]), str(data["gpuUUID"]), str(data["profile"]),
-                   int(data["start"]))
-
-    def __str__(self) -> str:
-        return f"{self.profile} at slot {self.start} of GPU {self.gpu}"
 
 
 def wanted_instances(results: Sequence[Result], node: str,

@@ -45,7 +45,6 @@ from tessera_node.dra import cdi
 from tessera_node.dra.checkpoint import Checkpoint, PreparedClaim
 from tessera_node.dra.claims import (
     ClaimError,
-    MadeInstance,
     OnDemandGPUs,
     UnitBudget,
     allocation,
@@ -56,6 +55,7 @@ from tessera_node.dra.claims import (
 from tessera_node.dra.containers import ClaimPolicy
 from tessera_node.dra.files import write_atomically
 from tessera_node.dra.resize import beside_prepared, resized_entries
+from tessera_node.layout.on_demand import MadeInstance
 
 log = logging.getLogger("tessera_node.dra")
 
@@ -104,7 +104,7 @@ read, OSError when the API server cannot be asked now."""
 
 class Maker(Protocol):
     """Makes and destroys the MIG instances of on-demand GPUs
-    (:class:`tessera_node.dra.ondemand.InstanceMaker`)."""
+    (:class:`tessera_node.layout.instances.InstanceMaker`)."""
 
     def make(self, inst: MadeInstance) -> object: ...
 

@@ -28,14 +28,26 @@ from tessera.api.partition import NodePartitionStatus, Sharing
 from tessera.dra.partitions import Bounds
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import offered_units, offers
-from tessera_node.layout.desired import being_reset, misfits, partition_views, targets
+from tessera_node.layout.desired import (
+    GPUTarget,
+    being_reset,
+    misfits,
+    partition_views,
+    targets,
+)
 from tessera_node.layout.holders import Holders
 from tessera_node.layout.plan import GPUPlan, Outcome
 from tessera_node.node import findings as findings_
 from tessera_node.node import reports
 from tessera_node.node.coexistence import detect
 from tessera_node.node.findings import Finding
-from tessera_node.node.inventory import node_gpus, unhealthy_units, with_units
+from tessera_node.node.inventory import (
+    node_gpus,
+    on_demand_profiles,
+    unhealthy_units,
+    with_on_demand,
+    with_units,
+)
 from tessera_node.node.patch import OWNED_LABELS
 
 
@@ -56,6 +68,9 @@ class NodeContent:
     on_demand: dict[str, Bounds] = field(default_factory=dict)
     """GPU UUID -> its partition's bounds, for the GPUs in migMode OnDemand (the DRA
     publisher offers their placements)."""
+    on_demand_targets: dict[str, GPUTarget] = field(default_factory=dict)
+    """GPU UUID -> its target, for the same GPUs (the device plugin's node makes their
+    instances for pods)."""
 
 
 def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
@@ -85,11 +100,13 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
            holders: Holders | None = None, allow_reset: bool = True,
            advertising: Advertising | None = None,
            extra_findings: Iterable[Finding] = (),
-           made_for: Mapping[str, str] | None = None) -> NodeContent:
+           made_for: Mapping[str, str] | None = None,
+           made_for_pods: Mapping[str, str] | None = None) -> NodeContent:
     """``advertising``: None when the daemon runs no device plugin (every GPU's ``units``
     is then empty: nothing is advertised). ``extra_findings``: what other parts of the
     daemon found (the DRA publisher: fields the API server drops). ``made_for``: MIG device
-    UUID -> the claim it was made for (the DRA plugin's, migMode OnDemand)."""
+    UUID -> the claim it was made for (the DRA plugin's, migMode OnDemand);
+    ``made_for_pods``: MIG device UUID -> the pod it was made for (the device plugin's)."""
     meta = node.get("metadata") or {}
     have_labels: Mapping[str, str] = meta.get("labels") or {}
     have_annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -120,7 +137,8 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
              if snapshot is not None else ())
     outcomes = {p.index: o for p in plans if (o := outcome(p)) is not None}
     situation = reports.Situation(snapshot, read_error, tuple(found), outcomes,
-                                  holders or {}, allow_reset, made_for or {})
+                                  holders or {}, allow_reset, made_for or {},
+                                  made_for_pods or {})
     before = old_reports(node)
     after = reports.merge(before, reports.build(owned, situation, misfits(views, inv)), now)
     if after:
@@ -132,15 +150,25 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
     uuid_of = {g.index: g.uuid for g in snapshot.gpus} if snapshot is not None else {}
     sharing = {uuid_of[i]: spec_of[p].sharing for p, on in owned.items() for i in on
                if i in uuid_of}
+    on_demand = {uuid_of[i]: t for on in owned.values() for i, t in on.items()
+                 if t.on_demand is not None and i in uuid_of}
     if snapshot is not None:
         offered = (offers(offered_units(snapshot, advertising.withdrawn),
                           advertising.shares_per_unit, sharing)
                    if advertising is not None else [])
-        annotations = {ANNOTATION_GPUS: to_annotation(with_units(gpus, offered)),
-                       **annotations}
+        # the device plugin's node makes on-demand instances for pods (the DRA one for
+        # claims, which its slices say): only its inventory marks those GPUs
+        for_pods = on_demand if advertising is not None else {}
+        annotations = {ANNOTATION_GPUS: to_annotation(with_on_demand(
+            with_units(gpus, offered), for_pods)), **annotations}
     profiles = frozenset(n for gpus in owned.values() for t in gpus.values()
                          for n in t.profiles)
-    on_demand = {uuid_of[i]: t.on_demand for on in owned.values() for i, t in on.items()
-                 if t.on_demand is not None and i in uuid_of}
+    if advertising is not None:  # every profile an on-demand GPU may get is a resource
+        model_of = {g.uuid: g.model for g in gpus}
+        profiles |= {n for uuid, t in on_demand.items() if uuid in model_of
+                     if t.on_demand is not None
+                     for n in on_demand_profiles(model_of[uuid], t.on_demand)}
     return NodeContent(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),
-                  plans, sharing, profiles, on_demand)
+                  plans, sharing, profiles,
+                  {u: t.on_demand for u, t in on_demand.items() if t.on_demand is not None},
+                  on_demand)

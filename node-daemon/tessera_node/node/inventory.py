@@ -7,14 +7,16 @@ types, and checks the model table's MIG profiles against NVML's for each GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tessera.api.inventory import AdvertisedUnit, GPUInventory, MigInstance
+from tessera.api.inventory import AdvertisedUnit, GPUInventory, MigInstance, OnDemandOffer
+from tessera.dra.partitions import Bounds
 from tessera.mig.catalog import profiles
 from tessera.models import GPUModel
 from tessera_node.device.state import DeviceSnapshot, GPUState, ProfileInfo, model_of
 from tessera_node.deviceplugin.devices import Offer
+from tessera_node.layout.desired import GPUTarget
 from tessera_node.node.findings import Finding
 
 MAX_DIFFERENCES = 3
@@ -107,3 +109,32 @@ def profile_mismatches(gpu: GPUState, model: GPUModel) -> list[Finding]:
         shown += f"; and {more} more"
     return [Finding("ProfileMismatch", f"GPU {gpu.index} ({model.id}): tessera's model "
                     f"table and NVML disagree on MIG profiles: {shown}", gpu.index)]
+
+
+def on_demand_profiles(model: str, bounds: Bounds) -> tuple[str, ...]:
+    """The profiles an on-demand GPU of ``model`` may be given (its partition's
+    ``onDemand.profiles``, else every profile of the model; ``+me`` variants only when
+    named): each is a device plugin resource from the start, so the scheduler sees the
+    resource (with none free) and a pod asking it waits for an instance."""
+    if bounds.profiles:
+        return bounds.profiles
+    try:
+        return tuple(p.name for p in profiles(model) if not p.media_extensions)
+    except (KeyError, ValueError):
+        return ()
+
+
+def with_on_demand(gpus: tuple[GPUInventory, ...], on_demand: Mapping[str, GPUTarget]
+                   ) -> tuple[GPUInventory, ...]:
+    """The GPUs with ``onDemand`` set on those whose instances are made for pods
+    (``on_demand``: GPU UUID -> the target of its partition in migMode OnDemand)."""
+    out = []
+    for g in gpus:
+        t = on_demand.get(g.uuid)
+        if t is None or t.on_demand is None:
+            out.append(g)
+            continue
+        out.append(g.model_copy(update={"on_demand": OnDemandOffer(
+            partition=t.partition, profiles=t.on_demand.profiles,
+            max_instances=t.on_demand.max_instances)}))
+    return tuple(out)

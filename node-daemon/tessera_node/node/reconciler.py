@@ -40,8 +40,11 @@ from tessera_node.device.sockets import device_plugin_sockets
 from tessera_node.device.state import DeviceSnapshot
 from tessera_node.deviceplugin.devices import Sharing, units
 from tessera_node.deviceplugin.service import DevicePlugin
+from tessera_node.layout.desired import GPUTarget
 from tessera_node.layout.enact import Enactor
 from tessera_node.layout.holders import DeviceHolders
+from tessera_node.layout.instances import DemandRunner
+from tessera_node.layout.on_demand import asked_of
 from tessera_node.layout.plan import Outcome
 from tessera_node.layout.queue import PlanQueue
 from tessera_node.node.content import Advertising, node_content
@@ -84,7 +87,8 @@ class NodeReconciler:
     def __init__(self, kube: Kube, opts: Options, reader: GPUReader, enactor: Enactor,
                  health: Health, holders: DeviceHolders, own: OwnNode, changed: asyncio.Event,
                  plugin: DevicePlugin | None = None, dra: Publishing | None = None,
-                 made_for: Callable[[], Mapping[str, str]] = lambda: {}) -> None:
+                 made_for: Callable[[], Mapping[str, str]] = lambda: {},
+                 demand: DemandRunner | None = None) -> None:
         """``changed``: set by whatever changes what the Node should say (the own Node's
         watch, the device plugin's GPU commitments, and this reconciler's own inputs); each
         time it is set, one reconcile pass follows."""
@@ -93,6 +97,9 @@ class NodeReconciler:
         self.dra = dra
         self.made_for = made_for
         """MIG device UUID -> the claim it was made for (the DRA plugin's checkpoint)."""
+        self.demand = demand
+        """Makes and destroys the instances asked for pods (MIG on demand, device plugin)."""
+        self._demand_task: asyncio.Task[None] | None = None
         self.opts = opts
         self.reader = reader
         self.health = health
@@ -216,6 +223,25 @@ class NodeReconciler:
                 await asyncio.sleep(1.0)
                 self._dirty.set()
 
+    def _on_demand(self, targets: Mapping[str, GPUTarget]) -> None:
+        """Make the instances the operator asks of this node for pods, destroy the idle ones
+        (one batch at a time, in a thread; the GPUs are read again when it is done)."""
+        if (self.demand is None or self.snapshot is None or self.read_error is not None
+                or (self._demand_task is not None and not self._demand_task.done())):
+            return
+        work = self.demand.decide(self.snapshot, targets,
+                                  asked_of(self.partitions.values(), self.opts.node_name))
+        if not work:
+            return
+        demand = self.demand
+
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(demand.run, work)
+            finally:
+                self._work_done()
+        self._demand_task = asyncio.create_task(run())
+
     async def reconcile_once(self) -> None:
         node = self.own.obj
         if (node is None or not self.health.synced(PARTITION_WATCH)
@@ -230,7 +256,8 @@ class NodeReconciler:
                    self.sockets, self.opts.device_plugin_dir,
                    lambda p: refused or self.work.outcome(p), datetime.now(UTC),
                    self.holders, self.opts.allow_gpu_reset, advertising,
-                   self.dra.findings() if self.dra is not None else (), self.made_for())
+                   self.dra.findings() if self.dra is not None else (), self.made_for(),
+                   self.demand.made_for if self.demand is not None else None)
         # beside another MIG manager the reports fail and nothing is touched
         if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
             for p in w.plans:
@@ -244,6 +271,8 @@ class NodeReconciler:
         if self.plugin is not None:
             self.plugin.update(self.snapshot if self.read_error is None else None,
                                w.sharing, w.profiles)
+        if refused is None and not any(f.kind == "OtherMigManager" for f in w.findings):
+            self._on_demand(w.on_demand_targets)
         # DRA: the publisher writes what this pass found (after the plans are queued: their
         # workers start at the next await, and withdraw from what it has then)
         if self.dra is not None:

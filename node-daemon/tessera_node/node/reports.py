@@ -37,6 +37,22 @@ class Situation:
     allow_reset: bool = True
     made_for: Mapping[str, str] = field(default_factory=dict)
     """MIG device UUID -> the claim (namespace/name) it was made for (migMode OnDemand)."""
+    made_for_pods: Mapping[str, str] = field(default_factory=dict)
+    """MIG device UUID -> the pod (namespace/name) it was made for (migMode OnDemand, device
+    plugin)."""
+
+    def pods_on(self, gpu: GPUState) -> dict[str, str]:
+        """MIG device UUID -> the pod an instance of ``gpu`` is held by (the kubelet's
+        word), else the pod it was made for."""
+        out = {}
+        for i in gpu.instances:
+            if not i.uuid:
+                continue
+            held = [p for p in self.holders.get(i.uuid, ()) if "/" in p]
+            pod = held[0] if held else self.made_for_pods.get(i.uuid)
+            if pod:
+                out[i.uuid] = pod
+        return out
 
     def outcome(self, index: int) -> Outcome | None:
         return self.outcomes.get(index)
@@ -66,16 +82,20 @@ def gpu_phase(p: GPUPlan, s: Situation) -> tuple[NodePhase, str, str | None]:
     return "Applying", p.describe(), None
 
 
-def gpu_status(g: GPUState, made_for: Mapping[str, str] | None = None) -> GPUStatus:
+def gpu_status(g: GPUState, made_for: Mapping[str, str] | None = None,
+               pods: Mapping[str, str] | None = None) -> GPUStatus:
+    """``made_for``: MIG UUID -> the claim it was made for; ``pods``: -> the pod."""
     model = model_of(g)
     made_for = made_for or {}
+    pods = pods or {}
     return GPUStatus(
         index=g.index, uuid=g.uuid, model=model.id if model else None,
         mig_enabled=g.mig_mode == "enabled",
         instances=[MigInstanceStatus(profile=i.profile, start=i.start, size=i.size,
                                      gi_id=i.gi_id, uuid=i.uuid or None,
                                      busy=bool(i.memory_used_bytes),
-                                     claim=made_for.get(i.uuid) if i.uuid else None)
+                                     claim=made_for.get(i.uuid) if i.uuid else None,
+                                     pod=pods.get(i.uuid) if i.uuid else None)
                    for i in g.instances])
 
 
@@ -97,7 +117,8 @@ def entry(owned: Mapping[int, GPUTarget], s: Situation) -> NodePartitionStatus:
     other_manager = [f.message for f in s.findings if f.kind == "OtherMigManager"]
     todo = [p for p in (plan(t, gpus[i], s.holders, s.allow_reset)
                         for i, t in sorted(owned.items())) if not p.done]
-    status = [gpu_status(gpus[i], s.made_for) for i in sorted(owned)]
+    status = [gpu_status(gpus[i], s.made_for, s.pods_on(gpus[i]) if t.on_demand else None)
+              for i, t in sorted(owned.items())]
     if wrong:
         return NodePartitionStatus(phase="Failed", observed_generation=generation,
                                    message="; ".join(wrong), gpus=status)

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tessera_node.dra.claims import MadeInstance, Result, wanted_instances
+from tessera_node.dra.claims import Result, wanted_instances
+from tessera_node.layout.on_demand import MadeInstance
 from tessera_sim import BIN_DIR, BUILD_DIR, LIB_DIR
 from tessera_sim.node import GPUSpec, write_node
 
@@ -25,8 +26,8 @@ import json, subprocess, sys
 from tessera_node.device.hostlock import GPULocks
 from tessera_node.device.nvml import NvmlReader
 from tessera_node.device.smi import NvidiaSmi
-from tessera_node.dra.claims import MadeInstance
-from tessera_node.dra.ondemand import InstanceMaker
+from tessera_node.layout.instances import InstanceMaker
+from tessera_node.layout.on_demand import MadeInstance
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node import metrics
 

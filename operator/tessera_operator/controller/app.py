@@ -50,6 +50,7 @@ from tessera_operator.controller.settings import Options
 from tessera_operator.placement.cache import PlacementCache
 from tessera_operator.placement.eviction import evictor
 from tessera_operator.placement.extender import LeaderLink, add_routes
+from tessera_operator.placement.on_demand import OnDemandAsker
 from tessera_operator.placement.service import PlacementService
 from tessera_operator.webhooks import server
 from tessera_operator.webhooks.admission import Admission
@@ -197,7 +198,8 @@ async def run(opts: Options) -> None:
     lag = asyncio.create_task(measure_lag(metrics.LOOP_LAG_SECONDS.observe))
     log.info("serving", extra={"webhookPort": opts.webhook_port, "healthPort": opts.health_port,
                                "identity": opts.identity})
-    leader_work = {**certs.leader_tasks(), **ctl.tasks()}
+    asker = OnDemandAsker(placement, kube)  # MIG on demand for pods (status.demand)
+    leader_work = {**certs.leader_tasks(), **ctl.tasks(), "mig-on-demand": asker.run}
 
     async def lead() -> None:
         ctl.lead_with(await seal_key(kube, opts.namespace))

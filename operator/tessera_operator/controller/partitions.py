@@ -32,7 +32,8 @@ log = logging.getLogger("tessera_operator.controller.partitions")
 
 STATUS_KEYS = ("observedGeneration", "conditions", "selectedNodes", "selectedNodeCount",
                "readyNodeCount", "layout", "nodes")
-"""All of a GPUPartition's status: the operator is its only writer."""
+"""All of a GPUPartition's status but ``demand`` (the placement service's, MIG on demand):
+the operator is its only writer."""
 
 
 @dataclass

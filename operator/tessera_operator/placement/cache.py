@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.api.inventory import from_node
+from tessera.api.inventory import NodeInventory, from_node
 from tessera.api.names import (
     ANNOTATION_GPU_COMMITMENTS,
     LABEL_BUDGETED,
@@ -30,9 +30,12 @@ from tessera.api.names import (
     VGPU_CORES,
     VGPU_MEMORY,
 )
+from tessera.dra.partitions import Bounds
 from tessera.kube.client import Kube, Obj, path
 from tessera.kube.health import Health
 from tessera.placement.demand import DemandError, pod_demands
+from tessera.placement.eligibility import eligible
+from tessera.placement.on_demand import OnDemandGpu
 from tessera.placement.record import PlacementRecordError, of_pod
 from tessera.placement.units import NoUnitsError, Unit, node_units
 from tessera.placement.usage import Placed
@@ -57,6 +60,24 @@ class NodeView:
     allocatable: Mapping[str, int] = field(default_factory=dict)
     """The Node's allocatable of tessera's device resources (what the scheduler fits
     against)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
+    unschedulable: bool = False
+    on_demand: tuple[OnDemandGpu, ...] = ()
+    """Its GPUs whose instances are made for pending pods (MIG on demand)."""
+
+    def admits(self, pod_spec: Mapping[str, Any]) -> bool:
+        """Whether the pod's selector, affinity and tolerations let it onto this node."""
+        return eligible(pod_spec, self.name, self.labels, self.taints, self.unschedulable)
+
+
+def on_demand_gpus(inv: NodeInventory) -> tuple[OnDemandGpu, ...]:
+    return tuple(OnDemandGpu(
+        node=inv.name, uuid=g.uuid, index=g.index, model=g.model,
+        partition=g.on_demand.partition,
+        bounds=Bounds(tuple(g.on_demand.profiles), g.on_demand.max_instances),
+        instances=tuple((i.profile, i.start) for i in g.instances))
+        for g in inv.gpus if g.on_demand is not None and g.mig_mode == "enabled")
 
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
@@ -80,8 +101,12 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
             log.warning("unreadable gpu-commitments; counting records only",
                         extra={"node": inv.name})
     alloc = ((node.get("status") or {}).get("allocatable") or {})
+    spec = node.get("spec") or {}
     return NodeView(inv.name, units, error, mem, count,
-                    {k: _int(v) for k, v in alloc.items() if is_device_resource(k)})
+                    {k: _int(v) for k, v in alloc.items() if is_device_resource(k)},
+                    labels=inv.labels, taints=tuple(spec.get("taints") or ()),
+                    unschedulable=bool(spec.get("unschedulable")),
+                    on_demand=on_demand_gpus(inv) if error is None else ())
 
 
 def is_device_resource(name: str) -> bool:
@@ -127,6 +152,40 @@ class PodView:
     """Bound and not ended: it holds GPU units (by record, or unrecorded; a record or budget
     that cannot be read counts as none: the daemon's commitments then stand for it)."""
     requests: Mapping[str, int] = field(default_factory=dict)
+    waiting: Waiting | None = None
+    """Set when the scheduler found no node for the pod and it asks whole MIG instances:
+    what MIG on demand needs of it."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A pod the scheduler could not place that asks whole MIG instances."""
+
+    created: str
+    profiles: tuple[str, ...]
+    """One profile per instance it asks (as the scheduler counts them)."""
+    spec: Mapping[str, Any]
+    """Its ``nodeSelector``, ``affinity`` and ``tolerations``."""
+    annotations: Mapping[str, str]
+    """Its placement policy annotations (and the rest)."""
+
+
+def waiting(pod: Mapping[str, Any], requests: Mapping[str, int]) -> Waiting | None:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if spec.get("nodeName") or meta.get("deletionTimestamp") or status.get("phase") in ENDED:
+        return None
+    if not any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+               and c.get("reason") == "Unschedulable" for c in status.get("conditions") or []):
+        return None
+    profiles = tuple(k[len(MIG_PREFIX):] for k, n in sorted(requests.items())
+                     if k.startswith(MIG_PREFIX) for _ in range(n))
+    if not profiles:
+        return None
+    return Waiting(str(meta.get("creationTimestamp") or ""), profiles,
+                   {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations")
+                    if k in spec}, dict(meta.get("annotations") or {}))
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -146,7 +205,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
                             record=record, demands=tuple(pod_demands(pod)))
     except (PlacementRecordError, DemandError):
         placed = None
-    return PodView(key, uid, node, priority, placed, holds, pod_requests(pod))
+    requests = pod_requests(pod)
+    return PodView(key, uid, node, priority, placed, holds, requests, waiting(pod, requests))
 
 
 @dataclass
