@@ -22,6 +22,17 @@ namespace under a GPUQuota. Two phases, one after the other, on node-0's H100:
   -cgi 1g.10gb:<start> -C``) and destroys it at unprepare. The daemon's own metrics give
   the part of it that is ``nvidia-smi`` (the simulator's: a real driver takes longer).
 
+* **device plugin, declared instance vs MIG on demand** (a bed of its own with
+  tessera-scheduler, the operator's placement extender): each pod asks
+  ``tessera.dev/mig-1g.10gb``. First node-0's GPU is partitioned into seven declared
+  ``1g.10gb`` instances (the baseline: a free instance waits for each pod); then the same
+  GPU in ``migMode: OnDemand`` with ``--on-demand-idle 0``: the scheduler finds no free
+  instance, the placement service asks one in the partition's ``status.demand``,
+  tessera-node makes and advertises it, the kubelet raises the Node's allocatable (the
+  test bed's kubelets post their status every 4 s when it changes), and the scheduler tries
+  the pod again. Between waves the bench waits for node-0's instances to be gone, so every
+  pod's instance is made for it.
+
 Pods are made ``--wave`` at a time (the device plugin offers 10 shares per GPU, an H100 up
 to seven 1g.10gb); each is timed from its create call returning to the API showing its
 container running (polled every 20 ms with one list of the namespace's pods), and the wave
@@ -45,12 +56,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "e2e"), str(REPO / "sim"), str(REPO / "core"),
                 str(REPO / "operator"), str(REPO / "node-daemon")]
 
-from tessera.api.names import DRA_DEVICE_CLASS, DRA_DRIVER  # noqa: E402
+from tessera.api.names import (  # noqa: E402
+    ANNOTATION_GPUS,
+    DRA_DEVICE_CLASS,
+    DRA_DRIVER,
+    SCHEDULER_NAME,
+)
+from tessera.api.resources import mig_resource_name  # noqa: E402
 from tessera.kube.client import Kube, load_credentials, path  # noqa: E402
 from tessera_e2e.controlplane.build import ensure_built, ensure_containerd  # noqa: E402
 from tessera_e2e.controlplane.cluster import LocalCluster  # noqa: E402
 from tessera_e2e.gpubed.bed import Bed, claim_pod, gpu_bed, gpu_pod, vgpu  # noqa: E402
 from tessera_e2e.operator.replicas import render_chart, wait_until  # noqa: E402
+from tessera_e2e.operator.scheduler import TesseraScheduler  # noqa: E402
 
 NS = "bench-dra"
 NODE = "node-0"
@@ -97,9 +115,24 @@ def on_demand(bed: Bed[Any], layout: dict[str, Any]) -> None:
         "status"]["nodes"][NODE].get("phase") == "Ready", 120)
 
 
+def instances_on(bed: Bed[Any]) -> int:
+    """MIG instances node-0's inventory shows."""
+    inv = json.loads(bed.get("node", NODE)["metadata"]["annotations"][ANNOTATION_GPUS])
+    return sum(len(g.get("instances") or []) for g in inv)
+
+
 def running(pod: dict[str, Any]) -> bool:
     return any("running" in (c.get("state") or {})
                for c in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def body(kind: str, name: str) -> dict[str, Any]:
+    if kind == "dp":
+        return gpu_pod(name, COMMAND, vgpu(1024, cores=1), NODE)
+    if kind in ("mig", "dpod"):  # placed by tessera-scheduler (the webhook names it)
+        return gpu_pod(name, COMMAND, {mig_resource_name("1g.10gb"): "1"}, NODE)
+    return claim_pod(name, COMMAND, node=NODE,
+                     template=TEMPLATE if kind == "dra" else ON_DEMAND_TEMPLATE)
 
 
 async def phase(bed: Bed[Any], kind: str, pods: int, wave: int) -> list[float]:
@@ -112,10 +145,7 @@ async def phase(bed: Bed[Any], kind: str, pods: int, wave: int) -> list[float]:
             names = [f"{kind}-{i}" for i in range(w, min(pods, w + wave))]
             created: dict[str, float] = {}
             for name in names:
-                body = (gpu_pod(name, COMMAND, vgpu(1024, cores=1), NODE) if kind == "dp"
-                        else claim_pod(name, COMMAND, node=NODE, template=(
-                            TEMPLATE if kind == "dra" else ON_DEMAND_TEMPLATE)))
-                await kube.create(url, body)
+                await kube.create(url, body(kind, name))
                 created[name] = time.monotonic()
             seen: dict[str, float] = {}
             deadline = time.monotonic() + 120
@@ -142,6 +172,9 @@ async def phase(bed: Bed[Any], kind: str, pods: int, wave: int) -> list[float]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{kind}: wave {w // wave} not gone after 120 s")
                 await asyncio.sleep(0.2)
+            if kind == "dpod":  # every pod of the next wave gets an instance made for it
+                await asyncio.to_thread(wait_until, "node-0's instances destroyed",
+                                        lambda: instances_on(bed) == 0, 120, 0.2)
     finally:
         await kube.close()
     return out
@@ -167,6 +200,30 @@ def main() -> int:
         with gpu_bed(cluster, Path(tmp) / "dp") as bed:
             setup_namespace(bed)
             results["device plugin"] = asyncio.run(phase(bed, "dp", args.pods, args.wave))
+        with gpu_bed(cluster, Path(tmp) / "dp-mig",
+                     operator_args=("--scheduler-name", SCHEDULER_NAME),
+                     daemon_args=("--on-demand-idle", "0")) as bed:
+            assert bed.operators is not None
+            sched = TesseraScheduler(cluster.bin_dir, cluster.kubeconfig, bed.operators,
+                                     Path(tmp) / "dp-mig").start()
+            try:
+                on_demand(bed, {"migMode": "Enabled", "profiles": [
+                    {"name": "1g.10gb", "count": 7}]})
+                wait_until(f"{NODE} advertising 7 1g.10gb", lambda: bed.allocatable(NODE).get(
+                    mig_resource_name("1g.10gb")) == "7", 60)
+                results["DP declared 1g"] = asyncio.run(phase(bed, "mig", args.pods,
+                                                              args.wave))
+                on_demand(bed, {"migMode": "Disabled"})
+                on_demand(bed, {"migMode": "OnDemand"})
+                results["DP on demand"] = asyncio.run(phase(bed, "dpod", args.pods,
+                                                            args.wave))
+                dp_made = (bed.daemons[NODE].metric("tessera_node_mig_on_demand_seconds_sum")
+                           or 0, bed.daemons[NODE].metric(
+                               "tessera_node_mig_on_demand_seconds_count") or 0)
+                on_demand(bed, {"migMode": "Disabled"})
+                bed.cluster.kubectl("delete", "gpupartition", ON_DEMAND)
+            finally:
+                sched.stop()
         with gpu_bed(cluster, Path(tmp) / "dra",
                      daemon_args=("--dra", "true", "--device-plugin", "false")) as bed:
             text = render_chart(values={"nodeDaemon": {"dra": {"nodeLabels": {"pool": "dra"}}}})
@@ -208,9 +265,11 @@ def main() -> int:
     base = statistics.median(results["device plugin"])
     for what, xs in results.items():
         ms = [1000 * x for x in xs]
-        print(f"  {what:<14} p50 {statistics.median(ms):6.0f} ms  p99 {pct(ms, 99):6.0f} ms  "
+        print(f"  {what:<16} p50 {statistics.median(ms):6.0f} ms  p99 {pct(ms, 99):6.0f} ms  "
               f"max {max(ms):6.0f} ms  (x{statistics.median(xs) / base:.2f} of the device "
               f"plugin's p50)")
+    print(f"  device plugin on demand: {dp_made[1]:.0f} instances made, "
+          f"{dp_made[0] / max(dp_made[1], 1) * 1000:.0f} ms each (asked to NVML showing it)")
     print(f"  on demand: {made[1]:.0f} instances made, {made[0] / max(made[1], 1) * 1000:.0f} ms "
           f"each from prepare asking to NVML showing it; {destroyed or 0:.0f} destroyed")
     for c, (total, n) in smi.items():

@@ -99,6 +99,8 @@ class OnDemandOffer(_Model):
     profiles: tuple[str, ...] = ()
     """Only these profiles are made (empty: every profile of the model)."""
     max_instances: int | None = Field(alias="maxInstances", default=None, ge=1)
+    keep_whole: int | None = Field(alias="keepWhole", default=None, ge=1)
+    """Of the partition's GPUs on this node, how many are kept with no instance."""
 
 
 class GPUInventory(_Model):

@@ -108,6 +108,10 @@ class OnDemand(ApiModel):
     the model when absent."""
     max_instances: int | None = Field(default=None, ge=1, le=7)
     """At most this many instances per GPU at once; the model's limit when absent."""
+    keep_whole: int | None = Field(default=None, ge=1, le=64)
+    """On each node, at least this many of the partition's GPUs are kept with no instance
+    for whole-GPU work: while no more are empty, an empty GPU takes only an instance of the
+    whole GPU (7g.80gb on an H100, 4g.24gb on an A30). None: none kept."""
 
 
 class Layout(ApiModel):

@@ -71,7 +71,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tessera.api.inventory import GPUInventory
@@ -106,13 +106,41 @@ class Bounds:
     """Only these profiles are published (empty: every profile of the model)."""
     max_instances: int | None = None
     """At most this many instances at once (None: the model's own limits)."""
+    keep_whole: int = 0
+    """Per node, this many of the partition's GPUs kept with no instance (for whole-GPU
+    work): while no more are empty, an empty GPU takes only whole-GPU profiles."""
+    partition: str = ""
+    """The partition they are of (``keep_whole`` counts its GPUs on a node)."""
 
     @classmethod
-    def of(cls, spec: OnDemand | None) -> Bounds:
+    def of(cls, spec: OnDemand | None, partition: str = "") -> Bounds:
         """A GPUPartition's ``spec.layout.onDemand`` (None: no bounds)."""
         if spec is None:
-            return cls()
-        return cls(tuple(spec.profiles or ()), spec.max_instances)
+            return cls(partition=partition)
+        return cls(tuple(spec.profiles or ()), spec.max_instances, spec.keep_whole or 0,
+                   partition)
+
+    def whole_only(self, model_id: str) -> Bounds | None:
+        """These bounds on a GPU kept for whole-GPU work: only the profiles that take the
+        whole GPU, of those allowed (None: none is allowed, so nothing may be made)."""
+        whole = tuple(p.name for p in profiles(model_id)
+                      if p.memory_slices == slice_counts(model_id)[0]
+                      and (not self.profiles or p.name in self.profiles))
+        return replace(self, profiles=whole) if whole else None
+
+
+def kept_whole(gpus: Sequence[tuple[str, Bounds, bool]]) -> set[str]:
+    """Of GPUs (id, bounds, whether it has no instance) of one node, those that are kept
+    for whole-GPU work now: every empty GPU of a partition whose ``keep_whole`` is at least
+    its number of empty GPUs on the node (taking a small instance on any of them would
+    leave fewer)."""
+    empty: dict[str, list[str]] = {}
+    keep: dict[str, int] = {}
+    for gid, b, is_empty in gpus:
+        if b.keep_whole and is_empty:
+            empty.setdefault(b.partition, []).append(gid)
+            keep[b.partition] = b.keep_whole
+    return {g for part, ids in empty.items() if len(ids) <= keep[part] for g in ids}
 
 
 def counter_set_name(gpu_index: int) -> str:

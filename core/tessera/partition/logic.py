@@ -207,7 +207,18 @@ def _on_demand_errors(bounds: OnDemand | None, models: list[str],
                            f"{bounds.max_instances} instances{of} never fit on one GPU: "
                            f"{holder} holds at most {best}{most}; set maxInstances to "
                            f"{best} or less"))
+    if bounds.keep_whole and bounds.profiles:
+        whole = {m: [n for n in _own_profiles(m) if _takes_whole_gpu(m, n)] for m in models}
+        if not any(n in valid for names in whole.values() for n in names):
+            errors.append(("spec.layout.onDemand.keepWhole", (
+                "keepWhole keeps GPUs for an instance of the whole GPU, but onDemand.profiles "
+                f"allows none ({_examples({m: ', '.join(n) for m, n in whole.items()})}): "
+                "add one, or drop keepWhole")))
     return errors
+
+
+def _takes_whole_gpu(model_id: str, name: str) -> bool:
+    return catalog.profile(model_id, name).memory_slices == catalog.slice_counts(model_id)[0]
 
 
 def spec_errors(spec: GPUPartitionSpec) -> list[tuple[str, str]]:

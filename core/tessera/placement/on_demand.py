@@ -17,7 +17,9 @@ is made there for the pod; once the node advertises it, the scheduler places the
    the pod's instances go where it needs the **fewest new** ones: free instances of its
    profiles are used first (one pod's free instance is not counted again for the next); the
    rest are added by :func:`tessera.mig.ondemand.choose` on that node's on-demand GPUs
-   within their partition's bounds (``onDemand.profiles``, ``onDemand.maxInstances``).
+   within their partition's bounds (``onDemand.profiles``, ``onDemand.maxInstances``, and
+   ``onDemand.keepWhole``: while a partition has no more empty GPUs on the node than it
+   keeps, those take a whole-GPU instance only).
    Among nodes needing as many, the one whose free room shrinks least (usable memory
    slices, as ``choose`` ranks), then the lowest name. All of a pod's instances are on one
    node: a pod runs on one node.
@@ -34,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.dra.partitions import Bounds
+from tessera.dra.partitions import Bounds, kept_whole
 from tessera.mig.catalog import UnknownProfileError, profile
 from tessera.mig.ondemand import Choice, candidates, choose, room_change
 from tessera.placement.units import Unit
@@ -123,8 +125,13 @@ class _Fleet:
         of its room, by :func:`tessera.mig.ondemand.choose` per model."""
         best: tuple[tuple[int, ...], OnDemandGpu, int] | None = None
         by_model: dict[str, list[OnDemandGpu]] = {}
+        kept = kept_whole([(g.uuid, g.bounds, not self.layout[g.uuid]) for g in gpus])
         for g in gpus:
             limit = g.bounds.max_instances
+            if g.uuid in kept:  # kept for whole-GPU work: a whole-GPU instance only
+                whole = g.bounds.whole_only(g.model)
+                if whole is None or profile_name not in whole.profiles:
+                    continue
             if g.allows(profile_name) and (limit is None or len(self.layout[g.uuid]) < limit):
                 by_model.setdefault(g.model, []).append(g)
         for model, group in sorted(by_model.items()):

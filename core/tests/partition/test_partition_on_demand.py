@@ -118,6 +118,17 @@ def test_max_instances_is_what_the_allowed_profiles_fit_on_one_gpu(model: str,
         assert f"{model} holds at most {limit}; set maxInstances to {limit} or less" in errs[0][1]
 
 
+def test_keep_whole_needs_a_whole_gpu_profile_among_the_allowed() -> None:
+    assert spec_errors(on_demand({"keepWhole": 1})) == []
+    assert spec_errors(on_demand({"keepWhole": 2, "profiles": ["7g.80gb", "1g.10gb"]})) == []
+    errs = spec_errors(on_demand({"keepWhole": 1, "profiles": ["1g.10gb"]},
+                                 gpus={"models": ["H100-80GB"]}))
+    assert errs == [("spec.layout.onDemand.keepWhole",
+                     "keepWhole keeps GPUs for an instance of the whole GPU, but "
+                     "onDemand.profiles allows none (H100-80GB: 7g.80gb): add one, or drop "
+                     "keepWhole")]
+
+
 def test_max_instances_of_restricted_profiles_names_them() -> None:
     errs = spec_errors(on_demand({"profiles": ["3g.40gb"], "maxInstances": 3}))
     assert errs == [("spec.layout.onDemand.maxInstances",

@@ -88,6 +88,23 @@ def test_bounds_of_the_partition_hold() -> None:
     assert len(plan([pod("a", "1g.10gb")], room, {}, [])) == 1
 
 
+def test_keep_whole_leaves_the_last_empty_gpus_of_a_node_to_whole_gpu_instances() -> None:
+    keep = Bounds(keep_whole=1, partition="lab")
+    gpus = [replace(gpu("n0", 0), bounds=keep), replace(gpu("n0", 1), bounds=keep)]
+    first = plan([pod("a", "1g.10gb")], gpus, {}, [])
+    assert len(first) == 1  # two empty, one kept: one may take it
+    # the second 1g goes beside the first, never on the last empty GPU
+    got = plan([pod("a", "1g.10gb"), pod("b", "1g.10gb")], gpus, {}, [])
+    assert len({w.gpu for w in got}) == 1
+    # a whole-GPU instance may take the kept GPU; a 3g no longer fits anywhere else
+    one = [replace(gpus[0], instances=(("4g.40gb", 0), ("3g.40gb", 4))), gpus[1]]
+    assert [w.profile for w in plan([pod("c", "7g.80gb")], one, {}, [])] == ["7g.80gb"]
+    assert plan([pod("c", "3g.40gb")], one, {}, []) == []
+    # keepWhole counts per node: n1's empty GPU is n1's
+    other = [*one, replace(gpu("n1", 0), bounds=keep), replace(gpu("n1", 1), bounds=keep)]
+    assert [w.node for w in plan([pod("c", "3g.40gb")], other, {}, [])] == ["n1"]
+
+
 def test_a_pod_of_several_instances_gets_them_all_on_one_node() -> None:
     gpus = [gpu("n0", 0, (("4g.40gb", 0),)), gpu("n1", 0), gpu("n1", 1)]
     got = plan([pod("a", "3g.40gb", "3g.40gb", "1g.10gb")], gpus, {}, [])

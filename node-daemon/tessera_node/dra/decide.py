@@ -19,7 +19,7 @@ from typing import Any
 from tessera.api.inventory import GPUInventory
 from tessera.api.names import DRA_DRIVER
 from tessera.dra.devices import node_devices, nvlink_cliques
-from tessera.dra.partitions import Bounds, gpu_partitions
+from tessera.dra.partitions import Bounds, gpu_partitions, kept_whole
 from tessera.dra.slices import Plan, as_kept, dropped, plan
 from tessera.mig.catalog import UnknownProfileError
 from tessera.mig.planner import LayoutError
@@ -78,10 +78,19 @@ def placements(snapshot: DeviceSnapshot, readable: bool,
         return pool
     gpus = node_gpus(snapshot).gpus
     cliques = nvlink_cliques(gpus)
+    # a partition's keepWhole: its empty GPUs, while no more are empty than it keeps, offer
+    # whole-GPU placements only (a burst the scheduler allocates before the slices change
+    # may still take more than one of them; each claim's instance is made all the same)
+    kept = kept_whole([(g.uuid, on_demand[g.uuid], not g.instances) for g in gpus
+                       if g.uuid in on_demand and g.mig_mode == "enabled"])
     for g in sorted(gpus, key=lambda g: g.index):
         bounds = on_demand.get(g.uuid)
         if bounds is None or g.mig_mode != "enabled" or withdrawn.get(g.uuid):
             continue
+        if g.uuid in kept:
+            bounds = bounds.whole_only(g.model)
+            if bounds is None:
+                continue
         try:
             parts = gpu_partitions(g, g.instances, cliques, bounds)
         except (LayoutError, UnknownModelError, UnknownProfileError):

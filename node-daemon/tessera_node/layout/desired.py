@@ -117,7 +117,7 @@ def targets(partitions: Iterable[PartitionView], node: NodeInventory,
         layout = v.spec.layout
         enabled = layout.mig_mode != "Disabled"
         wanted = tuple(sorted(layout.profile_names())) if enabled else ()
-        bounds = Bounds.of(layout.on_demand) if layout.mig_mode == "OnDemand" else None
+        bounds = Bounds.of(layout.on_demand, name) if layout.mig_mode == "OnDemand" else None
         for claim in res.claims:
             out.setdefault(name, {})[claim.index] = GPUTarget(
                 name, v.generation, enabled, wanted, v.spec.disruption_policy,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.partition import demand_of
+from tessera.dra.partitions import kept_whole
 from tessera.mig.catalog import UnknownProfileError, profile
 from tessera.mig.ondemand import candidates
 from tessera.mig.planner import LayoutError
@@ -94,7 +95,7 @@ def place_of(i: MadeInstance) -> tuple[str, str, int]:
 
 
 def _why_not(a: Asked, gpu: GPUState | None, target: GPUTarget | None,
-             present: Sequence[MigInstanceState]) -> str | None:
+             present: Sequence[MigInstanceState], kept: bool) -> str | None:
     i = a.instance
     if gpu is None or target is None or target.on_demand is None:
         return f"{i} for {a.pod}: not a GPU of this node in migMode OnDemand"
@@ -110,6 +111,10 @@ def _why_not(a: Asked, gpu: GPUState | None, target: GPUTarget | None,
     model = model_of(gpu)
     if model is None:
         return f"{i} for {a.pod}: GPU {gpu.index} is of a model tessera does not know"
+    whole = bounds.whole_only(model.id) if kept else bounds
+    if whole is None or (kept and i.profile not in whole.profiles):
+        return (f"{i} for {a.pod}: GPU {gpu.index} is kept for whole-GPU work "
+                f"({a.partition}'s keepWhole)")
     try:
         profile(model.id, i.profile)
         if i.start not in candidates(model.id, present, i.profile):
@@ -130,6 +135,9 @@ def decide(snapshot: DeviceSnapshot, targets: Mapping[str, GPUTarget], asked: Se
     refused: list[str] = []
     wanted: set[tuple[str, str, int]] = set()
     by_uuid = {g.uuid: g for g in snapshot.gpus}
+    kept = kept_whole([(g.uuid, t.on_demand, not g.instances) for g in snapshot.gpus
+                       if (t := targets.get(g.uuid)) is not None and t.on_demand is not None
+                       and g.mig_mode == "enabled"])
     for a in asked:
         gpu = by_uuid.get(a.instance.gpu_uuid)
         if gpu is not None and gpu.index != a.instance.gpu:
@@ -142,7 +150,8 @@ def decide(snapshot: DeviceSnapshot, targets: Mapping[str, GPUTarget], asked: Se
             if not have.has_compute_instance:
                 make.append(a)
             continue
-        why = _why_not(a, gpu, targets.get(a.instance.gpu_uuid), present)
+        why = _why_not(a, gpu, targets.get(a.instance.gpu_uuid), present,
+                       a.instance.gpu_uuid in kept)
         if why is not None:
             refused.append(why)
         elif gpu is not None and gpu.mig_mode == "enabled" and not gpu.mig_pending:

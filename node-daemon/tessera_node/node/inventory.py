@@ -136,5 +136,6 @@ def with_on_demand(gpus: tuple[GPUInventory, ...], on_demand: Mapping[str, GPUTa
             continue
         out.append(g.model_copy(update={"on_demand": OnDemandOffer(
             partition=t.partition, profiles=t.on_demand.profiles,
-            max_instances=t.on_demand.max_instances)}))
+            max_instances=t.on_demand.max_instances,
+            keep_whole=t.on_demand.keep_whole or None)}))
     return tuple(out)

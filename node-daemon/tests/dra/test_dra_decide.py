@@ -6,6 +6,7 @@ read-back reports."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -300,3 +301,26 @@ def test_on_demand_gpus_without_partitionable_devices_are_a_finding() -> None:
     assert f is not None and f.kind == "DRAOnDemandUnavailable"
     assert f.message.startswith("GPU 1, 3 in migMode OnDemand publish no devices")
     assert on_demand_finding([1], True) is None and on_demand_finding([], False) is None
+
+
+def test_a_partitions_keep_whole_leaves_its_last_empty_gpus_to_whole_gpu_placements() -> None:
+    """keepWhole 1 on a node with two empty on-demand GPUs: both offer every placement;
+    once one has an instance, the other (the last empty one) offers only the 7g.80gb,
+    which takes the whole GPU; with 7g.80gb not allowed it offers nothing."""
+    empty = [replace(gpu(i, ("1g.10gb",)), instances=()) for i in (0, 1)]
+    keep = Bounds(keep_whole=1, partition="lab")
+    on = {"GPU-0": keep, "GPU-1": keep}
+
+    def of(snap: DeviceSnapshot, bounds: dict[str, Bounds], i: int) -> list[str]:
+        return [n for n in names(placements(snap, True, {}, bounds, True).devices)
+                if n.startswith(f"gpu{i}-")]
+    both = DeviceSnapshot(tuple(empty))
+    assert len(of(both, on, 0)) == len(of(both, on, 1)) == 25
+    one_used = DeviceSnapshot((gpu(0, ("3g.40gb",)), empty[1]))
+    assert of(one_used, on, 1) == ["gpu1-mig0-7g80gb"]
+    assert len(of(one_used, on, 0)) > 1  # a GPU with instances is not kept
+    small = Bounds(("1g.10gb",), keep_whole=1, partition="lab")
+    assert of(one_used, {"GPU-0": small, "GPU-1": small}, 1) == []
+    # another partition's empty GPU is not counted as this one's
+    other = {"GPU-0": keep, "GPU-1": replace(keep, partition="other")}
+    assert of(both, other, 0) == ["gpu0-mig0-7g80gb"]

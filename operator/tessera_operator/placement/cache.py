@@ -75,7 +75,8 @@ def on_demand_gpus(inv: NodeInventory) -> tuple[OnDemandGpu, ...]:
     return tuple(OnDemandGpu(
         node=inv.name, uuid=g.uuid, index=g.index, model=g.model,
         partition=g.on_demand.partition,
-        bounds=Bounds(tuple(g.on_demand.profiles), g.on_demand.max_instances),
+        bounds=Bounds(tuple(g.on_demand.profiles), g.on_demand.max_instances,
+                      g.on_demand.keep_whole or 0, g.on_demand.partition),
         instances=tuple((i.profile, i.start) for i in g.instances))
         for g in inv.gpus if g.on_demand is not None and g.mig_mode == "enabled")
 
