@@ -25,8 +25,10 @@ is made there for the pod; once the node advertises it, the scheduler places the
    node: a pod runs on one node.
 3. A pod that needs no new instance, or that no node can serve, gets nothing.
 
-An asked instance is dropped when its pod is bound (its placement record then holds the
-instance), deleted or no longer pending; the node daemon destroys an instance no pod holds
+:func:`plan` answers for the pods still waiting; the operator keeps, besides, what was asked
+for a pod that is bound but not started (until the kubelet has allocated the instance). An
+asked instance is dropped once its pod runs (the kubelet's allocation and its placement
+record then hold it), is deleted or ends; the node daemon destroys an instance no pod holds
 and nothing asks once it has been idle a while.
 """
 

@@ -14,8 +14,8 @@ instances: whatever the entry says, nothing else is touched.
 * **make** each asked instance that is not there (or lacks its compute instance);
 * **destroy** an instance of an on-demand GPU that nothing asks and nothing holds (no pod's
   placement record or kubelet allocation names it, no process runs on it) once it has been
-  so for ``idle_s``: the grace covers a pod the scheduler is binding to it right now (its
-  entry goes when it is bound; the daemon sees the binding a moment later).
+  so for ``idle_s`` (the operator keeps an entry until its pod runs, so a pod being bound or
+  admitted keeps its instance; the grace covers what the watches have not shown yet).
 
 :class:`tessera_node.layout.instances.DemandRunner` carries the work out in a thread,
 through its ``InstanceMaker`` (the GPU's host lock, the command log, crash safety). An instance

@@ -156,6 +156,7 @@ class PodView:
     waiting: Waiting | None = None
     """Set when the scheduler found no node for the pod and it asks whole MIG instances:
     what MIG on demand needs of it."""
+    phase: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     except (PlacementRecordError, DemandError):
         placed = None
     requests = pod_requests(pod)
-    return PodView(key, uid, node, priority, placed, holds, requests, waiting(pod, requests))
+    return PodView(key, uid, node, priority, placed, holds, requests, waiting(pod, requests),
+                   str(phase or ""))
 
 
 @dataclass

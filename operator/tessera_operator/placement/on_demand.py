@@ -129,7 +129,11 @@ class OnDemandAsker:
                    if uid not in self.service.reservations}
         pending = pending_pods(waiting, cache.nodes, self.service.default)
         free, held = self._units()
-        return plan(pending, gpus, free, previous, held)
+        # an instance asked for a pod that is bound but not started yet stays asked: the
+        # kubelet has not allocated it, and the node's daemon may not see the binding yet
+        starting = [w for w in previous if (v := cache.pods.get(w.pod_uid)) is not None
+                    and v.node == w.node and v.phase == "Pending"]
+        return starting + plan(pending, gpus, free, previous, held)
 
     async def round(self) -> None:
         wanted = self.decide()
