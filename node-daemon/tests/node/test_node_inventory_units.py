@@ -124,3 +124,33 @@ def test_annotation_is_rewritten_only_when_it_changes(kinds: list[str], shares: 
     published_units = [u for g in parse_gpus(first[ANNOTATION_GPUS]) for u in g.units or ()]
     assert [u.uuid for u in published_units] == [
         o.unit.uuid for o in offers(offered_units(snap, {}), shares, {})]
+
+
+def test_on_demand_gpus_are_marked_with_their_bounds_only_where_the_device_plugin_runs() -> None:
+    """GPU 0 declared (one 3g.40gb), GPU 1 of a partition in migMode OnDemand: only GPU 1
+    carries ``onDemand`` (its partition and bounds), every profile it may get is a resource
+    (none free yet), and the device plugin's node alone marks it (a DRA node makes its
+    instances for claims)."""
+    snap = DeviceSnapshot((gpu(0, mig="enabled", instances=("3g.40gb",)),
+                           gpu(1, mig="enabled")))
+    declared = {**partition_obj("declared", "2026-01-01T00:00:00Z",
+                                {"profiles": [{"name": "3g.40gb", "count": 1}]}),
+                "spec": {"nodeSelector": {}, "gpus": {"indices": [0]},
+                         "layout": {"profiles": [{"name": "3g.40gb", "count": 1}]}}}
+    od = {**partition_obj("od", "2026-01-02T00:00:00Z", {}),
+          "spec": {"nodeSelector": {}, "gpus": {"indices": [1]}, "layout": {
+              "migMode": "OnDemand",
+              "onDemand": {"profiles": ["1g.10gb", "7g.80gb"], "keepWhole": 1}}}}
+    w = node_content({"metadata": {"name": "n"}}, [declared, od], snap, None, (), "/x",
+                     lambda p: None, NOW, advertising=PLUGIN)
+    raw = published(w.annotations)
+    assert "onDemand" not in raw[0]
+    assert raw[1]["onDemand"] == {"partition": "od", "profiles": ["1g.10gb", "7g.80gb"],
+                                  "maxInstances": None, "keepWhole": 1}
+    assert w.profiles == {"3g.40gb", "1g.10gb", "7g.80gb"}
+    assert set(w.on_demand_targets) == {"GPU-1"}
+    assert w.reports["od"].phase == "Ready" and w.reports["declared"].phase == "Ready"
+    dra = node_content({"metadata": {"name": "n"}}, [declared, od], snap, None, (), "/x",
+                       lambda p: None, NOW, advertising=None)
+    assert all("onDemand" not in g for g in published(dra.annotations))
+    assert dra.profiles == {"3g.40gb"} and set(dra.on_demand) == {"GPU-1"}
