@@ -60,6 +60,10 @@ PLACEMENT_ON_DEMAND = Counter(
     "tessera_placement_mig_instances_asked_total",
     "MIG instances the placement service asked node daemons to make for pods no instance "
     "could hold (migMode OnDemand).")
+PLACEMENT_ON_DEMAND_UNUSED = Counter(
+    "tessera_placement_mig_instances_unused_total",
+    "MIG instances made for pods that stayed unused while the pod waited for something else, "
+    "released (migMode OnDemand).")
 PLACEMENT_PREEMPTIONS = Counter(
     "tessera_placement_preemptions_total",
     "Pods the placement service evicted to make unit room for higher-priority pods (where "

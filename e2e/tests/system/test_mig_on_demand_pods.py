@@ -31,7 +31,7 @@ from tessera_e2e.gpubed.bed import Bed, gpu_bed, gpu_pod
 from tessera_e2e.operator.replicas import wait_until
 from tessera_e2e.operator.scheduler import TesseraScheduler
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.oldest_kubernetes]
 
 NODE = "node-0"
 PARTITION = "node0-on-demand"

@@ -13,6 +13,12 @@ instance. An Event on the pod says which instance is being made for it, and wher
 
 What this leader asked is read back from the partitions when it takes the Lease, so a new
 leader keeps the last one's decisions.
+
+A pod that waits for something else too (CPU, a volume, a node the scheduler ranks out)
+would keep an instance made for it, free, for as long as it waits: once that instance has
+been made and free for ``UNUSED_S`` while the pod still waits, it is released (the node
+daemon destroys it after its grace), the pod is told (``MIGInstanceUnused``), and nothing
+is asked for it for ``COOLDOWN_S``. A tenant's unschedulable pods cannot hold GPU slices.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +46,13 @@ from tessera_operator.placement.service import PlacementService
 log = logging.getLogger("tessera.placement")
 
 REASON_ASKED = "MIGInstanceRequested"
+REASON_UNUSED = "MIGInstanceUnused"
+UNUSED_S = 120.0
+"""An instance made for a pod that stays free this long while the pod still waits (it waits
+for something else: CPU, a volume) is released, so that a pod that cannot start anyway does
+not hold a slice of a GPU."""
+COOLDOWN_S = 600.0
+"""After that, nothing is asked for that pod for this long."""
 
 
 def _wire(w: WantedInstance) -> dict[str, Any]:
@@ -82,6 +96,14 @@ class OnDemandAsker:
     interval_s: float = 2.0
     asked: dict[str, list[WantedInstance]] = field(default_factory=dict)
     """Per partition, what its ``status.demand`` says (as read at start, then written)."""
+    clock: Callable[[], float] = time.monotonic
+    free_since: dict[tuple[str, tuple[str, str, int]], float] = field(default_factory=dict)
+    """(pod UID, placement) -> when the instance asked for it was first seen made and free
+    while the pod still waited."""
+    cooling: dict[str, float] = field(default_factory=dict)
+    """Pod UID -> until when nothing is asked for it (it left an instance unused)."""
+    unused: list[WantedInstance] = field(default_factory=list)
+    """Asks released this round for want of use (their pods are told)."""
 
     async def run(self) -> None:
         listed = await self.kube.list(path(GROUP, VERSION, GPUPARTITIONS))
@@ -125,18 +147,44 @@ class OnDemandAsker:
             return []
         # a pod the filter has reserved units for is being placed, though its last attempt
         # still says Unschedulable
+        now = self.clock()
+        self.cooling = {u: t for u, t in self.cooling.items() if t > now}
         waiting = {uid: v for uid, v in cache.pods.items()
-                   if uid not in self.service.reservations}
+                   if uid not in self.service.reservations and uid not in self.cooling}
         pending = pending_pods(waiting, cache.nodes, self.service.default)
         free, held = self._units()
+        previous = self._release_unused(previous, free, set(waiting), now)
         # an instance asked for a pod that is bound but not started yet stays asked: the
         # kubelet has not allocated it, and the node's daemon may not see the binding yet
         starting = [w for w in previous if (v := cache.pods.get(w.pod_uid)) is not None
                     and v.node == w.node and v.phase == "Pending"]
         return starting + plan(pending, gpus, free, previous, held)
 
+    def _release_unused(self, previous: list[WantedInstance], free: Mapping[str, list[Unit]],
+                        waiting: set[str], now: float) -> list[WantedInstance]:
+        """What was asked, less the instances made and free for ``UNUSED_S`` while their
+        pod kept waiting: those pods cool down (``COOLDOWN_S``) and are told why."""
+        ready = {(u.gpu_uuid, u.profile or "", u.start) for us in free.values() for u in us}
+        seen: set[tuple[str, tuple[str, str, int]]] = set()
+        kept = []
+        for w in previous:
+            key = (w.pod_uid, w.placement)
+            if w.pod_uid in waiting and w.placement in ready:
+                seen.add(key)
+                since = self.free_since.setdefault(key, now)
+                if now - since >= UNUSED_S:
+                    self.cooling[w.pod_uid] = now + COOLDOWN_S
+                    self.unused.append(w)
+                    continue
+            kept.append(w)
+        self.free_since = {k: t for k, t in self.free_since.items() if k in seen}
+        return [w for w in kept if w.pod_uid not in self.cooling]
+
     async def round(self) -> None:
         wanted = self.decide()
+        unused, self.unused = self.unused, []
+        for w in unused:
+            await self._tell_unused(w)
         by_partition: dict[str, list[WantedInstance]] = {p: [] for p in self.asked}
         for w in wanted:
             by_partition.setdefault(w.partition, []).append(w)
@@ -163,6 +211,21 @@ class OnDemandAsker:
                 self.asked[name] = ws
             else:
                 self.asked.pop(name, None)
+
+    async def _tell_unused(self, w: WantedInstance) -> None:
+        ns, _, name = w.pod.partition("/")
+        log.info("MIG instance made for a pod left unused; released", extra={
+            "pod": w.pod, "node": w.node, "gpu": w.gpu_index, "profile": w.profile,
+            "start": w.start})
+        metrics.PLACEMENT_ON_DEMAND_UNUSED.inc()
+        await post_event(self.kube, {"metadata": {"name": name, "namespace": ns,
+                                                  "uid": w.pod_uid}},
+                         "v1", "Pod", REASON_UNUSED,
+                         f"the {w.profile} instance made for this pod on {w.node}, GPU "
+                         f"{w.gpu_index}, slot {w.start} stayed unused for {UNUSED_S:.0f} s "
+                         "while the pod waited for something else (see FailedScheduling): it "
+                         "is released, and none is made for this pod for "
+                         f"{COOLDOWN_S / 60:.0f} minutes", "Warning", COMPONENT)
 
     async def _tell(self, w: WantedInstance) -> None:
         ns, _, name = w.pod.partition("/")
