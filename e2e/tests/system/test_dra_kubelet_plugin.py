@@ -12,10 +12,16 @@ ResourceSlice itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +37,10 @@ from tessera_e2e.controlplane.cluster import LocalCluster
 from tessera_e2e.gpubed.bed import Bed, claim_pod, gpu_bed
 from tessera_e2e.gpubed.daemons import KubeletNodeDaemon
 from tessera_e2e.nodes.images import WORKLOAD
+from tessera_e2e.nodes.node import GPU_DIR
 from tessera_e2e.operator.replicas import render_chart, wait_until
 from tessera_node.budget.formats import read_budget_file
+from tessera_sim import SIM_DIR
 
 pytestmark = [pytest.mark.integration]
 
@@ -603,6 +611,174 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
         for name in [*pods, "half"]:
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
             bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
+        gen = on_demand_partition(bed, {"migMode": "Disabled"})
+        wait_until("node-0's GPU whole again", lambda: partition_phase(bed, gen) == "Ready",
+                   90)
+        bed.kubectl("delete", "gpupartition", ON_DEMAND, "--ignore-not-found")
+        wait_until("node-0's whole GPU published again", lambda: node_slice(bed), 60)
+
+
+CREATE_CI = "nvmlGpuInstanceCreateComputeInstance"
+"""The NVML call ``nvidia-smi mig -cgi … -C`` makes the compute instance with, after the GPU
+instance (``-cci`` without a placement uses it too)."""
+GI_ROW = re.compile(r"^\|\s+0\s+MIG (\S+)\s+\d+\s+(\d+)\s+(\d+):\d+\s+\|$")
+CI_ROW = re.compile(r"^\|\s+0\s+(\d+)\s+MIG \S+\s+\d+\s+\d+\s+\d+:\d+\s+\|$")
+
+
+def gpu_instances(daemon: KubeletNodeDaemon) -> list[tuple[str, int, int]]:
+    """(profile, start, GPU instance ID) of each GPU instance of node-0's GPU 0, as
+    ``nvidia-smi mig -lgi`` lists them."""
+    out = daemon.smi("mig", "-i", "0", "-lgi").stdout
+    rows = [(m[1], int(m[3]), int(m[2])) for line in out.splitlines()
+            if (m := GI_ROW.match(line.strip()))]
+    assert rows or "No GPU instances found" in out, out  # a table or none: never an error
+    return rows
+
+
+def compute_instances(daemon: KubeletNodeDaemon) -> list[int]:
+    """The GPU instance ID of each compute instance of node-0's GPU 0 (``-lci``)."""
+    out = daemon.smi("mig", "-i", "0", "-lci").stdout
+    rows = [int(m[1]) for line in out.splitlines() if (m := CI_ROW.match(line.strip()))]
+    assert rows or "No compute instances found" in out, out
+    return rows
+
+
+def node_fault(daemon: KubeletNodeDaemon, fn: str, count: int, delay_us: int = 0
+               ) -> subprocess.CompletedProcess[str]:
+    """The simulator's fault table of node-0's GPUs, set from inside the node as
+    ``python -m tessera_sim fault`` (every NVML process of the node reads it, the daemon's
+    nvidia-smi too): the next ``count`` calls of ``fn`` only slow, by ``delay_us``; count 0
+    clears it."""
+    return subprocess.run(
+        [*daemon.real.nsenter("-m"), "env", f"TESSERA_SIM_NODE={GPU_DIR}/node.conf",
+         f"PYTHONPATH={SIM_DIR}", sys.executable, "-m", "tessera_sim", "fault", "--fn", fn,
+         "--count", str(count), "--code", "0", "--delay-us", str(delay_us)],
+        capture_output=True, text=True, timeout=60)
+
+
+def child_processes(pid: int, comm: str) -> list[int]:
+    """The live processes named ``comm`` whose parent is ``pid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if stat[stat.index("(") + 1:stat.rindex(")")] == comm and int(ppid) == pid \
+                and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """The process exited (a zombie counts: it runs nothing any more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2:].split()[0] == "Z"
+
+
+def allocated_device(bed: Bed[KubeletNodeDaemon], namespace: str, claim: str) -> str | None:
+    """The device the scheduler allocated the claim (None: not allocated yet)."""
+    status = bed.get("resourceclaim", "-n", namespace, claim).get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    return str(results[0]["device"]) if results else None
+
+
+def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_restart(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """node-0's H100 on demand, a claim for a 3g.40gb and its pod. tessera-node is killed
+    while its ``nvidia-smi mig -cgi 3g.40gb:<start> -C`` has made the GPU instance and not
+    yet its compute instance (the simulator's compute-instance call made slow): the daemon
+    and that nvidia-smi are SIGKILLed, as a killed container's processes all are, leaving a
+    GPU instance without a compute instance and no record of it in the daemon's checkpoint.
+    Started again, the daemon completes that very instance when the kubelet asks to prepare
+    the claim again: the pod runs on it, the GPU has exactly that one instance at the
+    allocated placement with its compute instance (none made twice, none left over), and
+    the partition's status names the claim; released, the instance is destroyed.
+    Afterwards the GPU goes back to MIG disabled (for the tests after)."""
+    from tessera.mig.catalog import profile as mig_profile
+
+    ns, daemon = node_namespace, bed.daemons[NODE]
+    name, prof = "crash", "3g.40gb"
+    smi: int | None = None
+    try:
+        gen = on_demand_partition(bed, {"migMode": "OnDemand"})
+        wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
+        wait_until("node-0's placements published", lambda: any(
+            d["name"] == "gpu0-mig0-7g80gb" for s in bed.get(
+                "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+            for d in s["spec"].get("devices") or []), 60)
+        assert gpu_instances(daemon) == []
+        # the next compute instance made on the node takes 30 s: long enough to kill the
+        # daemon inside it, between the GPU instance and its compute instance
+        out = node_fault(daemon, CREATE_CI, 1, 30_000_000)
+        assert out.returncode == 0, out.stderr
+        bed.apply(ns, profile_claim(name, prof))
+        bed.apply(ns, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
+        device = wait_until("the claim allocated", lambda: allocated_device(bed, ns, name), 60)
+        start = int(device.split("-mig")[1].split("-")[0])
+        assert device == f"gpu0-mig{start}-{prof.replace('.', '')}", device
+        ((_, _, gi),) = wait_until("the GPU instance made at the allocated placement",
+                                   lambda: gpu_instances(daemon), 60)
+        assert gpu_instances(daemon) == [(prof, start, gi)]
+        assert gi not in compute_instances(daemon)
+        assert daemon.proc is not None
+        tessera_node = daemon.proc.pid
+        (pid,) = wait_until("the daemon's nvidia-smi inside the compute instance", lambda:
+                            child_processes(tessera_node, "nvidia-smi"), 10)
+        smi = pid
+        assert "-cgi" in Path(f"/proc/{pid}/cmdline").read_text(), pid
+
+        # the daemon's container killed: the daemon first (nothing of it reacts), then its
+        # nvidia-smi (which holds the GPU's host lock: the restarted daemon would wait for it)
+        os.kill(tessera_node, signal.SIGKILL)
+        daemon.proc.wait(10)
+        os.kill(pid, signal.SIGKILL)
+        wait_until("nvidia-smi killed", lambda: gone(pid), 10)
+        # what the restarted daemon faces: the GPU instance, no compute instance in it
+        assert gpu_instances(daemon) == [(prof, start, gi)]
+        assert gi not in compute_instances(daemon)
+        assert bed.pod(ns, name)["status"]["phase"] == "Pending"
+        out = node_fault(daemon, CREATE_CI, 0)  # NVML healthy again
+        assert out.returncode == 0, out.stderr
+
+        restarted = time.monotonic()
+        daemon.restart()
+        ready_s = time.monotonic() - restarted
+        # the kubelet asks to prepare again on its own schedule: within seconds, unless its
+        # retry lands in the second it re-registers the restarted plugin ("not registered"),
+        # after which it waits for its next resync of the pod (measured: 76 s)
+        bed.wait_phase(ns, name, {"Running"}, 180)
+        converged_s = time.monotonic() - restarted
+        # that very instance, completed: one GPU instance, its compute instance, no other
+        assert gpu_instances(daemon) == [(prof, start, gi)]
+        assert compute_instances(daemon) == [gi]
+        assert seen_memory_mib(bed, ns, name) == mig_profile("H100-80GB", prof).memory_mib
+        wait_until("the report naming the claim", lambda: instance_claims(bed) == {
+            (prof, start): f"{ns}/{name}"}, 30)
+        print(f"[figures] daemon killed between -cgi and -cci: daemon ready {ready_s:.1f}s after "
+              f"its restart, the pod running {converged_s:.1f}s after it, on GPU instance "
+              f"{gi} at slot {start} completed")
+
+        out = bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+        assert out.returncode == 0, out.stderr
+        out = bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--wait=true")
+        assert out.returncode == 0, out.stderr
+        wait_until("the instance destroyed", lambda: gpu_instances(daemon) == [], 60)
+    finally:
+        node_fault(daemon, CREATE_CI, 0)
+        if smi is not None and not gone(smi):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(smi, signal.SIGKILL)
+        if daemon.proc is not None and daemon.proc.poll() is not None:
+            daemon.restart()  # killed, and the test failed before starting it again
+        bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
+        bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
         gen = on_demand_partition(bed, {"migMode": "Disabled"})
         wait_until("node-0's GPU whole again", lambda: partition_phase(bed, gen) == "Ready",
                    90)
