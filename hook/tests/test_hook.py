@@ -152,24 +152,32 @@ def test_sigkill_at_random_moments_leaves_exact_accounting(container: Container)
     for p in procs:
         p.stdout.readline()  # type: ignore[union-attr]
     survivors = []
-    for p in procs:
+    for i, p in enumerate(procs):
         time.sleep(rng.uniform(0.0, 0.05))
         if rng.random() < 0.7:
             p.send_signal(signal.SIGKILL)
             p.wait()
         else:
-            survivors.append(p)
-    # the dead are reaped by the next refused allocation; live holders keep their bytes
+            survivors.append((i, p))
+    # the dead are reaped by the next refused allocation; live holders keep their bytes.
+    # The survivors are frozen for the count: a holder asleep with its bytes (SIGSTOP), a
+    # churner at the point between two allocations where it holds nothing (SIGUSR1; a
+    # SIGSTOP there could land inside the simulated driver's node-wide lock, which no other
+    # process could take until it runs again)
     time.sleep(0.1)
-    for p in survivors:
-        p.send_signal(signal.SIGSTOP)
+    for i, p in survivors:
+        if i % 3 == 0:
+            p.send_signal(signal.SIGSTOP)
+        else:
+            p.send_signal(signal.SIGUSR1)
+            assert p.stdout.readline().strip() == "paused"  # type: ignore[union-attr]
     led = container.read_ledger()
     live = led.live_bytes(0)
     r = container.probe("fill", "alloc", str(4 * MIB))
     assert r["got"] == GIB - live - (GIB - live) % (4 * MIB)
     led = container.read_ledger()
     assert led.devices[0].used == led.live_bytes(0)
-    for p in survivors:
+    for _, p in survivors:
         p.send_signal(signal.SIGCONT)
         p.kill()
         p.wait()

@@ -16,7 +16,9 @@
  *                            {"got","err","free_failures","held_after" (the view's used)}
  *   alloc PATH BYTES         one allocation; print {"err"}; free it
  *   hold PATH BYTES SECS     allocate, print "held", sleep, free
- *   churn PATH CHUNK SECS    allocate/free in a loop
+ *   churn PATH CHUNK SECS    allocate/free in a loop; on SIGUSR1, between an allocation's
+ *                            free and the next allocation (holding nothing, inside no
+ *                            driver call), print "paused" and sleep until killed
  *   info                     cuMemGetInfo_v2, cuDeviceTotalMem_v2, NVML memory info (JSON)
  *   launch N BLOCKS          N launches through each launch API in turn; print {"secs"}
  *   spin SECS MAXBLOCKS SEED launch kernels of random size for SECS; print {"launches"}
@@ -41,6 +43,7 @@
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +68,14 @@ static void die(const char *what, CUresult r)
     printf("{\"fatal\": \"%s\", \"err\": %d}\n", what, (int)r);
     fflush(stdout);
     exit(3);
+}
+
+static volatile sig_atomic_t pause_requested;
+
+static void on_pause_request(int sig)
+{
+    (void)sig;
+    pause_requested = 1;
 }
 
 static double now_s(void)
@@ -618,9 +629,22 @@ int main(int argc, char **argv)
         size_t n = strtoull(a[1], NULL, 0);
         double end = now_s() + atof(a[2]);
         long ok = 0, refused = 0;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_pause_request;
+        if (sigaction(SIGUSR1, &sa, NULL) != 0) {
+            perror("sigaction");
+            return 1;
+        }
         printf("started\n");
         fflush(stdout);
         while (now_s() < end) {
+            if (pause_requested) {
+                printf("paused\n");
+                fflush(stdout);
+                for (;;)
+                    pause();
+            }
             struct piece pc;
             if (alloc_one(a[0], n, &pc) == CUDA_SUCCESS) {
                 ok++;
