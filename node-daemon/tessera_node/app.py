@@ -28,7 +28,7 @@ from tessera_node.dra.service import AllocatedClaims, DraPlugin
 from tessera_node.dra.state import DraDevices
 from tessera_node.layout.enact import SmiEnactor
 from tessera_node.layout.holders import DeviceHolders, NoHolders
-from tessera_node.layout.instances import DemandRunner, InstanceMaker, held_by_pod
+from tessera_node.layout.instances import DemandRunner, InstanceMaker, units_held_by_pods
 from tessera_node.node.own_node import OwnNode
 from tessera_node.node.reconciler import NodeReconciler
 from tessera_node.settings import Options
@@ -95,7 +95,7 @@ async def run(opts: Options) -> None:
     await asyncio.to_thread(enactor.prepare)
     if dra is not None:  # claims on GPUs in migMode OnDemand: their instances made at prepare
         dra.maker, dra.on_demand = InstanceMaker(enactor), offer.on_demand_models
-    demand = (DemandRunner(InstanceMaker(enactor), plugin.devices, held_by_pod(plugin),
+    demand = (DemandRunner(InstanceMaker(enactor), plugin.devices, units_held_by_pods(plugin),
                            opts.on_demand_idle_s) if plugin is not None else None)
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
                                 publisher, dra.made_for if dra is not None else dict, demand)

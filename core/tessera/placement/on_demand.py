@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from tessera.dra.partitions import Bounds, kept_whole
 from tessera.mig.catalog import UnknownProfileError, profile
 from tessera.mig.ondemand import Choice, candidates, choose, room_change
+from tessera.mig.planner import Instance
 from tessera.placement.units import Unit
 
 
@@ -113,13 +114,16 @@ class _Fleet:
     def of(cls, gpus: Sequence[OnDemandGpu]) -> _Fleet:
         return cls({g.uuid: g for g in gpus}, {g.uuid: list(g.instances) for g in gpus})
 
-    def can_add(self, gpu: OnDemandGpu, profile_name: str, start: int) -> bool:
-        if not gpu.allows(profile_name):
-            return False
+    def has_room(self, gpu: OnDemandGpu, profile_name: str) -> bool:
+        """Its bounds allow one more ``profile_name`` (``onDemand.profiles``,
+        ``maxInstances``)."""
         limit = gpu.bounds.max_instances
-        if limit is not None and len(self.layout[gpu.uuid]) >= limit:
-            return False
-        return start in candidates(gpu.model, _placed(self.layout[gpu.uuid]), profile_name)
+        return gpu.allows(profile_name) and (limit is None
+                                             or len(self.layout[gpu.uuid]) < limit)
+
+    def can_add(self, gpu: OnDemandGpu, profile_name: str, start: int) -> bool:
+        return self.has_room(gpu, profile_name) and start in candidates(
+            gpu.model, _placed(self.layout[gpu.uuid]), profile_name)
 
     def choose_on(self, gpus: Sequence[OnDemandGpu], profile_name: str
                   ) -> tuple[tuple[int, ...], OnDemandGpu, int] | None:
@@ -129,12 +133,11 @@ class _Fleet:
         by_model: dict[str, list[OnDemandGpu]] = {}
         kept = kept_whole([(g.uuid, g.bounds, not self.layout[g.uuid]) for g in gpus])
         for g in gpus:
-            limit = g.bounds.max_instances
             if g.uuid in kept:  # kept for whole-GPU work: a whole-GPU instance only
                 whole = g.bounds.whole_only(g.model)
                 if whole is None or profile_name not in whole.profiles:
                     continue
-            if g.allows(profile_name) and (limit is None or len(self.layout[g.uuid]) < limit):
+            if self.has_room(g, profile_name):
                 by_model.setdefault(g.model, []).append(g)
         for model, group in sorted(by_model.items()):
             fleet = [(g.uuid, _placed(self.layout[g.uuid])) for g in group]
@@ -153,14 +156,8 @@ class _Fleet:
         self.layout[gpu].append((profile_name, start))
 
 
-@dataclass(frozen=True)
-class _Slot:
-    profile: str
-    start: int
-
-
-def _placed(layout: Sequence[tuple[str, int]]) -> list[_Slot]:
-    return [_Slot(p, s) for p, s in layout]
+def _placed(layout: Sequence[tuple[str, int]]) -> list[Instance]:
+    return [Instance(p, s) for p, s in layout]
 
 
 def _unit_key(u: Unit) -> tuple[str, str, int]:
@@ -217,15 +214,16 @@ def plan(pending: Sequence[PendingPod], gpus: Sequence[OnDemandGpu],
             out.extend(mine)
             continue
         nodes = {mine[0].node} if mine else _nodes(pod, gpus, free_left)
-        best: tuple[tuple[int, int, str], str, list[Unit], list[WantedInstance]] | None = None
+        best: tuple[tuple[int, int], str, list[Unit], list[WantedInstance]] | None = None
         for node in sorted(nodes):
             got = _on_node(pod, node, needs, gpus, free_left, fleet)
             if got is None:
                 continue
             taken, made, slices = got
-            key = (-len(made), slices, node)
-            # fewest new instances, then the least room lost, then the lowest name
-            if best is None or (key[0], key[1]) > (best[0][0], best[0][1]):
+            key = (-len(made), slices)
+            # fewest new instances, then the least room lost, then the lowest name (the
+            # first of the sorted nodes keeps a tie)
+            if best is None or key > best[0]:
                 best = (key, node, taken, made)
         if best is None:
             continue  # nothing can hold it now: it waits, as the scheduler says

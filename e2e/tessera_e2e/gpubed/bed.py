@@ -87,6 +87,15 @@ class Bed(Generic[D]):
                      else None), timeout_s, 0.5)
         return found
 
+    def assert_untouched(self, namespace: str, name: str) -> None:
+        """The pod still runs, its container never restarted, and it still reaches its one
+        GPU unit (``cuda-info`` in it sees one device)."""
+        pod = self.pod(namespace, name)
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, pod["status"]
+        out = self.kubectl("exec", "-n", namespace, name, "--", "cuda-info")
+        assert out.returncode == 0 and "devices 1" in out.stdout, out.stdout + out.stderr
+
     def logs(self, namespace: str, name: str, container: str | None = None) -> str:
         which = ["-c", container] if container else []
         return str(self.kubectl("logs", "-n", namespace, name, *which).stdout)

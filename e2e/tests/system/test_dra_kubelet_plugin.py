@@ -515,6 +515,24 @@ def on_demand_partition(bed: Bed[KubeletNodeDaemon], layout: dict[str, Any]) -> 
     return int(bed.get("gpupartition", ON_DEMAND)["metadata"]["generation"])
 
 
+def put_on_demand(bed: Bed[KubeletNodeDaemon]) -> None:
+    """node-0's GPU in migMode OnDemand, its placements published."""
+    gen = on_demand_partition(bed, {"migMode": "OnDemand"})
+    wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
+    wait_until("node-0's placements published", lambda: any(
+        d["name"] == "gpu0-mig0-7g80gb" for s in bed.get(
+            "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+        for d in s["spec"].get("devices") or []), 60)
+
+
+def put_whole(bed: Bed[KubeletNodeDaemon]) -> None:
+    """node-0's GPU back to MIG disabled and published whole (for the tests after)."""
+    gen = on_demand_partition(bed, {"migMode": "Disabled"})
+    wait_until("node-0's GPU whole again", lambda: partition_phase(bed, gen) == "Ready", 90)
+    bed.kubectl("delete", "gpupartition", ON_DEMAND, "--ignore-not-found")
+    wait_until("node-0's whole GPU published again", lambda: node_slice(bed), 60)
+
+
 def profile_claim(name: str, profile: str | None = None, memory_mib: int | None = None,
                   budget: str | None = None) -> dict[str, Any]:
     """A claim for one MIG instance: of ``profile``, or of at least ``memory_mib``; with
@@ -550,12 +568,7 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
     claims = {"big": profile_claim("big", "3g.40gb"), "mid": profile_claim("mid", "2g.20gb"),
               "small": profile_claim("small", memory_mib=15000, budget="4Gi")}
     try:
-        gen = on_demand_partition(bed, {"migMode": "OnDemand"})
-        wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
-        wait_until("node-0's placements published", lambda: any(
-            d["name"] == "gpu0-mig0-7g80gb" for s in bed.get(
-                "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
-            for d in s["spec"].get("devices") or []), 60)
+        put_on_demand(bed)
         created = time.monotonic()
         for name in pods:
             bed.apply(ns, claims[name])
@@ -600,22 +613,14 @@ def test_claims_on_an_on_demand_gpu_get_instances_made_and_destroyed_for_them(
         assert daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
                              result="ok") == 1
         for name in ("big", "mid"):
-            pod = bed.get("pod", "-n", ns, name)
-            assert pod["status"]["phase"] == "Running", pod["status"]
-            assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-            out = bed.kubectl("exec", "-n", ns, name, "--", "cuda-info")
-            assert out.returncode == 0 and "devices 1" in out.stdout, out.stdout + out.stderr
+            bed.assert_untouched(ns, name)
     finally:
         for name in [*pods, "half"]:
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
         for name in [*pods, "half"]:
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
             bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
-        gen = on_demand_partition(bed, {"migMode": "Disabled"})
-        wait_until("node-0's GPU whole again", lambda: partition_phase(bed, gen) == "Ready",
-                   90)
-        bed.kubectl("delete", "gpupartition", ON_DEMAND, "--ignore-not-found")
-        wait_until("node-0's whole GPU published again", lambda: node_slice(bed), 60)
+        put_whole(bed)
 
 
 CREATE_CI = "nvmlGpuInstanceCreateComputeInstance"
@@ -707,12 +712,7 @@ def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_r
     name, prof = "crash", "3g.40gb"
     smi: int | None = None
     try:
-        gen = on_demand_partition(bed, {"migMode": "OnDemand"})
-        wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
-        wait_until("node-0's placements published", lambda: any(
-            d["name"] == "gpu0-mig0-7g80gb" for s in bed.get(
-                "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
-            for d in s["spec"].get("devices") or []), 60)
+        put_on_demand(bed)
         assert gpu_instances(daemon) == []
         # the next compute instance made on the node takes 30 s: long enough to kill the
         # daemon inside it, between the GPU instance and its compute instance
@@ -779,8 +779,4 @@ def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_r
             daemon.restart()  # killed, and the test failed before starting it again
         bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
         bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
-        gen = on_demand_partition(bed, {"migMode": "Disabled"})
-        wait_until("node-0's GPU whole again", lambda: partition_phase(bed, gen) == "Ready",
-                   90)
-        bed.kubectl("delete", "gpupartition", ON_DEMAND, "--ignore-not-found")
-        wait_until("node-0's whole GPU published again", lambda: node_slice(bed), 60)
+        put_whole(bed)

@@ -164,11 +164,7 @@ def test_pods_get_instances_made_for_them_and_a_gone_pods_instance_is_destroyed(
         assert daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
                              result="ok") == 1
         for name in ("big", "small"):
-            pod = bed.get("pod", "-n", ns, name)
-            assert pod["status"]["phase"] == "Running", pod["status"]
-            assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-            out = bed.kubectl("exec", "-n", ns, name, "--", "cuda-info")
-            assert out.returncode == 0 and "devices 1" in out.stdout, out.stdout + out.stderr
+            bed.assert_untouched(ns, name)
         print(f"[figures] on demand (device plugin): a gone pod's instance destroyed "
               f"{destroyed_s:.1f}s after the pod (grace {IDLE_S}s)")
     finally:

@@ -37,14 +37,17 @@ from tessera_node.device.state import DeviceSnapshot, GPUState, MigInstanceState
 from tessera_node.layout.advertise import Advertiser
 from tessera_node.layout.desired import GPUTarget
 from tessera_node.layout.enact import SmiEnactor
-from tessera_node.layout.on_demand import IDLE_S, Asked, MadeInstance, Work, decide, place_of
+from tessera_node.layout.on_demand import (
+    IDLE_S,
+    Asked,
+    MadeInstance,
+    Work,
+    decide,
+    instance_at,
+    place_of,
+)
 
 log = logging.getLogger("tessera_node.layout")
-
-
-def _instance(gpu: GPUState, inst: MadeInstance) -> MigInstanceState | None:
-    return next((i for i in gpu.instances if (i.profile, i.start) == (inst.profile,
-                                                                     inst.start)), None)
 
 
 class InstanceMaker:
@@ -73,13 +76,13 @@ class InstanceMaker:
             raise OSError(f"{inst} cannot be made: {refusal}")
         try:
             with self.enactor.locks.held(inst.gpu) as fd:
-                have = _instance(self._gpu(inst), inst)
+                have = instance_at(self._gpu(inst), inst)
                 if have is None:
                     self._run(inst, "create-gi", fd, "-cgi", f"{inst.profile}:{inst.start}",
                               "-C")
                 elif not have.has_compute_instance:
                     self._run(inst, "create-ci", fd, "-gi", str(have.gi_id), "-cci")
-                made = _instance(self._gpu(inst), inst)
+                made = instance_at(self._gpu(inst), inst)
                 if made is None or not made.has_compute_instance:
                     raise OSError(f"{inst}: nvidia-smi succeeded but NVML does not show the "
                                   "instance with its compute instance")
@@ -105,12 +108,12 @@ class InstanceMaker:
         before the commands."""
         try:
             with self.enactor.locks.held(inst.gpu) as fd:
-                have = _instance(self._gpu(inst), inst)
+                have = instance_at(self._gpu(inst), inst)
                 if have is None:
                     return None
                 if withdraw is not None:
                     withdraw(have)
-                    have = _instance(self._gpu(inst), inst)
+                    have = instance_at(self._gpu(inst), inst)
                     if have is None:
                         return None
                 if have.processes:
@@ -169,28 +172,31 @@ class DevicePluginParts(Protocol):
 ENDED = ("Succeeded", "Failed")
 
 
-def held_by_pod(plugin: DevicePluginParts) -> Callable[[MigInstanceState], bool]:
-    """Whether a pod holds an instance, read afresh: the kubelet's allocations (PodResources,
-    and allocations not confirmed yet), or a placement record of a pod bound here that has
-    not ended. Fails closed: when either cannot be read, or a pod's record cannot, every
-    instance is held."""
-    def held(inst: MigInstanceState) -> bool:
-        if not inst.uuid:
-            return False  # no compute instance: no container can have been given it
+def units_held_by_pods(plugin: DevicePluginParts) -> Callable[[], frozenset[str] | None]:
+    """The MIG units pods hold now, read afresh: the kubelet's allocations (PodResources, and
+    allocations not confirmed yet) and the placement records of the pods bound here that have
+    not ended. None (every unit held: fail closed) when either cannot be read, or a pod's
+    record cannot."""
+    def held() -> frozenset[str] | None:
         try:
-            if inst.uuid in plugin.held.holders():
-                return True
+            units = set(plugin.held.holders())
         except OSError:
-            return True
+            return None
         for v in plugin.pods.views():
             if v.phase in ENDED:
                 continue
             if v.placement_error is not None:
-                return True
-            if v.placement is not None and inst.uuid in v.placement.units():
-                return True
-        return False
+                return None
+            if v.placement is not None:
+                units |= v.placement.units()
+        return frozenset(units)
     return held
+
+
+def holding(units: frozenset[str] | None) -> Callable[[MigInstanceState], bool]:
+    """Whether a pod holds an instance, by ``units`` (None: every one with a compute
+    instance; one without has never been given to a container)."""
+    return lambda i: bool(i.uuid) and (units is None or i.uuid in units)
 
 
 @dataclass
@@ -199,8 +205,9 @@ class DemandRunner:
 
     maker: InstanceMaker
     advertiser: Advertiser
-    held: Callable[[MigInstanceState], bool]
-    """Whether a pod holds an instance now (records and kubelet allocations, read afresh)."""
+    held_units: Callable[[], frozenset[str] | None]
+    """The units pods hold now (:func:`units_held_by_pods`), read once per decision and
+    again right before an instance is destroyed."""
     idle_s: float = IDLE_S
     clock: Callable[[], float] = time.monotonic
     idle_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
@@ -210,18 +217,20 @@ class DemandRunner:
 
     def decide(self, snapshot: DeviceSnapshot, targets: Mapping[str, GPUTarget],
                asked: Sequence[Asked]) -> Work:
-        work = decide(snapshot, targets, asked, self.held, self.idle_since, self.clock(),
-                      self.idle_s)
+        work = decide(snapshot, targets, asked, holding(self.held_units()), self.idle_since,
+                      self.clock(), self.idle_s)
         for why in work.refused:
             if why not in self._told:
-                self._told.add(why)
                 log.warning("asked MIG instance not made", extra={"why": why})
+        self._told = set(work.refused)  # said once while it lasts
         by_place = {(g.uuid, i.profile, i.start): i.uuid for g in snapshot.gpus
                     for i in g.instances if i.uuid}
         for a in asked:
             uuid = by_place.get(place_of(a.instance))
             if uuid:
                 self.made_for[uuid] = a.pod
+        present = set(by_place.values())  # destroyed instances are forgotten
+        self.made_for = {u: p for u, p in self.made_for.items() if u in present}
         return work
 
     def run(self, work: Work) -> None:
@@ -237,7 +246,7 @@ class DemandRunner:
                 self.made_for[made.uuid] = a.pod
         for inst in work.destroy:
             def keep(i: MigInstanceState) -> str | None:
-                return f"a pod holds {i.uuid}" if self.held(i) else None
+                return f"a pod holds {i.uuid}" if holding(self.held_units())(i) else None
 
             def withdraw(i: MigInstanceState, gpu: str = inst.gpu_uuid) -> None:
                 if i.uuid:

@@ -63,6 +63,12 @@ class MadeInstance:
         return f"{self.profile} at slot {self.start} of GPU {self.gpu}"
 
 
+def instance_at(gpu: GPUState, inst: MadeInstance) -> MigInstanceState | None:
+    """The instance of ``gpu`` at ``inst``'s placement (profile and start), if any."""
+    return next((i for i in gpu.instances
+                 if (i.profile, i.start) == (inst.profile, inst.start)), None)
+
+
 @dataclass(frozen=True)
 class Asked:
     """An instance the operator asks of this node for a pod."""
@@ -143,8 +149,7 @@ def decide(snapshot: DeviceSnapshot, targets: Mapping[str, GPUTarget], asked: Se
         if gpu is not None and gpu.index != a.instance.gpu:
             gpu = None
         present = list(gpu.instances) if gpu is not None else []
-        have = next((x for x in present if (x.profile, x.start) == (a.instance.profile,
-                                                                    a.instance.start)), None)
+        have = instance_at(gpu, a.instance) if gpu is not None else None
         if have is not None:
             wanted.add(place_of(a.instance))
             if not have.has_compute_instance:

@@ -65,12 +65,16 @@ class NodeContent:
     device plugin is given, and what the inventory's ``units`` were computed with."""
     profiles: frozenset[str]
     """The MIG profiles the node's partitions want (each has a device plugin resource)."""
-    on_demand: dict[str, Bounds] = field(default_factory=dict)
-    """GPU UUID -> its partition's bounds, for the GPUs in migMode OnDemand (the DRA
-    publisher offers their placements)."""
     on_demand_targets: dict[str, GPUTarget] = field(default_factory=dict)
-    """GPU UUID -> its target, for the same GPUs (the device plugin's node makes their
-    instances for pods)."""
+    """GPU UUID -> its target, for the GPUs in migMode OnDemand (the device plugin's node
+    makes their instances for pods)."""
+
+    @property
+    def on_demand(self) -> dict[str, Bounds]:
+        """GPU UUID -> its partition's bounds, for the same GPUs (the DRA publisher offers
+        their placements)."""
+        return {u: t.on_demand for u, t in self.on_demand_targets.items()
+                if t.on_demand is not None}
 
 
 def old_reports(node: Mapping[str, Any]) -> dict[str, NodePartitionStatus]:
@@ -169,6 +173,4 @@ def node_content(node: Mapping[str, Any], partitions: Iterable[Mapping[str, Any]
                      if t.on_demand is not None
                      for n in on_demand_profiles(model_of[uuid], t.on_demand)}
     return NodeContent(labels, annotations, before, after, tuple(sorted(found)), tuple(fresh),
-                  plans, sharing, profiles,
-                  {u: t.on_demand for u, t in on_demand.items() if t.on_demand is not None},
-                  on_demand)
+                  plans, sharing, profiles, on_demand)
