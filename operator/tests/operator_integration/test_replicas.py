@@ -229,6 +229,9 @@ def test_no_writes_for_sixty_seconds_once_settled(
         cluster.kubectl("delete", "node", node, "--wait=false")
 
 
+CLIENT_WAIT_S = 30.0
+
+
 async def _paced_creates(kubeconfig: Any, ns: str, prefix: str, seconds: float,
                          per_s: float) -> list[tuple[float, str]]:
     """Creates at a steady rate; (seconds the call took, "" or the error) for each."""
@@ -238,11 +241,18 @@ async def _paced_creates(kubeconfig: Any, ns: str, prefix: str, seconds: float,
     async def one(name: str) -> None:
         t0 = time.monotonic()
         try:
-            await kube.create(path("", "v1", "pods", ns), json.loads(pod(ns, name, {
-                "tessera.dev/vgpu-memory": "1", "tessera.dev/vgpu-cores": "1"})))
+            # the client waits well past the webhook's 10 s timeout: a call the frozen replica
+            # held is answered by the API server at ~10 s, and a client giving up at the same
+            # 10 s would race it (it did once in CI)
+            await kube.request("POST", path("", "v1", "pods", ns), json.loads(pod(ns, name, {
+                "tessera.dev/vgpu-memory": "1", "tessera.dev/vgpu-cores": "1"})),
+                timeout=CLIENT_WAIT_S)
             out.append((time.monotonic() - t0, ""))
         except ApiError as exc:
             out.append((time.monotonic() - t0, exc.message))
+        except TimeoutError:
+            out.append((time.monotonic() - t0, f"no answer from the API server in "
+                                               f"{CLIENT_WAIT_S} s"))
     try:
         tasks, i, end = [], 0, time.monotonic() + seconds
         while time.monotonic() < end:
