@@ -95,8 +95,14 @@ async def run(opts: Options) -> None:
     await asyncio.to_thread(enactor.prepare)
     if dra is not None:  # claims on GPUs in migMode OnDemand: their instances made at prepare
         dra.maker, dra.on_demand = InstanceMaker(enactor), offer.on_demand_models
+    # the instances of on-demand GPUs: made for the pods the operator asks them for (device
+    # plugin), destroyed once nothing holds them (both paths: a DRA node's unprepare
+    # destroys its claim's, this the ones no claim holds, e.g. of a claim deleted unprepared)
     demand = (DemandRunner(InstanceMaker(enactor), plugin.devices, units_held_by_pods(plugin),
-                           opts.on_demand_idle_s) if plugin is not None else None)
+                           opts.on_demand_idle_s) if plugin is not None
+              else DemandRunner(InstanceMaker(enactor), publisher, dra.units_held,
+                                opts.on_demand_idle_s, keeps=dra.keeps_instance)
+              if dra is not None and publisher is not None else None)
     reconciler = NodeReconciler(kube, opts, reader, enactor, health, holders, own, changed, plugin,
                                 publisher, dra.made_for if dra is not None else dict, demand)
 

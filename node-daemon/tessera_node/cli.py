@@ -30,7 +30,7 @@ _HELP = {
     "stuck_after_s": "seconds a watch or NVML may fail before /healthz reports it",
     "retry_interval_s": "seconds before a failed MIG change is tried again",
     "allow_gpu_reset": "true/false: may reset an idle GPU to finish a MIG mode change",
-    "on_demand_idle_s": "MIG on demand for pods: seconds an instance no pod holds and "
+    "on_demand_idle_s": "MIG on demand: seconds an instance no pod or claim holds and "
                         "nothing asks stays before it is destroyed",
     "audit_interval_s": "seconds between audits of GPU processes against budgets",
     "core_interval_s": "seconds between core-controller periods (fair share of SM time)",

@@ -69,9 +69,11 @@ class Options:
     (every ``poll_interval`` otherwise)."""
 
     on_demand_idle_s: float = 30.0
-    """MIG on demand (device plugin): an instance made for a pod that no pod holds and the
-    operator no longer asks is destroyed once it has been so this long (the grace covers a
-    pod being bound to it)."""
+    """MIG on demand: an instance of an on-demand GPU that nothing holds or asks is
+    destroyed once it has been so this long. Device plugin: no pod holds it and the operator
+    no longer asks it (the grace covers a pod being bound to it). DRA: no prepared claim
+    holds it and no claim is allocated it (unprepare destroys a claim's own; this takes what
+    no claim has, such as the instance of a claim deleted before its prepare was recorded)."""
 
     audit_interval_s: float = 10.0
     """How often the audit compares NVML's per-process memory with the containers' budgets

@@ -780,3 +780,81 @@ def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_r
         bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
         bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
         put_whole(bed)
+
+
+def test_an_instance_whose_claim_went_while_the_daemon_was_down_is_destroyed_once_idle(
+        bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
+    """node-0's H100 on demand, a neighbour claim's 1g.10gb running. tessera-node is killed
+    while it makes a 3g.40gb for a second claim (between its GPU instance and its compute
+    instance, as above), and the pod and that claim are deleted while it is down: the
+    restarted daemon has no record of the instance (its unprepare finds nothing to undo) and
+    no claim is allocated its placement. It is destroyed once it has been so for
+    ``--on-demand-idle`` (30 s here), and the GPU offers that placement again; the
+    neighbour's instance and container are untouched. Afterwards the GPU goes back to MIG
+    disabled (for the tests after)."""
+    ns, daemon = node_namespace, bed.daemons[NODE]
+    name, prof = "orphan", "3g.40gb"
+    smi: int | None = None
+    try:
+        put_on_demand(bed)
+        bed.apply(ns, profile_claim("keep", "1g.10gb"))
+        bed.apply(ns, claim_pod("keep", claim="keep", command="cuda-info; sleep 3600"))
+        bed.wait_phase(ns, "keep", {"Running"}, 120)
+        ((_, kept_start, kept_gi),) = gpu_instances(daemon)
+        out = node_fault(daemon, CREATE_CI, 1, 30_000_000)
+        assert out.returncode == 0, out.stderr
+        bed.apply(ns, profile_claim(name, prof))
+        bed.apply(ns, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
+        device = wait_until("the claim allocated", lambda: allocated_device(bed, ns, name), 60)
+        start = int(device.split("-mig")[1].split("-")[0])
+        gi = wait_until("the GPU instance made at the allocated placement", lambda: next(
+            (g for p, s, g in gpu_instances(daemon) if (p, s) == (prof, start)), None), 60)
+        assert daemon.proc is not None
+        tessera_node = daemon.proc.pid
+        (pid,) = wait_until("the daemon's nvidia-smi inside the compute instance", lambda:
+                            child_processes(tessera_node, "nvidia-smi"), 10)
+        smi = pid
+        os.kill(tessera_node, signal.SIGKILL)
+        daemon.proc.wait(10)
+        os.kill(pid, signal.SIGKILL)
+        wait_until("nvidia-smi killed", lambda: gone(pid), 10)
+        assert sorted(gpu_instances(daemon)) == sorted([("1g.10gb", kept_start, kept_gi),
+                                                        (prof, start, gi)])
+        assert gi not in compute_instances(daemon)
+        # the workload goes while nothing on the node can answer for it
+        bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
+        bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--wait=false")
+        out = node_fault(daemon, CREATE_CI, 0)
+        assert out.returncode == 0, out.stderr
+
+        daemon.restart()
+        wait_until("the pod and its claim gone", lambda: bed.kubectl(
+            "get", "pod,resourceclaim", "-n", ns, name, "--ignore-not-found",
+            "-o", "name").stdout.strip() == "", 180)
+        claim_gone = time.monotonic()
+        wait_until("the instance no claim has destroyed",
+                   lambda: [(p, s) for p, s, _ in gpu_instances(daemon)] == [
+                       ("1g.10gb", kept_start)], 120)
+        destroyed_s = time.monotonic() - claim_gone
+        assert daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
+                             result="ok") == 1
+        assert compute_instances(daemon) == [kept_gi]
+        freed = f"gpu0-mig{start}-{prof.replace('.', '')}"
+        wait_until(f"{freed} offered again", lambda: any(
+            d["name"] == freed for s in bed.get(
+                "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+            for d in s["spec"].get("devices") or []), 60)
+        bed.assert_untouched(ns, "keep")
+        print(f"[figures] an instance whose claim went while the daemon was down: destroyed "
+              f"{destroyed_s:.1f}s after the claim was gone (--on-demand-idle 30 s)")
+    finally:
+        node_fault(daemon, CREATE_CI, 0)
+        if smi is not None and not gone(smi):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(smi, signal.SIGKILL)
+        if daemon.proc is not None and daemon.proc.poll() is not None:
+            daemon.restart()
+        for pod in ("keep", name):
+            bed.kubectl("delete", "pod", "-n", ns, pod, "--wait=true")
+            bed.kubectl("delete", "resourceclaim", "-n", ns, pod, "--ignore-not-found")
+        put_whole(bed)

@@ -238,17 +238,37 @@ def allocated_units(claims: Iterable[Mapping[str, Any]], node: str,
     name the node does not know (a layout gone already) holds nothing."""
     by_name = node_units(gpus)
     out: dict[str, list[str]] = {}
+    for who, device in _allocated_here(claims, node):
+        unit = by_name.get(device)
+        if unit is not None and who not in out.setdefault(unit.uuid, []):
+            out[unit.uuid].append(who)
+    return out
+
+
+def allocated_placements(claims: Iterable[Mapping[str, Any]], node: str,
+                         gpus: Mapping[int, tuple[str, str]]
+                         ) -> dict[tuple[str, str, int], list[str]]:
+    """(GPU UUID, profile, start) -> the claims the scheduler allocated that placement of an
+    on-demand GPU of this node's pool (``gpus``: :data:`OnDemandGPUs`), prepared or not:
+    the instance is theirs, made at prepare or about to be."""
+    out: dict[tuple[str, str, int], list[str]] = {}
+    for who, device in _allocated_here(claims, node):
+        for index, (uuid, model) in gpus.items():
+            placed = placement_of(device, index, model)
+            if placed is not None and who not in out.setdefault((uuid, *placed), []):
+                out[(uuid, *placed)].append(who)
+    return out
+
+
+def _allocated_here(claims: Iterable[Mapping[str, Any]], node: str
+                    ) -> Iterable[tuple[str, str]]:
+    """(``namespace/name (ResourceClaim)``, device name) of every result of tessera's driver
+    on this node's pool."""
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for r in ((allocation.get("devices") or {}).get("results") or []):
-            if r.get("driver") != DRA_DRIVER or r.get("pool") != node:
-                continue
-            unit = by_name.get(str(r.get("device", "")))
-            if unit is not None:
-                who = f"{_claim_name(claim)} (ResourceClaim)"
-                if who not in out.setdefault(unit.uuid, []):
-                    out[unit.uuid].append(who)
-    return out
+            if r.get("driver") == DRA_DRIVER and r.get("pool") == node:
+                yield f"{_claim_name(claim)} (ResourceClaim)", str(r.get("device", ""))
 
 
 OnDemandGPUs = Callable[[], Mapping[int, tuple[str, str]]]

@@ -18,14 +18,21 @@ from tessera.kube.client import ApiError, Kube, path
 from tessera_node.budget.writer import BudgetWriter
 from tessera_node.container import library
 from tessera_node.container.response import SimPaths
+from tessera_node.device.state import MigInstanceState
 from tessera_node.deviceplugin.devices import Unit
 from tessera_node.deviceplugin.registry import SetUpContainer
 from tessera_node.dra.checkpoint import Checkpoint
-from tessera_node.dra.claims import ClaimError, OnDemandGPUs, allocated_units
+from tessera_node.dra.claims import (
+    ClaimError,
+    OnDemandGPUs,
+    allocated_placements,
+    allocated_units,
+)
 from tessera_node.dra.containers import ClaimPolicy, claim_containers, claim_policy, users_by_claim
 from tessera_node.dra.prepare import ClaimPreparer, DraConfig, Maker, NodeView
 from tessera_node.dra.server import DraServer
 from tessera_node.layout.holders import Holders
+from tessera_node.layout.on_demand import MadeInstance, place_of
 from tessera_node.settings import (
     CLAIM_READ_TIMEOUT_S,
     CLAIMS_DIR,
@@ -108,13 +115,43 @@ class DraPlugin:
         from the node's slices, so no new claim is allocated them); raises OSError when
         the list cannot be made (the change waits: fail closed)."""
         out = {u: list(h) for u, h in self.holders().items()}
-        url = path("resource.k8s.io", "v1", "resourceclaims")
-        body = self._ask("listing ResourceClaims", lambda: self.kube.list(url))
         gpus = self.node.gpus() or ()
-        for unit, who in allocated_units(body.get("items") or [], self.opts.node_name,
-                                         gpus).items():
+        for unit, who in allocated_units(self._claims(), self.opts.node_name, gpus).items():
             out.setdefault(unit, []).extend(w for w in who if w not in out[unit])
         return out
+
+    def _claims(self) -> list[dict[str, Any]]:
+        """The cluster's ResourceClaims (OSError when they cannot be listed)."""
+        url = path("resource.k8s.io", "v1", "resourceclaims")
+        body = self._ask("listing ResourceClaims", lambda: self.kube.list(url))
+        return list(body.get("items") or [])
+
+    def units_held(self) -> frozenset[str] | None:
+        """The units the prepared claims hold (None before they are read: every unit then
+        counts as held)."""
+        try:
+            return frozenset(self.holders())
+        except OSError:
+            return None
+
+    def keeps_instance(self, inst: MadeInstance, have: MigInstanceState) -> str | None:
+        """Why an instance of an on-demand GPU that no prepared claim holds must stay, asked
+        right before it is destroyed as unused (:class:`DemandRunner`, under the GPU's
+        lock): a claim allocated here names it, by its MIG device or by its placement
+        (prepare is making it, or will); or the claims cannot be listed (fail closed). None:
+        nothing keeps it."""
+        try:
+            prepared = self.holders()
+            claims = self._claims()
+        except OSError as exc:
+            return f"the claims allocated here cannot be read ({exc})"
+        node = self.opts.node_name
+        who: list[str] = []
+        if have.uuid:
+            who += prepared.get(have.uuid, [])
+            who += allocated_units(claims, node, self.node.gpus() or ()).get(have.uuid, [])
+        who += allocated_placements(claims, node, self.on_demand()).get(place_of(inst), [])
+        return f"allocated to {', '.join(dict.fromkeys(who))}" if who else None
 
     def containers(self) -> list[SetUpContainer]:
         """The claims prepared here, as the core controllers and the audit read containers

@@ -201,7 +201,11 @@ def holding(units: frozenset[str] | None) -> Callable[[MigInstanceState], bool]:
 
 @dataclass
 class DemandRunner:
-    """Makes and destroys on-demand instances for pods (one batch at a time, in a thread)."""
+    """Makes the on-demand instances asked for pods and destroys those nothing holds once
+    idle (one batch at a time, in a thread). On a DRA node nothing is asked (prepare makes
+    a claim's instance, unprepare destroys it): the runner destroys only what no claim holds
+    or is allocated, such as an instance made for a claim deleted before its prepare was
+    recorded."""
 
     maker: InstanceMaker
     advertiser: Advertiser
@@ -209,6 +213,10 @@ class DemandRunner:
     """The units pods hold now (:func:`units_held_by_pods`), read once per decision and
     again right before an instance is destroyed."""
     idle_s: float = IDLE_S
+    keeps: Callable[[MadeInstance, MigInstanceState], str | None] | None = None
+    """Asked last, under the GPU's lock, of an instance about to be destroyed as unused:
+    why it must stay all the same (a DRA node: a claim allocated it and not prepared yet,
+    :meth:`tessera_node.dra.service.DraPlugin.keeps_instance`); None: nothing keeps it."""
     clock: Callable[[], float] = time.monotonic
     idle_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
     made_for: dict[str, str] = field(default_factory=dict)
@@ -245,8 +253,10 @@ class DemandRunner:
             if made.uuid:
                 self.made_for[made.uuid] = a.pod
         for inst in work.destroy:
-            def keep(i: MigInstanceState) -> str | None:
-                return f"a pod holds {i.uuid}" if holding(self.held_units())(i) else None
+            def keep(i: MigInstanceState, inst: MadeInstance = inst) -> str | None:
+                if holding(self.held_units())(i):
+                    return f"a workload holds {i.uuid}"
+                return self.keeps(inst, i) if self.keeps is not None else None
 
             def withdraw(i: MigInstanceState, gpu: str = inst.gpu_uuid) -> None:
                 if i.uuid:
@@ -261,5 +271,13 @@ class DemandRunner:
                 self.advertiser.changed(inst.gpu_uuid)
             if why is None:
                 self.idle_since.pop(place_of(inst), None)
-            else:
+            else:  # asked again after another grace, not at every pass
+                self.idle_since[place_of(inst)] = self.clock()
                 log.info("idle MIG instance kept", extra={"instance": str(inst), "why": why})
+
+    def due_in(self) -> float | None:
+        """Seconds until the grace of the next idle instance ends (None: none is idle): the
+        reconciler looks again then, whether or not anything else changed."""
+        if not self.idle_since:
+            return None
+        return max(0.0, min(self.idle_since.values()) + self.idle_s - self.clock())

@@ -17,6 +17,10 @@ instances: whatever the entry says, nothing else is touched.
   so for ``idle_s`` (the operator keeps an entry until its pod runs, so a pod being bound or
   admitted keeps its instance; the grace covers what the watches have not shown yet).
 
+On a DRA node nothing is asked (the kubelet plugin makes a claim's instance at prepare) and
+"held" is a prepared claim's: what is destroyed there is what no claim has, once the runner
+has also found no claim allocated it.
+
 :class:`tessera_node.layout.instances.DemandRunner` carries the work out in a thread,
 through its ``InstanceMaker`` (the GPU's host lock, the command log, crash safety). An instance
 to destroy is withdrawn from what the device plugin advertises first, and is checked again,

@@ -98,8 +98,10 @@ class NodeReconciler:
         self.made_for = made_for
         """MIG device UUID -> the claim it was made for (the DRA plugin's checkpoint)."""
         self.demand = demand
-        """Makes and destroys the instances asked for pods (MIG on demand, device plugin)."""
+        """Makes the instances asked for pods (MIG on demand, device plugin) and destroys those
+        of on-demand GPUs nothing holds (both paths)."""
         self._demand_task: asyncio.Task[None] | None = None
+        self._demand_wake: asyncio.TimerHandle | None = None
         self.opts = opts
         self.reader = reader
         self.health = health
@@ -231,6 +233,11 @@ class NodeReconciler:
             return
         work = self.demand.decide(self.snapshot, targets,
                                   asked_of(self.partitions.values(), self.opts.node_name))
+        if self._demand_wake is not None:
+            self._demand_wake.cancel()
+        due = self.demand.due_in()  # a pass when an idle instance's grace ends
+        self._demand_wake = (None if due is None else asyncio.get_running_loop().call_later(
+            due + DEBOUNCE_S, self._dirty.set))
         if not work:
             return
         demand = self.demand

@@ -19,6 +19,7 @@ from tessera_node.dra.claims import (
     ClaimError,
     Result,
     UnitBudget,
+    allocated_placements,
     allocated_units,
     allocation,
     entries,
@@ -245,3 +246,23 @@ def test_claims_allocated_on_this_node_hold_their_units_prepared_or_not() -> Non
     got = allocated_units([a, twice, other_node, other_driver, gone, pending], NODE, gpus())
     assert got == {M10: ["team/c (ResourceClaim)"],
                    G0: ["team/c (ResourceClaim)", "team/twice (ResourceClaim)"]}
+
+
+def test_claims_allocated_a_placement_of_an_on_demand_gpu_keep_its_instance() -> None:
+    """What keeps an instance no prepared claim holds: a claim allocated its placement on this
+    node's pool (prepare makes it, or will). Another node's pool, another driver, a GPU not
+    on demand, a name that is no placement and an unallocated claim keep nothing."""
+    on_demand = {1: (G1, "H100-80GB")}
+    a = claim(result("gpu1-mig4-3g40gb"), result("gpu0", request="b", share="s1"))
+    b = claim(result("gpu1-mig4-3g40gb", request="x"), result("gpu1-mig0-1g10gb",
+                                                                request="y"))
+    b["metadata"]["name"] = "b"
+    other_node = claim(result("gpu1-mig6-1g10gb", pool="node-b"))
+    other_driver = claim(result("gpu1-mig5-1g10gb", driver="gpu.nvidia.com"))
+    not_on_demand = claim(result("gpu0-mig0-1g10gb"))
+    bad_start = claim(result("gpu1-mig5-3g40gb"))
+    pending = {"metadata": {"namespace": "team", "name": "pending"}, "status": {}}
+    got = allocated_placements([a, b, other_node, other_driver, not_on_demand, bad_start,
+                                pending], NODE, on_demand)
+    assert got == {(G1, "3g.40gb", 4): ["team/c (ResourceClaim)", "team/b (ResourceClaim)"],
+                   (G1, "1g.10gb", 0): ["team/b (ResourceClaim)"]}

@@ -75,6 +75,29 @@ try:
     maker.make(MadeInstance(0, "GPU-other", "1g.10gb", 1))
 except OSError as e:
     out["wrong_gpu"] = str(e)
+# a DRA node's runner: nothing asked, no prepared claim holds anything; of two instances
+# nobody holds, the one a claim was allocated (not prepared yet) stays, the other goes
+from tessera.dra.partitions import Bounds
+from tessera_node.layout.advertise import NothingAdvertised
+from tessera_node.layout.desired import GPUTarget
+from tessera_node.layout.instances import DemandRunner
+maker.make(MadeInstance(0, uuid, "3g.40gb", 4))
+allocated = MadeInstance(0, uuid, "3g.40gb", 4)
+now = [0.0]
+runner = DemandRunner(maker, NothingAdvertised(), lambda: frozenset(), idle_s=10,
+                      keeps=lambda inst, have: ("allocated to team/x (ResourceClaim)"
+                                                if inst == allocated else None),
+                      clock=lambda: now[0])
+targets = {uuid: GPUTarget("lab", 1, True, on_demand=Bounds())}
+out["runner_due"] = [runner.due_in()]
+out["runner_early"] = bool(runner.decide(reader.read(), targets, []))
+out["runner_due"].append(runner.due_in())
+now[0] = 10.0
+work = runner.decide(reader.read(), targets, [])
+out["runner_destroys"] = sorted([i.profile, i.start] for i in work.destroy)
+runner.run(work)
+out["runner_after"] = layout()
+out["runner_due"].append(runner.due_in())  # the kept one: asked again a grace later
 out["counts"] = {f"{s.labels['action']}/{s.labels['result']}": s.value
                  for m in metrics.MIG_ON_DEMAND.collect() for s in m.samples
                  if s.name.endswith("_total")}
@@ -111,8 +134,15 @@ def test_instances_are_made_where_asked_once_and_destroyed_only_when_idle(
     assert got["idle_why"] is None and got["gone_again"] is None
     assert got["after"] == [["1g.10gb", 0, True]]
     assert "GPU 0 (GPU-other) is not on this node now" in got["wrong_gpu"]
-    # made: 3g.40gb, asked again, 1g.10gb completed; the wrong GPU; one real destroy
-    assert got["counts"] == {"create/ok": 3.0, "create/error": 1.0, "destroy/ok": 1.0}
+    # the runner (DRA: nothing asked, nothing prepared) finds both idle; the one a claim
+    # is allocated stays, the other is destroyed
+    assert got["runner_early"] is False  # nothing before the grace
+    assert got["runner_destroys"] == [["1g.10gb", 0], ["3g.40gb", 4]]
+    assert got["runner_due"] == [None, 10.0, 10.0]
+    assert got["runner_after"] == [["3g.40gb", 4, True]]
+    # made: 3g.40gb, asked again, 1g.10gb completed, 3g.40gb again; the wrong GPU; two
+    # real destroys
+    assert got["counts"] == {"create/ok": 4.0, "create/error": 1.0, "destroy/ok": 2.0}
 
 
 def test_a_claims_results_ask_the_placements_of_on_demand_gpus_only() -> None:

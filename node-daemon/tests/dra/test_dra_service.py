@@ -1,7 +1,8 @@
 """The DRA plugin as the daemon runs it (``--dra true``): libtessera installed, both sockets
 served, a claim read with the daemon's API client on its event loop while the kubelet's call
 waits in a gRPC thread; an API server that says the claim is gone, or cannot answer, fails
-the claim with that reason."""
+the claim with that reason; an on-demand instance no prepared claim holds is kept only while
+a claim is allocated it (or the claims cannot be listed)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,21 @@ from typing import Any
 
 import grpc
 import pytest
-from test_dra_claims import G0, claim, gpus, result
+from test_dra_claims import G0, G1, M10, claim, gpus, result
 
 from tessera.api.names import DRA_DRIVER
 from tessera.kube.client import ApiError
 from tessera_node.cli import build_parser, options
+from tessera_node.device.state import MigInstanceState
 from tessera_node.dra.proto import dra_v1_pb2
 from tessera_node.dra.proto import dra_v1_pb2_grpc as dra_grpc
 from tessera_node.dra.service import DraPlugin
+from tessera_node.layout.on_demand import MadeInstance
 
 REPO = Path(__file__).resolve().parents[3]
 LIBTESSERA = REPO / "hook" / "build" / "libtessera.so"
 U1 = "0f8fad5b-d9cb-469f-a165-70867728950e"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class FakeKube:
@@ -83,12 +87,42 @@ def test_the_daemon_serves_claims_read_on_its_event_loop() -> None:
                     ("ok", U1), ("gone", "11111111-0000-4000-8000-000000000000"),
                     ("down", "22222222-0000-4000-8000-000000000000"))])
             resp = await asyncio.to_thread(stub.NodePrepareResources, req, timeout=10)
+            # what keeps an on-demand instance no prepared claim holds, asked from a worker
+            # thread as the runner asks it: a claim allocated its placement, or its MIG
+            # device; nothing else; the claims not listed: it stays (fail closed)
+            plugin.on_demand = lambda: {1: (G1, "H100-80GB")}
+            allocated = claim(result("gpu1-mig4-3g40gb"))
+            allocated["metadata"]["name"] = "big"
+            by_device = claim(result("gpu1-mig0-1g10gb"))
+            by_device["metadata"]["name"] = "small"
+            kube.objects[CLAIMS] = {"items": [allocated, by_device]}
+            keeps = {}
+            for key, inst, have in (
+                    ("placement", MadeInstance(1, G1, "3g.40gb", 4),
+                     MigInstanceState(9, "3g.40gb", 4, 4, 2)),
+                    ("device", MadeInstance(1, G1, "1g.10gb", 0),
+                     MigInstanceState(19, "1g.10gb", 0, 1, 3, uuid=M10)),
+                    ("nothing", MadeInstance(1, G1, "1g.10gb", 6),
+                     MigInstanceState(19, "1g.10gb", 6, 1, 5, uuid="MIG-x"))):
+                keeps[key] = await asyncio.to_thread(plugin.keeps_instance, inst, have)
+            kube.objects[CLAIMS] = ApiError(503, "unavailable", f"GET {CLAIMS}")
+            keeps["unlisted"] = await asyncio.to_thread(
+                plugin.keeps_instance, MadeInstance(1, G1, "1g.10gb", 6),
+                MigInstanceState(19, "1g.10gb", 6, 1, 5, uuid="MIG-x"))
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            return dict(resp.claims)
+            return {"claims": dict(resp.claims), "keeps": keeps}
 
-        got = asyncio.run(scenario())
+        answered = asyncio.run(scenario())
+        assert answered["keeps"] == {
+            "placement": "allocated to team/big (ResourceClaim)",
+            "device": "allocated to team/small (ResourceClaim)",
+            "nothing": None,
+            "unlisted": answered["keeps"]["unlisted"]}
+        assert answered["keeps"]["unlisted"].startswith(
+            "the claims allocated here cannot be read (listing ResourceClaims"), answered
+        got = answered["claims"]
         assert got[U1].error == "" and [d.cdi_device_ids for d in got[U1].devices] == [
             [f"{DRA_DRIVER}/claim={U1}"]]
         assert "ResourceClaim team/gone does not exist" in got[
