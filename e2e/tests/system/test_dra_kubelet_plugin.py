@@ -694,6 +694,41 @@ def allocated_device(bed: Bed[KubeletNodeDaemon], namespace: str, claim: str) ->
     return str(results[0]["device"]) if results else None
 
 
+def kill_between_gi_and_ci(bed: Bed[KubeletNodeDaemon], namespace: str, name: str, prof: str,
+                           killed: list[int]) -> tuple[int, int]:
+    """A claim ``name`` for a ``prof`` instance of node-0's on-demand GPU and its pod;
+    tessera-node killed while its ``nvidia-smi mig -cgi <prof>:<start> -C`` has made the GPU
+    instance and not yet its compute instance (the simulator's compute-instance call made
+    to take 30 s): the daemon and that nvidia-smi SIGKILLed, as a killed container's
+    processes all are (the nvidia-smi's pid goes into ``killed`` first). (start, GPU
+    instance ID) of the instance left without its compute instance."""
+    daemon = bed.daemons[NODE]
+    out = node_fault(daemon, CREATE_CI, 1, 30_000_000)
+    assert out.returncode == 0, out.stderr
+    bed.apply(namespace, profile_claim(name, prof))
+    bed.apply(namespace, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
+    device = wait_until("the claim allocated", lambda: allocated_device(bed, namespace, name),
+                        60)
+    start = int(device.split("-mig")[1].split("-")[0])
+    assert device == f"gpu0-mig{start}-{prof.replace('.', '')}", device
+    gi = wait_until("the GPU instance made at the allocated placement", lambda: next(
+        (g for p, s, g in gpu_instances(daemon) if (p, s) == (prof, start)), None), 60)
+    assert daemon.proc is not None
+    tessera_node = daemon.proc.pid
+    (pid,) = wait_until("the daemon's nvidia-smi inside the compute instance", lambda:
+                        child_processes(tessera_node, "nvidia-smi"), 10)
+    killed.append(pid)
+    assert "-cgi" in Path(f"/proc/{pid}/cmdline").read_text(), pid
+    # the daemon's container killed: the daemon first (nothing of it reacts), then its
+    # nvidia-smi (which holds the GPU's host lock: the restarted daemon would wait for it)
+    os.kill(tessera_node, signal.SIGKILL)
+    daemon.proc.wait(10)
+    os.kill(pid, signal.SIGKILL)
+    wait_until("nvidia-smi killed", lambda: gone(pid), 10)
+    assert gi not in compute_instances(daemon)
+    return start, gi
+
+
 def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_restart(
         bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
     """node-0's H100 on demand, a claim for a 3g.40gb and its pod. tessera-node is killed
@@ -710,36 +745,11 @@ def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_r
 
     ns, daemon = node_namespace, bed.daemons[NODE]
     name, prof = "crash", "3g.40gb"
-    smi: int | None = None
+    killed: list[int] = []  # the daemon's nvidia-smi, once found
     try:
         put_on_demand(bed)
         assert gpu_instances(daemon) == []
-        # the next compute instance made on the node takes 30 s: long enough to kill the
-        # daemon inside it, between the GPU instance and its compute instance
-        out = node_fault(daemon, CREATE_CI, 1, 30_000_000)
-        assert out.returncode == 0, out.stderr
-        bed.apply(ns, profile_claim(name, prof))
-        bed.apply(ns, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
-        device = wait_until("the claim allocated", lambda: allocated_device(bed, ns, name), 60)
-        start = int(device.split("-mig")[1].split("-")[0])
-        assert device == f"gpu0-mig{start}-{prof.replace('.', '')}", device
-        ((_, _, gi),) = wait_until("the GPU instance made at the allocated placement",
-                                   lambda: gpu_instances(daemon), 60)
-        assert gpu_instances(daemon) == [(prof, start, gi)]
-        assert gi not in compute_instances(daemon)
-        assert daemon.proc is not None
-        tessera_node = daemon.proc.pid
-        (pid,) = wait_until("the daemon's nvidia-smi inside the compute instance", lambda:
-                            child_processes(tessera_node, "nvidia-smi"), 10)
-        smi = pid
-        assert "-cgi" in Path(f"/proc/{pid}/cmdline").read_text(), pid
-
-        # the daemon's container killed: the daemon first (nothing of it reacts), then its
-        # nvidia-smi (which holds the GPU's host lock: the restarted daemon would wait for it)
-        os.kill(tessera_node, signal.SIGKILL)
-        daemon.proc.wait(10)
-        os.kill(pid, signal.SIGKILL)
-        wait_until("nvidia-smi killed", lambda: gone(pid), 10)
+        start, gi = kill_between_gi_and_ci(bed, ns, name, prof, killed)
         # what the restarted daemon faces: the GPU instance, no compute instance in it
         assert gpu_instances(daemon) == [(prof, start, gi)]
         assert gi not in compute_instances(daemon)
@@ -772,9 +782,10 @@ def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_r
         wait_until("the instance destroyed", lambda: gpu_instances(daemon) == [], 60)
     finally:
         node_fault(daemon, CREATE_CI, 0)
-        if smi is not None and not gone(smi):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(smi, signal.SIGKILL)
+        for pid in killed:
+            if not gone(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if daemon.proc is not None and daemon.proc.poll() is not None:
             daemon.restart()  # killed, and the test failed before starting it again
         bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
@@ -794,30 +805,14 @@ def test_an_instance_whose_claim_went_while_the_daemon_was_down_is_destroyed_onc
     disabled (for the tests after)."""
     ns, daemon = node_namespace, bed.daemons[NODE]
     name, prof = "orphan", "3g.40gb"
-    smi: int | None = None
+    killed: list[int] = []  # the daemon's nvidia-smi, once found
     try:
         put_on_demand(bed)
         bed.apply(ns, profile_claim("keep", "1g.10gb"))
         bed.apply(ns, claim_pod("keep", claim="keep", command="cuda-info; sleep 3600"))
         bed.wait_phase(ns, "keep", {"Running"}, 120)
         ((_, kept_start, kept_gi),) = gpu_instances(daemon)
-        out = node_fault(daemon, CREATE_CI, 1, 30_000_000)
-        assert out.returncode == 0, out.stderr
-        bed.apply(ns, profile_claim(name, prof))
-        bed.apply(ns, claim_pod(name, claim=name, command="cuda-info; sleep 3600"))
-        device = wait_until("the claim allocated", lambda: allocated_device(bed, ns, name), 60)
-        start = int(device.split("-mig")[1].split("-")[0])
-        gi = wait_until("the GPU instance made at the allocated placement", lambda: next(
-            (g for p, s, g in gpu_instances(daemon) if (p, s) == (prof, start)), None), 60)
-        assert daemon.proc is not None
-        tessera_node = daemon.proc.pid
-        (pid,) = wait_until("the daemon's nvidia-smi inside the compute instance", lambda:
-                            child_processes(tessera_node, "nvidia-smi"), 10)
-        smi = pid
-        os.kill(tessera_node, signal.SIGKILL)
-        daemon.proc.wait(10)
-        os.kill(pid, signal.SIGKILL)
-        wait_until("nvidia-smi killed", lambda: gone(pid), 10)
+        start, gi = kill_between_gi_and_ci(bed, ns, name, prof, killed)
         assert sorted(gpu_instances(daemon)) == sorted([("1g.10gb", kept_start, kept_gi),
                                                         (prof, start, gi)])
         assert gi not in compute_instances(daemon)
@@ -849,9 +844,10 @@ def test_an_instance_whose_claim_went_while_the_daemon_was_down_is_destroyed_onc
               f"{destroyed_s:.1f}s after the claim was gone (--on-demand-idle 30 s)")
     finally:
         node_fault(daemon, CREATE_CI, 0)
-        if smi is not None and not gone(smi):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(smi, signal.SIGKILL)
+        for pid in killed:
+            if not gone(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if daemon.proc is not None and daemon.proc.poll() is not None:
             daemon.restart()
         for pod in ("keep", name):
