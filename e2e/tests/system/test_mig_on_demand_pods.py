@@ -154,19 +154,22 @@ def test_pods_get_instances_made_for_them_and_a_gone_pods_instance_is_destroyed(
         bed.kubectl("delete", "pod", "-n", ns, "whole", "--wait=true")
 
         # a pod gone: its instance destroyed after the grace, the neighbours untouched
+        # the grace runs from when the daemon sees the pod's containers gone: after the
+        # delete began, and before the API object is gone (the kubelet reports the pod ended
+        # first), so it is measured from the delete's start
+        deleting_at = time.monotonic()
         out = bed.kubectl("delete", "pod", "-n", ns, "mid", "--wait=true")
         assert out.returncode == 0, out.stderr
-        gone_at = time.monotonic()
         wait_until("the 2g.20gb instance destroyed", lambda: placed["mid"] not in instances(
             bed), 60, 0.2)
-        destroyed_s = time.monotonic() - gone_at
-        assert destroyed_s >= IDLE_S - 0.5, destroyed_s
+        destroyed_s = time.monotonic() - deleting_at
+        assert destroyed_s >= IDLE_S, destroyed_s
         assert daemon.metric("tessera_node_mig_on_demand_total", action="destroy",
                              result="ok") == 1
         for name in ("big", "small"):
             bed.assert_untouched(ns, name)
         print(f"[figures] on demand (device plugin): a gone pod's instance destroyed "
-              f"{destroyed_s:.1f}s after the pod (grace {IDLE_S}s)")
+              f"{destroyed_s:.1f}s after its delete began (grace {IDLE_S}s)")
     finally:
         for name in [*pods, "whole"]:
             bed.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
