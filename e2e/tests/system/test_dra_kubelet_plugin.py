@@ -515,14 +515,19 @@ def on_demand_partition(bed: Bed[KubeletNodeDaemon], layout: dict[str, Any]) -> 
     return int(bed.get("gpupartition", ON_DEMAND)["metadata"]["generation"])
 
 
+def published(bed: Bed[KubeletNodeDaemon], device: str) -> bool:
+    """node-0's slices publish ``device`` now."""
+    return any(d["name"] == device for s in bed.get(
+        "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+        for d in s["spec"].get("devices") or [])
+
+
 def put_on_demand(bed: Bed[KubeletNodeDaemon]) -> None:
     """node-0's GPU in migMode OnDemand, its placements published."""
     gen = on_demand_partition(bed, {"migMode": "OnDemand"})
     wait_until("node-0's GPU on demand", lambda: partition_phase(bed, gen) == "Ready", 90)
-    wait_until("node-0's placements published", lambda: any(
-        d["name"] == "gpu0-mig0-7g80gb" for s in bed.get(
-            "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
-        for d in s["spec"].get("devices") or []), 60)
+    wait_until("node-0's placements published",
+               lambda: published(bed, "gpu0-mig0-7g80gb"), 60)
 
 
 def put_whole(bed: Bed[KubeletNodeDaemon]) -> None:
@@ -729,6 +734,19 @@ def kill_between_gi_and_ci(bed: Bed[KubeletNodeDaemon], namespace: str, name: st
     return start, gi
 
 
+def recover_from_kill(daemon: KubeletNodeDaemon, killed: list[int]) -> None:
+    """After :func:`kill_between_gi_and_ci`, however the test ended: NVML healthy again, no
+    nvidia-smi of the killed daemon left, the daemon running (killed, and the test failed
+    before starting it again)."""
+    node_fault(daemon, CREATE_CI, 0)
+    for pid in killed:
+        if not gone(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if daemon.proc is not None and daemon.proc.poll() is not None:
+        daemon.restart()
+
+
 def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_restart(
         bed: Bed[KubeletNodeDaemon], node_namespace: str) -> None:
     """node-0's H100 on demand, a claim for a 3g.40gb and its pod. tessera-node is killed
@@ -781,13 +799,7 @@ def test_a_daemon_killed_between_the_gpu_and_the_compute_instance_converges_on_r
         assert out.returncode == 0, out.stderr
         wait_until("the instance destroyed", lambda: gpu_instances(daemon) == [], 60)
     finally:
-        node_fault(daemon, CREATE_CI, 0)
-        for pid in killed:
-            if not gone(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        if daemon.proc is not None and daemon.proc.poll() is not None:
-            daemon.restart()  # killed, and the test failed before starting it again
+        recover_from_kill(daemon, killed)
         bed.kubectl("delete", "pod", "-n", ns, name, "--wait=true")
         bed.kubectl("delete", "resourceclaim", "-n", ns, name, "--ignore-not-found")
         put_whole(bed)
@@ -835,21 +847,12 @@ def test_an_instance_whose_claim_went_while_the_daemon_was_down_is_destroyed_onc
                              result="ok") == 1
         assert compute_instances(daemon) == [kept_gi]
         freed = f"gpu0-mig{start}-{prof.replace('.', '')}"
-        wait_until(f"{freed} offered again", lambda: any(
-            d["name"] == freed for s in bed.get(
-                "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
-            for d in s["spec"].get("devices") or []), 60)
+        wait_until(f"{freed} offered again", lambda: published(bed, freed), 60)
         bed.assert_untouched(ns, "keep")
         print(f"[figures] an instance whose claim went while the daemon was down: destroyed "
               f"{destroyed_s:.1f}s after the claim was gone (--on-demand-idle 30 s)")
     finally:
-        node_fault(daemon, CREATE_CI, 0)
-        for pid in killed:
-            if not gone(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        if daemon.proc is not None and daemon.proc.poll() is not None:
-            daemon.restart()
+        recover_from_kill(daemon, killed)
         for pod in ("keep", name):
             bed.kubectl("delete", "pod", "-n", ns, pod, "--wait=true")
             bed.kubectl("delete", "resourceclaim", "-n", ns, pod, "--ignore-not-found")

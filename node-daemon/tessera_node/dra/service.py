@@ -107,16 +107,18 @@ class DraPlugin:
                 out.setdefault(u.uuid, []).append(f"{c.namespace}/{c.name} (ResourceClaim)")
         return out
 
-    def holders_allocated(self) -> Holders:
+    def holders_allocated(self, claims: Sequence[Mapping[str, Any]] | None = None) -> Holders:
         """What a MIG change waits for: the prepared claims' units (:meth:`holders`) and the
         units of every claim the scheduler allocated on this node's pool and the kubelet
         has not prepared yet (its pod is starting). Read from a list of the cluster's
-        ResourceClaims, made only when the MIG enactor asks (after it withdrew the devices
-        from the node's slices, so no new claim is allocated them); raises OSError when
-        the list cannot be made (the change waits: fail closed)."""
+        ResourceClaims (``claims``, when the caller listed them already), made only when the
+        MIG enactor asks (after it withdrew the devices from the node's slices, so no new
+        claim is allocated them); raises OSError when the list cannot be made (the change
+        waits: fail closed)."""
         out = {u: list(h) for u, h in self.holders().items()}
         gpus = self.node.gpus() or ()
-        for unit, who in allocated_units(self._claims(), self.opts.node_name, gpus).items():
+        listed = self._claims() if claims is None else claims
+        for unit, who in allocated_units(listed, self.opts.node_name, gpus).items():
             out.setdefault(unit, []).extend(w for w in who if w not in out[unit])
         return out
 
@@ -141,16 +143,13 @@ class DraPlugin:
         (prepare is making it, or will); or the claims cannot be listed (fail closed). None:
         nothing keeps it."""
         try:
-            prepared = self.holders()
             claims = self._claims()
+            held = self.holders_allocated(claims)
         except OSError as exc:
             return f"the claims allocated here cannot be read ({exc})"
-        node = self.opts.node_name
-        who: list[str] = []
-        if have.uuid:
-            who += prepared.get(have.uuid, [])
-            who += allocated_units(claims, node, self.node.gpus() or ()).get(have.uuid, [])
-        who += allocated_placements(claims, node, self.on_demand()).get(place_of(inst), [])
+        who = list(held.get(have.uuid, [])) if have.uuid else []
+        who += allocated_placements(claims, self.opts.node_name, self.on_demand()).get(
+            place_of(inst), [])
         return f"allocated to {', '.join(dict.fromkeys(who))}" if who else None
 
     def containers(self) -> list[SetUpContainer]:

@@ -210,8 +210,9 @@ class DemandRunner:
     maker: InstanceMaker
     advertiser: Advertiser
     held_units: Callable[[], frozenset[str] | None]
-    """The units pods hold now (:func:`units_held_by_pods`), read once per decision and
-    again right before an instance is destroyed."""
+    """The units workloads hold now (a device-plugin node: :func:`units_held_by_pods`; a
+    DRA node: its prepared claims'), read once per decision and again right before an
+    instance is destroyed."""
     idle_s: float = IDLE_S
     keeps: Callable[[MadeInstance, MigInstanceState], str | None] | None = None
     """Asked last, under the GPU's lock, of an instance about to be destroyed as unused:
