@@ -197,6 +197,10 @@ def test_a_burst_of_claims_is_held_race_free_and_a_deleted_claim_frees_its_room(
     assert out.returncode == 0, out.stderr
     wait_until("the deleted claim's holder gone", lambda: len(claim_holders(cluster, ns)) == 4,
                40, 0.5)
+    # tessera's own check reads GPUQuota status.used, which follows the API server's count
+    # a moment later: the dry run (which only that check answers) waits for it
+    wait_until("the deleted claim out of GPUQuota status.used", lambda: used(cluster, ns).get(
+        "memory") == "8Gi", 30, 0.5)
     out = cluster.kubectl("create", "--dry-run=server", "-f", "-",
                           input=claim(ns, "dry", two_gib))
     assert out.returncode == 0, out.stderr
