@@ -59,6 +59,7 @@ from tessera_e2e.controlplane.errors import ControlPlaneError
 from tessera_e2e.gpubed.bed import claim_pod, resize_pod
 from tessera_e2e.gpubed.daemons import node_smi
 from tessera_e2e.operator.admission_probe import DryRunCreates
+from tessera_e2e.operator.quotas import wait_admitting
 from tessera_e2e.operator.replicas import wait_until
 from tessera_e2e.paths import REPO
 from tessera_node.container.library import version_of
@@ -213,6 +214,9 @@ def test_a_gpu_pod_is_admitted_and_counted_through_the_installed_webhooks(
         "metadata": {"name": "team", "namespace": TEAM},
         "spec": {"hard": {"memory": "10Gi", "cores": 100, "pods": 4}}}))
     wait_until("the quota counted", lambda: "pods" in _quota_used(bed), 60)
+    # the API server refuses GPU pods until its quota controller has counted the managed
+    # ResourceQuota ("status unknown for quota"), a moment after tessera made it
+    wait_admitting(bed.cluster, TEAM, timeout_s=60)
     # The chart's daemon allocates it: libtessera (from lib/<digest>) holds it to 2048 MiB.
     started = time.monotonic()
     _create_gpu_pod(bed, "gpu", "cuda-info && cuda-alloc 2000 && cuda-alloc 2100; "

@@ -148,14 +148,22 @@ def test_a_running_pods_budget_is_resized_and_a_resize_the_gpu_cannot_hold_is_re
     main = parse_budget(ann[ANNOTATION_BUDGET]).containers["main"]
     assert (main.memory_bytes // MIB, main.cores) == (2048, 40)
     assert (2048, 40.0) in budget_files(bed, "node-1")  # the file the container reads
-    events = bed.get("events", "-n", ns, "--field-selector",
-                     "involvedObject.name=grower")["items"]
-    assert any(e["reason"] == REASON_RESIZED and "main: 2048 MiB, 40% cores" in e["message"]
-               for e in events), [e["message"] for e in events]
-    node = bed.get("node", "node-1")
-    committed = json.loads(node["metadata"]["annotations"][ANNOTATION_GPU_COMMITMENTS])
-    (gpu,) = committed.values()
-    assert (gpu["committed"] // MIB, gpu["containers"]) == (30000 + 2048, 2), committed
+    # the daemon posts the Event after it patches the pod, and writes the Node's
+    # commitments in its next pass: both are read until they come (or the wait ends)
+    wait_until("the BudgetResized Event", lambda: any(
+        e["reason"] == REASON_RESIZED and "main: 2048 MiB, 40% cores" in e["message"]
+        for e in bed.get("events", "-n", ns, "--field-selector",
+                         "involvedObject.name=grower")["items"]), 30, 0.5)
+
+    def commitments() -> tuple[int, int] | None:
+        ann = bed.get("node", "node-1")["metadata"].get("annotations") or {}
+        committed = json.loads(ann.get(ANNOTATION_GPU_COMMITMENTS) or "{}")
+        return next(((g["committed"] // MIB, g["containers"]) for g in committed.values()),
+                    None)
+    wait_until("the Node's commitments with grower's 2 GiB",
+               lambda: commitments() == (30000 + 2048, 2), 30, 0.5)
+    assert len(json.loads(bed.get("node", "node-1")["metadata"]["annotations"][
+        ANNOTATION_GPU_COMMITMENTS])) == 1  # node-1 has one GPU
 
     # the node refuses what the GPU cannot hold beside grower's 2 GiB, though the quota
     # allows it; the operator restores the previous budget

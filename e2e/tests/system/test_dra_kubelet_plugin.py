@@ -420,8 +420,9 @@ def test_a_running_claims_budget_is_resized_and_no_claim_is_placed_into_its_grow
             "allocatedMemoryMiB": 4096, "allocatedCores": 30}, ann
         (entry,) = read_budget_file(budget).entries
         assert (entry.memory, entry.cores) == (30 * GIB, 40), entry
-        assert any("30720 MiB, 40% cores" in m
-                   for m in bed.events(ns, "grower", "BudgetResized")), ann
+        wait_until("the BudgetResized Event (posted after the patch)", lambda: any(
+            "30720 MiB, 40% cores" in m for m in bed.events(ns, "grower", "BudgetResized")),
+            30, 0.5)
         assert device_capacity(bed, node) == (40960 - 26624, 90)
         # per claim: its containers' series join the claim's info series
         wait_until("the claim's info series", lambda: bed.daemons[node].metric(

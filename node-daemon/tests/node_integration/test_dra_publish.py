@@ -155,7 +155,9 @@ def test_the_node_publishes_its_gpus_writes_nothing_at_idle_and_republishes(
                 dra_chart, d.node).get(ANNOTATION_NODE_FINDINGS, "[]"))), 20)
         assert [d.metric("tessera_node_dra_fields_dropped", field=f) for f in GATED] == [
             1, 1, 1]
-        evs = [e for e in events(dra_chart, d.node) if e["reason"] == "DRAFieldsDropped"]
+        # the Event follows the Node's patch
+        evs = wait_until("the DRAFieldsDropped Event", lambda: [
+            e for e in events(dra_chart, d.node) if e["reason"] == "DRAFieldsDropped"], 20)
         assert len(evs) == 1 and "allowMultipleAllocations" in evs[0]["message"], evs
         # reported, not rewritten at every resync
         before = writes(d)
@@ -310,8 +312,9 @@ def test_an_on_demand_gpu_publishes_its_placements_and_their_counters(
             wait_until("the finding on the Node", lambda: any(
                 f["kind"] == "DRAOnDemandUnavailable" for f in json.loads(annotations(
                     dra_chart, d.node).get(ANNOTATION_NODE_FINDINGS, "[]"))), 20)
-            evs = [e for e in events(dra_chart, d.node)
-                   if e["reason"] == "DRAOnDemandUnavailable"]
+            evs = wait_until("the DRAOnDemandUnavailable Event", lambda: [
+                e for e in events(dra_chart, d.node)
+                if e["reason"] == "DRAOnDemandUnavailable"], 20)
             assert len(evs) == 1 and evs[0]["message"].startswith(
                 "GPU 1 in migMode OnDemand publish no devices"), evs
             return

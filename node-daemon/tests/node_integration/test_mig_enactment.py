@@ -133,8 +133,9 @@ def test_apply_change_and_remove_keep_unchanged_instances(
         apply_partition(chart, part, pool, None)
         e = entry(chart, d, part, "Ready", generation=3)
         assert [(g.mig_enabled, g.instances) for g in e.gpus] == [(False, [])] * 2
-        reasons = [ev["reason"] for ev in events(chart, part)]
-        assert reasons.count("NodeReady") == 3
+        # the Event follows the status patch
+        wait_until("the third NodeReady Event", lambda: [
+            ev["reason"] for ev in events(chart, part)].count("NodeReady") == 3, 20, 0.2)
     finally:
         cleanup(chart, part)
 

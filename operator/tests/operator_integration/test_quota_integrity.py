@@ -218,8 +218,9 @@ def test_a_resize_outcome_tessera_did_not_seal_is_never_acted_on(
     assert budget_bytes(p) == GIB
     assert "did not write" in json.loads(p["metadata"]["annotations"][
         "tessera.dev/budget-resize"])["reason"]
-    ev = kubectl_json(cluster, "get", "events", "-n", ns)["items"]
-    assert any(e.get("reason") == "BudgetResizeRecordIgnored" for e in ev)
+    wait_until("the BudgetResizeRecordIgnored Event (posted after the patch)", lambda: any(
+        e.get("reason") == "BudgetResizeRecordIgnored"
+        for e in kubectl_json(cluster, "get", "events", "-n", ns)["items"]), 20, 0.2)
     assert used(cluster, ns).get("memory") == "1Gi"
 
 
@@ -526,8 +527,9 @@ def test_a_growth_that_loses_its_holder_and_its_room_goes_back_to_the_limits(
         ops.ensure_running()
     wait_until("taken back", lambda: budget_bytes(kubectl_json(
         cluster, "get", "pod", name, "-n", ns)) == GIB, 30, 0.2)
-    ev = kubectl_json(cluster, "get", "events", "-n", ns)["items"]
-    assert any(e.get("reason") == "BudgetGrowthTakenBack" for e in ev)
+    wait_until("the BudgetGrowthTakenBack Event (posted after the patch)", lambda: any(
+        e.get("reason") == "BudgetGrowthTakenBack"
+        for e in kubectl_json(cluster, "get", "events", "-n", ns)["items"]), 20, 0.2)
     status = json.loads(kubectl_json(cluster, "get", "pod", name, "-n", ns)["metadata"][
         "annotations"]["tessera.dev/budget-resize"])
     assert status["state"] == "Refused" and "no longer held" in status["reason"]

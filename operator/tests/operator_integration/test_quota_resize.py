@@ -222,6 +222,6 @@ def test_cli_verb_refusal_and_bad_input(cluster: Any, namespace: str, ops: Opera
     r = subprocess.run([*cli, "--cores", "-5"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cores must be a whole number" in r.stderr, r.stderr
     # approved by the operator; no node daemon here answers, so the verb says it is pending
-    r = subprocess.run([*cli, "--memory", "3Gi", "--wait", "3"], capture_output=True,
+    r = subprocess.run([*cli, "--memory", "3Gi", "--wait", "10"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 3 and "resize Approved yet" in r.stderr, (r.stdout, r.stderr)

@@ -286,5 +286,7 @@ def test_a_replica_frozen_and_resumed_fails_only_the_calls_it_held(
     assert len(failed) <= 2, failed
     assert all("failed calling webhook" in e and t >= 9.5 for t, e in failed), failed
     assert [e for _, e in resumed if e] == []
-    assert max(t for t, _ in resumed) < 2.0
+    # none waits for the webhook's timeout (10 s); the bound leaves a loaded 2-core machine
+    # room for the resumed replica's backlog
+    assert max(t for t, _ in resumed) < 5.0, sorted(t for t, _ in resumed)[-5:]
     ops.ensure_running()
