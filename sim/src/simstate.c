@@ -558,21 +558,45 @@ uint64_t sim_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-/* The wall clock's offset from CLOCK_MONOTONIC, read once per process: a sample's timestamp
- * must come out the same every time it is reported (a caller passes it back as
- * lastSeenTimeStamp), and two clock reads per call differ by a few microseconds. */
+/* Read CLOCK_REALTIME between two CLOCK_MONOTONIC reads: the wall clock's offset from the
+ * monotonic one, and how far apart the reads were (a thread preempted between them reads a
+ * wrong offset; its reading is not used). */
+static uint64_t wall_offset_ns(uint64_t *width_ns)
+{
+    struct timespec ts;
+    uint64_t before = sim_now_ns();
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t after = sim_now_ns();
+    *width_ns = after - before;
+    uint64_t wall = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    return wall - (before + *width_ns / 2);
+}
+
+/* How far the offset must move to be a step of the wall clock (set, or corrected by time
+ * sync), not the few microseconds two reads differ by; and the widest reading trusted. */
+#define WALL_STEP_NS 2000000ULL
+#define WALL_READ_MAX_NS 200000ULL
+
+/* The wall clock's offset from CLOCK_MONOTONIC is kept while it only jitters: a sample's
+ * timestamp must come out the same every time it is reported (a caller passes it back as
+ * lastSeenTimeStamp, and a microsecond older one re-counted a sample).  When the wall clock
+ * is stepped the offset follows it, as the driver's timestamps (the CPU's wall clock) do: a
+ * caller comparing them with its own wall clock (a timestamp taken before a workload ran)
+ * is not told NOT_FOUND because this process read the offset before the step. */
 uint64_t sim_mono_to_wall_us(uint64_t mono_ns)
 {
     static uint64_t offset_ns; /* 0: not read yet */
     uint64_t off = __atomic_load_n(&offset_ns, __ATOMIC_ACQUIRE);
-    if (!off) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wall = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-        uint64_t fresh = wall - sim_now_ns();
+    uint64_t width;
+    uint64_t fresh = wall_offset_ns(&width);
+    for (int tries = 1; width > WALL_READ_MAX_NS && tries < 3; tries++)
+        fresh = wall_offset_ns(&width);
+    int stepped = off && width <= WALL_READ_MAX_NS &&
+                  (fresh > off ? fresh - off : off - fresh) > WALL_STEP_NS;
+    if (!off || stepped) {
         if (!__atomic_compare_exchange_n(&offset_ns, &off, fresh, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE))
-            fresh = off; /* another thread read it first: use the one every caller sees */
+            fresh = off; /* another thread stored first: use the one every caller sees */
         off = fresh;
     }
     return (mono_ns + off) / 1000ULL;

@@ -45,9 +45,9 @@ mod = ok(cu.cuModuleLoadData(image))
 fn = ok(cu.cuModuleGetFunction(mod, b"scale"))
 stream = ok(cu.cuStreamCreate(0))
 start, stop = ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))
-ok(cu.cuEventRecord(start, stream))
 arg = ctypes.c_uint64(int(ptr))
 params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+ok(cu.cuEventRecord(start, stream))
 ok(cu.cuLaunchKernel(fn, 1000, 1, 1, 128, 1, 1, 0, stream, ctypes.addressof(params), 0))
 ok(cu.cuEventRecord(stop, stream))
 ok(cu.cuStreamSynchronize(stream))
@@ -71,5 +71,8 @@ def test_cuda_bindings_driver(make_node: Callable[..., Node]) -> None:
     assert out["sms"] == "132"
     assert out["charged"] == str(1 << 20)
     assert out["roundtrip"] == "True"
-    assert 1.99 <= float(out["kernel_ms"]) <= 2.3  # 1000 blocks x 2 us
+    # 1000 blocks x 2 us; the start event is taken on an idle stream, so the host's time
+    # until the launch counts too, as on a GPU: tenths of a millisecond, more on a loaded
+    # machine (2.4 ms was seen once)
+    assert 1.99 <= float(out["kernel_ms"]) <= 3.0
     assert out["oom"] == "CUDA_ERROR_OUT_OF_MEMORY"
